@@ -1,0 +1,110 @@
+"""Test fixtures: a real PostgreSQL, one migrated template database, and a fresh clone of it per test.
+
+PostgreSQL comes from AGENTRUN_TEST_DATABASE_URL if set, else a testcontainers `postgres:16` when a
+Docker daemon answers, else an embedded server (pgserver) in a temporary directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
+
+from agentrun.worker import migrate
+from agentrun.worker.db import open_pool
+from agentrun.worker.store import RunStore
+
+TEMPLATE = "agentrun_template"
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker
+
+        docker.from_env(timeout=2).ping()
+        return True
+    except Exception:
+        return False
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A PostgreSQL server for the whole session; the URL names its maintenance database."""
+    if url := os.environ.get("AGENTRUN_TEST_DATABASE_URL"):
+        yield url
+    elif _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:16", driver=None) as pg:
+            yield pg.get_connection_url()
+    else:
+        import pgserver
+
+        with tempfile.TemporaryDirectory(prefix="agentrun-pg-") as data:
+            server = pgserver.get_server(data, cleanup_mode="stop")
+            try:
+                yield server.get_uri()
+            finally:
+                server.cleanup()
+
+
+def _admin(url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(url, autocommit=True)
+
+
+@pytest.fixture(scope="session")
+def template_url(postgres_url: str) -> str:
+    """A database migrated once; every test gets a copy of it."""
+    with _admin(postgres_url) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(TEMPLATE)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(TEMPLATE)))
+    url = make_conninfo(postgres_url, dbname=TEMPLATE)
+    asyncio.run(migrate.migrate(url))
+    return url
+
+
+@pytest.fixture
+def database_url(postgres_url: str, template_url: str) -> Iterator[str]:
+    name = f"agentrun_test_{uuid.uuid4().hex[:12]}"
+    with _admin(postgres_url) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(TEMPLATE))
+        )
+    try:
+        yield make_conninfo(postgres_url, dbname=name)
+    finally:
+        with _admin(postgres_url) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+async def pool(database_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
+    p = await open_pool(database_url, max_size=20)
+    try:
+        yield p
+    finally:
+        await p.close()
+
+
+@pytest.fixture
+async def store(pool: AsyncConnectionPool[Any]) -> RunStore:
+    return RunStore(pool)
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """A plain connection for a test to look at (or tamper with) the tables directly."""
+    conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+    try:
+        yield conn
+    finally:
+        await conn.close()

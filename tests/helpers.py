@@ -1,0 +1,59 @@
+"""Small builders shared by the tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from decimal import Decimal
+
+from agentrun.worker.llm.types import LlmClient
+from agentrun.worker.pricing import PriceTable
+from agentrun.worker.records import NewRun
+from agentrun.worker.runner import Worker
+from agentrun.worker.settings import WorkerSettings
+from agentrun.worker.store import RunStore
+from agentrun.worker.tools import Tool, ToolBox
+
+MODEL = "claude-sonnet-4-5"
+
+
+class SimulatedCrash(BaseException):
+    """A crash the engine does not catch: the worker dies holding its lease."""
+
+
+def new_run(input: str = "find x", **kw: object) -> NewRun:
+    fields: dict[str, object] = {"input": input, "model": MODEL, "token_budget": 10_000, "timeout_seconds": 300}
+    fields.update(kw)
+    return NewRun(**fields)  # type: ignore[arg-type]
+
+
+def worker(
+    store: RunStore,
+    llm: LlmClient,
+    tools: list[Tool] | ToolBox = (),  # type: ignore[assignment]
+    name: str = "worker-A",
+    lease: float = 30.0,
+    concurrency: int = 4,
+    poll: float = 0.05,
+    prices: PriceTable | None = None,
+) -> Worker:
+    settings = WorkerSettings(
+        database_url="unused", worker_id=name, lease_seconds=lease, concurrency=concurrency, poll_interval=poll,
+        shutdown_grace=5.0,
+    )
+    box = tools if isinstance(tools, ToolBox) else ToolBox(tools)
+    return Worker(settings, store, llm, box, prices or PriceTable.load())
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = "condition") -> None:
+    """Wait on a condition with a deadline (never a bare sleep)."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+def dec(x: str) -> Decimal:
+    return Decimal(x)

@@ -1,0 +1,120 @@
+"""Replay is a pure function of the input and the ordered steps."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentrun.worker.records import Step, StepKind, StepStatus
+from agentrun.worker.replay import Conversation
+
+RUN = uuid.uuid4()
+
+
+def model(seq: int, blocks: list[dict[str, Any]], stop: str) -> Step:
+    return Step(RUN, seq, StepKind.MODEL, StepStatus.DONE, response=json.dumps(blocks), stop_reason=stop)
+
+
+def tool(seq: int, use_id: str, status: StepStatus = StepStatus.DONE, out: str = "ok") -> Step:
+    return Step(RUN, seq, StepKind.TOOL, status, tool_name="t", tool_use_id=use_id, response=out)
+
+
+def use(id: str) -> dict[str, Any]:
+    return {"type": "tool_use", "id": id, "name": "t", "input": {}}
+
+
+def test_empty_log_asks_the_model() -> None:
+    c = Conversation.replay("hi", [])
+    assert c.messages == [{"role": "user", "content": "hi"}]
+    assert not c.pending and not c.finished
+
+
+def test_tool_turn_then_answer() -> None:
+    c = Conversation.replay("q", [model(1, [use("a")], "tool_use"), tool(2, "a"), model(3, [{"type": "text", "text": "x"}], "end_turn")])
+    assert [m["role"] for m in c.messages] == ["user", "assistant", "user", "assistant"]
+    assert c.messages[2]["content"] == [{"type": "tool_result", "tool_use_id": "a", "content": "ok"}]
+    assert c.finished and not c.pending
+
+
+def test_started_tool_is_still_pending_and_marked() -> None:
+    c = Conversation.replay("q", [model(1, [use("a")], "tool_use"), tool(2, "a", StepStatus.STARTED)])
+    assert list(c.pending) == ["a"]
+    assert c.started == {"a"}
+    assert len(c.messages) == 2  # nothing flushed for an unfinished turn
+
+
+def test_parallel_results_are_one_message_flushed_when_all_are_in() -> None:
+    steps = [model(1, [{"type": "text", "text": "two"}, use("a"), use("b")], "tool_use"), tool(2, "a")]
+    c = Conversation.replay("q", steps)
+    assert list(c.pending) == ["b"] and len(c.messages) == 2
+    c.apply(tool(3, "b", StepStatus.ERROR, "boom"))
+    assert len(c.messages) == 3
+    assert c.messages[2]["content"] == [
+        {"type": "tool_result", "tool_use_id": "a", "content": "ok"},
+        {"type": "tool_result", "tool_use_id": "b", "content": "boom", "is_error": True},
+    ]
+
+
+def test_assistant_content_is_kept_verbatim() -> None:
+    blocks = [{"type": "thinking", "thinking": "hmm", "signature": "s"}, {"type": "text", "text": "ü"}, use("z")]
+    c = Conversation.replay("q", [model(1, blocks, "tool_use")])
+    assert c.messages[1]["content"] == blocks
+
+
+def test_incremental_apply_equals_full_replay() -> None:
+    steps = [model(1, [use("a"), use("b")], "tool_use"), tool(2, "a"), tool(3, "b"), model(4, [use("c")], "tool_use"), tool(5, "c")]
+    inc = Conversation("q")
+    for s in steps:
+        inc.apply(s)
+    full = Conversation.replay("q", steps)
+    assert inc.messages == full.messages and inc.pending == full.pending and inc.steps == full.steps == 5
+
+
+@st.composite
+def step_logs(draw: st.DrawFn) -> list[Step]:
+    """Logs as an engine writes them: model turns, then each tool of the turn (maybe with a crash
+    leaving a STARTED row, maybe ending the log mid-turn)."""
+    steps: list[Step] = []
+    seq = 0
+    for turn in range(draw(st.integers(0, 5))):
+        n = draw(st.integers(0, 3))
+        ids = [f"t{turn}_{i}" for i in range(n)]
+        blocks = ([{"type": "text", "text": "t"}] if draw(st.booleans()) else []) + [use(i) for i in ids]
+        seq += 1
+        steps.append(model(seq, blocks or [{"type": "text", "text": "."}], "tool_use" if ids else "end_turn"))
+        if not ids:
+            return steps
+        for i in ids:
+            if draw(st.integers(0, 9)) == 0:
+                seq += 1
+                steps.append(tool(seq, i, StepStatus.STARTED))
+                return steps
+            seq += 1
+            steps.append(tool(seq, i, draw(st.sampled_from([StepStatus.DONE, StepStatus.ERROR]))))
+    return steps
+
+
+@settings(max_examples=300, deadline=None)
+@given(step_logs())
+def test_replayed_messages_alternate_and_answer_every_tool_use_once(steps: list[Step]) -> None:
+    c = Conversation.replay("input", steps)
+    roles = [m["role"] for m in c.messages]
+    assert roles[0] == "user"
+    assert all(a != b for a, b in zip(roles, roles[1:])), roles
+    for i, m in enumerate(c.messages):
+        if m["role"] != "assistant":
+            continue
+        uses = [b["id"] for b in m["content"] if b.get("type") == "tool_use"]
+        if not uses:
+            continue
+        if i + 1 == len(c.messages):
+            assert list(c.pending) == [u for u in uses if u in c.pending]  # the open turn: owed in order
+            continue
+        answered = [b["tool_use_id"] for b in c.messages[i + 1]["content"] if b["type"] == "tool_result"]
+        assert sorted(answered) == sorted(uses)
+        assert len(answered) == len(set(answered))
+    assert not (c.finished and c.pending)

@@ -1,0 +1,1 @@
+"""The worker's HTTP surface: health, the REST API and metrics."""

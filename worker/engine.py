@@ -1,0 +1,216 @@
+"""The driver: takes a claimed run from its last checkpoint to the end, one checkpointed step at a time.
+
+guard ▶ next step (a tool the model asked for, else the model) ▶ checkpoint, until the run finishes or
+the worker must let go of it. Resuming after a crash is the same code path as continuing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from typing import Any
+
+import orjson
+
+from agentrun.worker.guard import Stop, guard, remaining
+from agentrun.worker.lease import LeaseKeeper
+from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, Message
+from agentrun.worker.pricing import PriceTable
+from agentrun.worker.records import Progress, Run, RunStatus, Step, StepKind, StepStatus
+from agentrun.worker.replay import Conversation
+from agentrun.worker.store import LeaseLost, RunStore
+from agentrun.worker.tools import ToolBox, ToolContext
+
+log = logging.getLogger("agentrun.worker.engine")
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverSettings:
+    worker_id: str
+    lease_seconds: float = 30.0
+    max_tokens: int = 4096
+    """The `max_tokens` of every model request."""
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def _since_last_assistant(messages: list[Message]) -> list[Message]:
+    i = len(messages)
+    while i > 0 and messages[i - 1]["role"] != "assistant":
+        i -= 1
+    return messages[i:]
+
+
+class RunDriver:
+    def __init__(
+        self,
+        settings: DriverSettings,
+        store: RunStore,
+        llm: LlmClient,
+        tools: ToolBox,
+        prices: PriceTable,
+        keeper: LeaseKeeper,
+        stopping: asyncio.Event | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.llm = llm
+        self.tools = tools
+        self.prices = prices
+        self.keeper = keeper
+        self.stopping = stopping or asyncio.Event()
+
+    @property
+    def me(self) -> str:
+        return self.settings.worker_id
+
+    async def drive(self, run: Run, progress: Progress) -> RunStatus | None:
+        """Drive a claimed run until it ends (its final status) or is handed back (None).
+
+        Raises LeaseLost if another worker took the run; lets database errors and BaseExceptions
+        through, leaving the run to whichever worker claims it next.
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        self.keeper.hold(run.id, task)  # type: ignore[arg-type]
+        try:
+            steps = await self.store.steps(run.id)
+            conv = Conversation.replay(run.input, steps)
+            if steps:
+                log.info("%s run=%s resumed at seq=%d", self.me, run.id.hex[:8], self._resume_seq(steps))
+            try:
+                async with asyncio.timeout(max(remaining(run, progress.db_now), 0)) as deadline:
+                    return await self._loop(run, progress, conv)
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                return await self._finish(run, Stop(RunStatus.TIMED_OUT, self._timeout_reason(run)))
+        except asyncio.CancelledError:
+            if self.keeper.lost(run.id):
+                task.uncancel()
+                raise LeaseLost(run.id, self.me) from None
+            raise
+        finally:
+            self.keeper.drop(run.id)
+
+    @staticmethod
+    def _timeout_reason(run: Run) -> str:
+        return f"deadline passed: the run may take {run.timeout_seconds}s"
+
+    @staticmethod
+    def _resume_seq(steps: list[Step]) -> int:
+        started = [s.seq for s in steps if s.status is StepStatus.STARTED]
+        return started[0] if started else steps[-1].seq + 1
+
+    async def _loop(self, run: Run, progress: Progress, conv: Conversation) -> RunStatus | None:
+        while True:
+            if self.stopping.is_set():
+                self.keeper.drop(run.id)
+                await self.store.release(run.id, self.me)
+                log.info("%s run=%s released at seq=%d", self.me, run.id.hex[:8], conv.steps)
+                return None
+            stop = guard(run, progress, conv.steps, before_model_step=not conv.pending and not conv.finished)
+            if stop is not None:
+                return await self._finish(run, stop)
+            use = conv.next_tool_use
+            if use is not None:
+                verdict = self._in_doubt(conv, use)
+                if verdict is not None:
+                    return await self._finish(run, verdict)
+                progress = await self._tool_step(run, conv, use)
+            elif conv.finished:
+                return await self._finish(run, Stop(RunStatus.SUCCEEDED, ""))
+            else:
+                try:
+                    progress = await self._model_step(run, conv)
+                except LlmError as e:
+                    return await self._finish(run, Stop(RunStatus.FAILED, str(e)))
+
+    def _in_doubt(self, conv: Conversation, use: dict[str, Any]) -> Stop | None:
+        """A tool that cannot honour its idempotency key is not run twice: a human decides."""
+        tool = self.tools.get(use["name"])
+        if use["id"] in conv.started and tool is not None and not tool.idempotent:
+            return Stop(
+                RunStatus.FAILED,
+                f"tool {use['name']} (tool_use id {use['id']}) is in doubt: a worker died while it ran and it "
+                "is not idempotent, so it was not run again; check its effect and resolve by hand",
+            )
+        return None
+
+    async def _finish(self, run: Run, stop: Stop) -> RunStatus:
+        self.keeper.drop(run.id)
+        tokens = await self.store.finish(run.id, self.me, stop.status, stop.reason or None)
+        why = f" reason={stop.reason!r}" if stop.reason else ""
+        log.info("%s run=%s %s tokens=%d%s", self.me, run.id.hex[:8], stop.status.value, tokens, why)
+        return stop.status
+
+    async def _model_step(self, run: Run, conv: Conversation) -> Progress:
+        request = LlmRequest(
+            model=run.model,
+            max_tokens=self.settings.max_tokens,
+            messages=list(conv.messages),
+            system=run.system,
+            tools=self.tools.definitions(run.tools),
+        )
+        t0 = time.perf_counter()
+        response = await self.llm.send(request)
+        latency_ms = round((time.perf_counter() - t0) * 1000)
+        usage = response.usage
+        # The request is summarised, not stored whole: the conversation is the step log itself, and
+        # storing it again with every step would make a run's storage quadratic in its length.
+        summary = {
+            "model": request.model,
+            "max_tokens": request.max_tokens,
+            "system": request.system,
+            "tools": [t["name"] for t in request.tools],
+            "message_count": len(request.messages),
+            "new_messages": _since_last_assistant(request.messages),
+        }
+        content = _json(response.content)
+        seq, progress = await self.store.checkpoint_model(
+            run.id,
+            self.me,
+            self.settings.lease_seconds,
+            request=_json(summary),
+            response=content,
+            stop_reason=response.stop_reason,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cache_creation_input_tokens=usage.cache_creation_input_tokens,
+            cache_read_input_tokens=usage.cache_read_input_tokens,
+            cost_usd=self.prices.cost(run.model, usage),
+            latency_ms=latency_ms,
+        )
+        conv.apply(Step(run.id, seq, StepKind.MODEL, StepStatus.DONE, response=content, stop_reason=response.stop_reason))
+        log.info(
+            "%s run=%s seq=%d MODEL stop=%s in=%d out=%d latency=%dms",
+            self.me, run.id.hex[:8], seq, response.stop_reason, usage.input_tokens, usage.output_tokens, latency_ms,
+        )
+        return progress
+
+    async def _tool_step(self, run: Run, conv: Conversation, use: dict[str, Any]) -> Progress:
+        tool_use_id, name = use["id"], use["name"]
+        seq, attempts, _ = await self.store.start_tool(
+            run.id, self.me, self.settings.lease_seconds, tool_use_id=tool_use_id, tool_name=name,
+            request=_json(use.get("input")),
+        )
+        again = f" (attempt {attempts})" if attempts > 1 else ""
+        log.info("%s run=%s seq=%d TOOL %s id=%s started%s", self.me, run.id.hex[:8], seq, name, tool_use_id, again)
+        t0 = time.perf_counter()
+        outcome = await self.tools.execute(name, use.get("input"), ToolContext(run.id, tool_use_id), run.tools)
+        latency_ms = round((time.perf_counter() - t0) * 1000)
+        progress = await self.store.finish_tool(
+            run.id, self.me, self.settings.lease_seconds, tool_use_id=tool_use_id, ok=outcome.ok,
+            output=outcome.output, latency_ms=latency_ms,
+        )
+        status = StepStatus.DONE if outcome.ok else StepStatus.ERROR
+        conv.apply(Step(run.id, seq, StepKind.TOOL, status, tool_name=name, tool_use_id=tool_use_id, response=outcome.output))
+        log.info(
+            "%s run=%s seq=%d TOOL %s id=%s %s %dms",
+            self.me, run.id.hex[:8], seq, name, tool_use_id, "done" if outcome.ok else "error", latency_ms,
+        )
+        return progress

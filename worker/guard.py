@@ -1,0 +1,45 @@
+"""The guard: the checks that stop a run before its next step. Pure, no I/O.
+
+Defence in depth against a runaway agent: a cancel flag, a wall-clock deadline, a token budget, an
+optional cost budget and a step cap. Budgets are checked before a model step only, so a run that
+already has its final answer is not failed for the tokens that answer cost, and overshoot is bounded
+by one step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+
+from agentrun.worker.records import Progress, Run, RunStatus
+
+
+@dataclasses.dataclass(frozen=True)
+class Stop:
+    status: RunStatus
+    reason: str
+
+
+def guard(run: Run, progress: Progress, steps: int, *, before_model_step: bool) -> Stop | None:
+    if progress.cancel_requested:
+        return Stop(RunStatus.CANCELLED, "cancel requested")
+    if progress.db_now >= run.deadline_at:
+        return Stop(RunStatus.TIMED_OUT, f"deadline passed: the run may take {run.timeout_seconds}s")
+    if not before_model_step:
+        return None
+    if progress.tokens_used >= run.token_budget:
+        return Stop(
+            RunStatus.FAILED, f"token budget exhausted: used {progress.tokens_used} of {run.token_budget} tokens"
+        )
+    if run.cost_budget_usd is not None and progress.cost_usd >= run.cost_budget_usd:
+        return Stop(
+            RunStatus.FAILED, f"cost budget exhausted: spent ${progress.cost_usd:.4f} of ${run.cost_budget_usd:.4f}"
+        )
+    if steps >= run.max_steps:
+        return Stop(RunStatus.FAILED, f"step cap reached: {steps} steps of at most {run.max_steps}")
+    return None
+
+
+def remaining(run: Run, db_now: datetime.datetime) -> float:
+    """Seconds left before the run's deadline, by the database's clock."""
+    return (run.deadline_at - db_now).total_seconds()

@@ -1,0 +1,116 @@
+"""The values the engine passes around: a run, its steps, and the progress counters of a held run."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import uuid
+from decimal import Decimal
+
+
+class RunStatus(str, enum.Enum):
+    QUEUED = "QUEUED"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMED_OUT = "TIMED_OUT"
+
+    @property
+    def terminal(self) -> bool:
+        return self not in (RunStatus.QUEUED, RunStatus.RUNNING)
+
+
+class StepKind(str, enum.Enum):
+    MODEL = "MODEL"
+    TOOL = "TOOL"
+
+
+class StepStatus(str, enum.Enum):
+    STARTED = "STARTED"  # a tool step whose outcome is not known yet (or never will be: a crash)
+    DONE = "DONE"
+    ERROR = "ERROR"
+
+
+@dataclasses.dataclass(frozen=True)
+class NewRun:
+    """What a caller asks for; the store fills in the rest."""
+
+    input: str
+    model: str
+    token_budget: int
+    timeout_seconds: int
+    max_steps: int = 100
+    tools: tuple[str, ...] | None = None  # None: every registered tool
+    system: str | None = None
+    cost_budget_usd: Decimal | None = None
+    id: uuid.UUID | None = None  # given by the operator (the AgentRun's uid); random otherwise
+    idempotency_key: str | None = None
+    k8s_namespace: str | None = None
+    k8s_name: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    id: uuid.UUID
+    status: RunStatus
+    input: str
+    model: str
+    system: str | None
+    tools: tuple[str, ...] | None
+    token_budget: int
+    tokens_used: int
+    cost_budget_usd: Decimal | None
+    cost_usd: Decimal
+    max_steps: int
+    timeout_seconds: int
+    deadline_at: datetime.datetime
+    cancel_requested: bool
+    error: str | None
+    locked_by: str | None
+    locked_until: datetime.datetime | None
+    created_at: datetime.datetime
+    started_at: datetime.datetime | None
+    finished_at: datetime.datetime | None
+    steps: int
+    idempotency_key: str | None = None
+    k8s_namespace: str | None = None
+    k8s_name: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    run_id: uuid.UUID
+    seq: int
+    kind: StepKind
+    status: StepStatus
+    tool_name: str | None = None
+    tool_use_id: str | None = None
+    request: str | None = None  # MODEL: a JSON summary of what was sent; TOOL: the tool input as JSON
+    response: str | None = None  # MODEL: the content blocks as JSON, verbatim; TOOL: the tool's output
+    stop_reason: str | None = None
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cache_creation_input_tokens: int = 0
+    cache_read_input_tokens: int = 0
+    cost_usd: Decimal | None = None
+    latency_ms: int | None = None
+    attempts: int = 1
+    worker: str | None = None
+    started_at: datetime.datetime | None = None
+    finished_at: datetime.datetime | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """The counters of a held run as the database saw them at the last fenced write.
+
+    Every fenced write returns them, so the guard needs no extra round trip to learn about a cancel
+    request or the budget spent.
+    """
+
+    tokens_used: int
+    cost_usd: Decimal
+    cancel_requested: bool
+    db_now: datetime.datetime

@@ -1,0 +1,152 @@
+"""The worker loop: keeps up to N runs in flight, claims when a slot is free, and lets go cleanly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+
+import psycopg
+
+from agentrun.worker.engine import DriverSettings, RunDriver
+from agentrun.worker.lease import LeaseKeeper
+from agentrun.worker.llm.types import LlmClient
+from agentrun.worker.pricing import PriceTable
+from agentrun.worker.records import Progress, Run, RunStatus
+from agentrun.worker.settings import WorkerSettings
+from agentrun.worker.store import LeaseLost, RunStore
+from agentrun.worker.tools import ToolBox
+
+log = logging.getLogger("agentrun.worker.runner")
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        store: RunStore,
+        llm: LlmClient,
+        tools: ToolBox,
+        prices: PriceTable | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.keeper = LeaseKeeper(store, settings.worker_id, settings.lease_seconds)
+        self.stopping = asyncio.Event()
+        self.wake = asyncio.Event()  # set when a run may have become claimable
+        self.driver = RunDriver(
+            DriverSettings(settings.worker_id, settings.lease_seconds, settings.max_tokens),
+            store,
+            llm,
+            tools,
+            prices or PriceTable.load(settings.prices_file),
+            self.keeper,
+            self.stopping,
+        )
+        self.in_flight: set[asyncio.Task[RunStatus | None]] = set()
+
+    @property
+    def id(self) -> str:
+        return self.settings.worker_id
+
+    def stop(self) -> None:
+        """Stop claiming; in-flight runs hand themselves back after their current step."""
+        if not self.stopping.is_set():
+            log.info("%s stopping: no new claims, in-flight steps finish", self.id)
+        self.stopping.set()
+        self.wake.set()
+
+    async def run_once(self) -> uuid.UUID | None:
+        """Claim one run and drive it to its end (for tests and tools); None if nothing was claimable."""
+        claimed = await self.store.claim(self.id, self.settings.lease_seconds)
+        if claimed is None:
+            return None
+        run, progress = claimed
+        heartbeat = asyncio.create_task(self.keeper.run())
+        try:
+            await self.driver.drive(run, progress)
+        finally:
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+        return run.id
+
+    async def run(self) -> None:
+        """Serve until stop(): claim, drive, repeat; then wait for in-flight runs within the grace."""
+        heartbeat = asyncio.create_task(self.keeper.run(), name=f"{self.id}-heartbeat")
+        backoff = self.settings.poll_interval
+        try:
+            while not self.stopping.is_set():
+                if len(self.in_flight) >= self.settings.concurrency:
+                    await self._wait_for_slot()
+                    continue
+                try:
+                    claimed = await self.store.claim(self.id, self.settings.lease_seconds)
+                    backoff = self.settings.poll_interval
+                except psycopg.OperationalError as e:
+                    log.warning("%s cannot claim: %s; retrying in %.1fs", self.id, e, backoff)
+                    await self._idle(backoff)
+                    backoff = min(backoff * 2, 30.0)
+                    continue
+                if claimed is None:
+                    await self._idle(self.settings.poll_interval)
+                    continue
+                task = asyncio.create_task(self._drive(*claimed), name=f"run-{claimed[0].id}")
+                self.in_flight.add(task)
+                task.add_done_callback(self._done)
+        finally:
+            await self._drain()
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+
+    def _done(self, task: asyncio.Task[RunStatus | None]) -> None:
+        self.in_flight.discard(task)
+        self.wake.set()
+
+    async def _wait_for_slot(self) -> None:
+        stopping = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({*self.in_flight, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+
+    async def _idle(self, seconds: float) -> None:
+        """Sleep until the poll interval passes or something wakes us."""
+        self.wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self.wake.wait()
+
+    async def _drain(self) -> None:
+        if not self.in_flight:
+            return
+        log.info("%s waiting up to %.0fs for %d in-flight runs", self.id, self.settings.shutdown_grace, len(self.in_flight))
+        _, late = await asyncio.wait(set(self.in_flight), timeout=self.settings.shutdown_grace)
+        for task in late:
+            task.cancel()
+        if late:
+            await asyncio.gather(*late, return_exceptions=True)
+
+    async def _drive(self, run: Run, progress: Progress) -> RunStatus | None:
+        try:
+            return await self.driver.drive(run, progress)
+        except LeaseLost:
+            log.warning("%s run=%s lease lost: another worker has the run; stopped driving it", self.id, run.id.hex[:8])
+        except asyncio.CancelledError:
+            # Cancelled past the shutdown grace: the in-flight step is abandoned (it will be redone),
+            # and the lease is given back so another worker resumes at once.
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.store.release(run.id, self.id))
+            raise
+        except psycopg.Error as e:
+            log.warning("%s run=%s database error, left for another attempt: %s", self.id, run.id.hex[:8], e)
+        except Exception as e:
+            # Not a crash of the worker but a bug or bad data in this run: end it with the reason, so it
+            # does not poison every worker that claims it.
+            log.exception("%s run=%s failed unexpectedly", self.id, run.id.hex[:8])
+            with contextlib.suppress(Exception):
+                self.keeper.drop(run.id)
+                await self.store.finish(run.id, self.id, RunStatus.FAILED, f"internal error: {type(e).__name__}: {e}")
+        return None

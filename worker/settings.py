@@ -1,0 +1,59 @@
+"""Worker settings: built once at start from flags and environment, then passed down."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSettings:
+    database_url: str
+    """libpq connection string or URL (AGENTRUN_DATABASE_URL)."""
+
+    worker_id: str = dataclasses.field(default_factory=default_worker_id)
+    """The name written into locked_by and every step: host and pid unless given, so it is unique."""
+
+    concurrency: int = 4
+    """Runs in flight at once. Most of a step is waiting on the model, so this can exceed the cores.
+    0 makes an API-only process that never claims."""
+
+    lease_seconds: float = 30.0
+    """How long a claim lasts without renewal. The heartbeat renews every third of it while a step runs,
+    so it bounds how long a dead worker's runs wait, not how long a step may take."""
+
+    poll_interval: float = 1.0
+    """Seconds between claim attempts while idle: the safety net under the wake-up notifications."""
+
+    shutdown_grace: float = 25.0
+    """On SIGTERM, how long in-flight steps may take to finish before they are cancelled. Keep it below
+    the pod's terminationGracePeriodSeconds."""
+
+    port: int = 8080
+    """HTTP port for health, the REST API and metrics."""
+
+    host: str = "0.0.0.0"
+
+    tool_modules: tuple[str, ...] = ()
+    """Modules imported at start so their @tool functions are available (AGENTRUN_TOOLS)."""
+
+    max_tokens: int = 4096
+    """`max_tokens` of every model request."""
+
+    default_model: str = "claude-sonnet-4-5"
+    """Model for runs that name none (AGENTRUN_DEFAULT_MODEL)."""
+
+    prices_file: str | None = None
+    """Price table overriding the shipped one (AGENTRUN_PRICES_FILE)."""
+
+    pool_size: int = 10
+    """Database connections. Steps hold a connection only while they write, so a few serve many runs."""
+
+    @property
+    def pool_max(self) -> int:
+        return max(2, self.pool_size)

@@ -1,0 +1,338 @@
+"""The run table and its step log. Every write to a held run is fenced: it names the worker and the
+RUNNING status in its WHERE clause, and zero rows means the lease is gone (`LeaseLost`).
+
+Each write is ONE statement (data-modifying CTEs), so it is atomic without an explicit transaction
+and costs one round trip; it renews the lease and returns the run's counters for the guard.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from decimal import Decimal
+from typing import Any
+
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from agentrun.worker.records import NewRun, Progress, Run, RunStatus, Step, StepKind, StepStatus
+
+
+class LeaseLost(Exception):
+    """The worker no longer holds the run: another worker took it over, or it finished or was stopped."""
+
+    def __init__(self, run_id: uuid.UUID, worker: str) -> None:
+        super().__init__(f"worker {worker} no longer holds run {run_id}")
+        self.run_id = run_id
+        self.worker = worker
+
+
+RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_budget, r.tokens_used,
+    r.cost_budget_usd, r.cost_usd, r.max_steps, r.timeout_seconds, r.deadline_at, r.cancel_requested,
+    r.error, r.locked_by, r.locked_until, r.created_at, r.started_at, r.finished_at,
+    r.idempotency_key, r.k8s_namespace, r.k8s_name,
+    (SELECT coalesce(max(s.seq), 0) FROM run_step s WHERE s.run_id = r.id) AS steps"""
+
+STEP_COLUMNS = """run_id, seq, kind, status, tool_name, tool_use_id, request, response, stop_reason,
+    input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd,
+    latency_ms, attempts, worker, started_at, finished_at"""
+
+TIMELINE_COLUMNS = STEP_COLUMNS.replace("request, response,", "NULL AS request, NULL AS response,")
+
+# The fence. `owned` renews the lease and yields the counters; when it yields no row, the worker lost
+# the run and the statement it heads writes nothing.
+FENCE = """owned AS (
+    UPDATE run SET locked_until = now() + make_interval(secs => %(lease)s) {extra}
+    WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING'
+    RETURNING id, tokens_used, cost_usd, cancel_requested, now() AS db_now)"""
+
+PROGRESS = "owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now"
+
+
+def _run(row: dict[str, Any]) -> Run:
+    row = dict(row)
+    row["status"] = RunStatus(row["status"])
+    row["tools"] = tuple(row["tools"]) if row["tools"] is not None else None
+    return Run(**row)
+
+
+def _step(row: dict[str, Any]) -> Step:
+    row = dict(row)
+    row["kind"] = StepKind(row["kind"])
+    row["status"] = StepStatus(row["status"])
+    return Step(**row)
+
+
+def _progress(row: dict[str, Any]) -> Progress:
+    return Progress(row["tokens_used"], row["cost_usd"], row["cancel_requested"], row["db_now"])
+
+
+class RunStore:
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+        self.pool = pool
+
+    async def _one(self, query: str, params: dict[str, Any] | Sequence[Any]) -> dict[str, Any] | None:
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(query.encode(), params)
+            return await cur.fetchone()
+
+    async def _all(self, query: str, params: dict[str, Any] | Sequence[Any]) -> list[dict[str, Any]]:
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(query.encode(), params)
+            return await cur.fetchall()
+
+    # -- runs, as callers see them ----------------------------------------------------------------
+
+    async def create(self, new: NewRun) -> tuple[Run, bool]:
+        """Insert a run; returns it and whether it is new.
+
+        A run with the same id (the operator retrying) or the same idempotency key (a client retrying)
+        is returned as it is instead of a second one being made.
+        """
+        params = {
+            "id": new.id or uuid.uuid4(),
+            "input": new.input,
+            "model": new.model,
+            "system": new.system,
+            "tools": list(new.tools) if new.tools is not None else None,
+            "token_budget": new.token_budget,
+            "cost_budget_usd": new.cost_budget_usd,
+            "max_steps": new.max_steps,
+            "timeout_seconds": new.timeout_seconds,
+            "key": new.idempotency_key,
+            "ns": new.k8s_namespace,
+            "name": new.k8s_name,
+        }
+        row = await self._one(
+            f"""WITH ins AS (
+                    INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd,
+                                     max_steps, timeout_seconds, deadline_at, idempotency_key,
+                                     k8s_namespace, k8s_name)
+                    VALUES (%(id)s, %(input)s, %(model)s, %(system)s, %(tools)s, %(token_budget)s,
+                            %(cost_budget_usd)s, %(max_steps)s, %(timeout_seconds)s,
+                            now() + make_interval(secs => %(timeout_seconds)s), %(key)s, %(ns)s, %(name)s)
+                    ON CONFLICT DO NOTHING
+                    RETURNING id)
+                SELECT (SELECT id FROM ins) AS inserted""",
+            params,
+        )
+        assert row is not None
+        if row["inserted"]:
+            run = await self.get(row["inserted"])
+            assert run is not None
+            return run, True
+        # The conflicting row may have been committed after this statement's snapshot: look again.
+        found = await self._one(
+            "SELECT id FROM run WHERE id = %(id)s OR (%(key)s::text IS NOT NULL AND idempotency_key = %(key)s)",
+            params,
+        )
+        run = await self.get(found["id"]) if found else None
+        if run is None:
+            raise RuntimeError("run insert conflicted on a key that names no run")
+        return run, False
+
+    async def get(self, run_id: uuid.UUID) -> Run | None:
+        row = await self._one(f"SELECT {RUN_COLUMNS} FROM run r WHERE r.id = %s", (run_id,))
+        return _run(row) if row else None
+
+    async def list(
+        self, status: RunStatus | None = None, limit: int = 50, after: uuid.UUID | None = None
+    ) -> list[Run]:
+        """Newest first; `after` is the id of the last run of the previous page (keyset pagination)."""
+        rows = await self._all(
+            f"""SELECT {RUN_COLUMNS} FROM run r
+                WHERE (%(status)s::text IS NULL OR r.status = %(status)s)
+                  AND (%(after)s::uuid IS NULL OR (r.created_at, r.id) <
+                       (SELECT created_at, id FROM run WHERE id = %(after)s))
+                ORDER BY r.created_at DESC, r.id DESC LIMIT %(limit)s""",
+            {"status": status.value if status else None, "after": after, "limit": limit},
+        )
+        return [_run(r) for r in rows]
+
+    async def steps(self, run_id: uuid.UUID, after_seq: int = 0) -> list[Step]:
+        rows = await self._all(
+            f"SELECT {STEP_COLUMNS} FROM run_step WHERE run_id = %s AND seq > %s ORDER BY seq",
+            (run_id, after_seq),
+        )
+        return [_step(r) for r in rows]
+
+    async def step(self, run_id: uuid.UUID, seq: int) -> Step | None:
+        row = await self._one(f"SELECT {STEP_COLUMNS} FROM run_step WHERE run_id = %s AND seq = %s", (run_id, seq))
+        return _step(row) if row else None
+
+    async def timeline(self, run_id: uuid.UUID) -> list[Step]:
+        """The steps without their request and response bodies."""
+        rows = await self._all(
+            f"SELECT {TIMELINE_COLUMNS} FROM run_step WHERE run_id = %s ORDER BY seq", (run_id,)
+        )
+        return [_step(r) for r in rows]
+
+    async def cancel(self, run_id: uuid.UUID) -> Run | None:
+        """Ask a run to stop: a queued run ends CANCELLED at once, a running one at its next guard.
+
+        Returns the run afterwards, or None if there is no such run. A finished run is left as it is.
+        """
+        await self._one(
+            """UPDATE run SET cancel_requested = true,
+                   status = CASE WHEN status = 'QUEUED' THEN 'CANCELLED' ELSE status END,
+                   finished_at = CASE WHEN status = 'QUEUED' THEN now() ELSE finished_at END,
+                   error = CASE WHEN status = 'QUEUED' THEN 'cancelled before it started' ELSE error END
+               WHERE id = %s AND status IN ('QUEUED', 'RUNNING')
+               RETURNING id""",
+            (run_id,),
+        )
+        return await self.get(run_id)
+
+    # -- the lease -------------------------------------------------------------------------------
+
+    async def claim(self, worker: str, lease_seconds: float) -> tuple[Run, Progress] | None:
+        """Take the oldest claimable run: queued, or running under a lease that has lapsed."""
+        row = await self._one(
+            f"""WITH next AS (
+                    SELECT id FROM run
+                    WHERE run_at <= now() AND (status = 'QUEUED'
+                          OR (status = 'RUNNING' AND locked_until < now()))
+                    ORDER BY run_at FOR UPDATE SKIP LOCKED LIMIT 1)
+                UPDATE run r SET status = 'RUNNING', locked_by = %(worker)s,
+                       locked_until = now() + make_interval(secs => %(lease)s),
+                       started_at = coalesce(r.started_at, now()), claims = r.claims + 1
+                FROM next WHERE r.id = next.id
+                RETURNING {RUN_COLUMNS}, now() AS db_now""",
+            {"worker": worker, "lease": lease_seconds},
+        )
+        if row is None:
+            return None
+        db_now = row.pop("db_now")
+        run = _run(row)
+        return run, Progress(run.tokens_used, run.cost_usd, run.cancel_requested, db_now)
+
+    async def renew(self, run_ids: Sequence[uuid.UUID], worker: str, lease_seconds: float) -> dict[uuid.UUID, bool]:
+        """Extend the leases of runs this worker holds; returns each still-held run's cancel flag.
+
+        A run missing from the answer is lost.
+        """
+        rows = await self._all(
+            """UPDATE run SET locked_until = now() + make_interval(secs => %(lease)s)
+               WHERE id = ANY(%(ids)s) AND locked_by = %(worker)s AND status = 'RUNNING'
+               RETURNING id, cancel_requested""",
+            {"ids": list(run_ids), "worker": worker, "lease": lease_seconds},
+        )
+        return {r["id"]: r["cancel_requested"] for r in rows}
+
+    async def release(self, run_id: uuid.UUID, worker: str) -> bool:
+        """Give a held run back at once, so another worker resumes it without waiting for the lease."""
+        row = await self._one(
+            """UPDATE run SET locked_until = now() - interval '1 millisecond'
+               WHERE id = %s AND locked_by = %s AND status = 'RUNNING' RETURNING id""",
+            (run_id, worker),
+        )
+        return row is not None
+
+    # -- fenced writes of a held run -----------------------------------------------------------
+
+    async def checkpoint_model(
+        self,
+        run_id: uuid.UUID,
+        worker: str,
+        lease_seconds: float,
+        *,
+        request: str,
+        response: str,
+        stop_reason: str | None,
+        input_tokens: int,
+        output_tokens: int,
+        cache_creation_input_tokens: int,
+        cache_read_input_tokens: int,
+        cost_usd: Decimal | None,
+        latency_ms: int,
+    ) -> tuple[int, Progress]:
+        """The model step row, the token and cost counters and the lease renewal, all or nothing."""
+        tokens = input_tokens + output_tokens + cache_creation_input_tokens + cache_read_input_tokens
+        extra = ", tokens_used = tokens_used + %(tokens)s, cost_usd = cost_usd + coalesce(%(cost)s, 0)"
+        row = await self._one(
+            f"""WITH {FENCE.format(extra=extra)},
+                step AS (
+                    INSERT INTO run_step (run_id, seq, kind, status, request, response, stop_reason,
+                        input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens,
+                        cost_usd, latency_ms, worker, finished_at)
+                    SELECT id, (SELECT coalesce(max(seq), 0) + 1 FROM run_step WHERE run_id = %(id)s),
+                        'MODEL', 'DONE', %(request)s, %(response)s, %(stop)s, %(in)s, %(out)s,
+                        %(cw)s, %(cr)s, %(cost)s, %(ms)s, %(worker)s, now()
+                    FROM owned
+                    RETURNING seq)
+                SELECT step.seq, {PROGRESS} FROM owned, step""",
+            {
+                "id": run_id, "worker": worker, "lease": lease_seconds, "tokens": tokens, "cost": cost_usd,
+                "request": request, "response": response, "stop": stop_reason, "in": input_tokens,
+                "out": output_tokens, "cw": cache_creation_input_tokens, "cr": cache_read_input_tokens,
+                "ms": latency_ms,
+            },
+        )
+        if row is None:
+            raise LeaseLost(run_id, worker)
+        return row["seq"], _progress(row)
+
+    async def start_tool(
+        self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, tool_use_id: str, tool_name: str, request: str
+    ) -> tuple[int, int, Progress]:
+        """Write the STARTED row before the tool runs; returns (seq, attempts, progress).
+
+        The tool_use id is the key: after a crash the same row is found again (`attempts` counts the
+        executions) instead of a second step being appended.
+        """
+        row = await self._one(
+            f"""WITH {FENCE.format(extra="")},
+                step AS (
+                    INSERT INTO run_step (run_id, seq, kind, tool_name, tool_use_id, status, request, worker)
+                    SELECT id, (SELECT coalesce(max(seq), 0) + 1 FROM run_step WHERE run_id = %(id)s),
+                        'TOOL', %(name)s, %(tuid)s, 'STARTED', %(request)s, %(worker)s
+                    FROM owned
+                    ON CONFLICT (run_id, tool_use_id) WHERE kind = 'TOOL'
+                    DO UPDATE SET attempts = run_step.attempts + 1, worker = EXCLUDED.worker,
+                                  started_at = now()
+                    WHERE run_step.status = 'STARTED'
+                    RETURNING seq, attempts)
+                SELECT step.seq, step.attempts, {PROGRESS} FROM owned LEFT JOIN step ON true""",
+            {"id": run_id, "worker": worker, "lease": lease_seconds, "tuid": tool_use_id, "name": tool_name,
+             "request": request},
+        )
+        if row is None:
+            raise LeaseLost(run_id, worker)
+        if row["seq"] is None:
+            raise RuntimeError(f"run {run_id}: tool step {tool_use_id} is already finished")
+        return row["seq"], row["attempts"], _progress(row)
+
+    async def finish_tool(
+        self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, tool_use_id: str, ok: bool,
+        output: str, latency_ms: int,
+    ) -> Progress:
+        row = await self._one(
+            f"""WITH {FENCE.format(extra="")},
+                step AS (
+                    UPDATE run_step SET status = %(status)s, response = %(output)s, latency_ms = %(ms)s,
+                                        worker = %(worker)s, finished_at = now()
+                    FROM owned
+                    WHERE run_step.run_id = owned.id AND run_step.kind = 'TOOL'
+                      AND run_step.tool_use_id = %(tuid)s
+                    RETURNING seq)
+                SELECT step.seq, {PROGRESS} FROM owned LEFT JOIN step ON true""",
+            {"id": run_id, "worker": worker, "lease": lease_seconds, "tuid": tool_use_id,
+             "status": "DONE" if ok else "ERROR", "output": output, "ms": latency_ms},
+        )
+        if row is None:
+            raise LeaseLost(run_id, worker)
+        return _progress(row)
+
+    async def finish(self, run_id: uuid.UUID, worker: str, status: RunStatus, error: str | None) -> int:
+        """End a held run; returns its tokens used. locked_by keeps the worker that finished it."""
+        assert status.terminal
+        row = await self._one(
+            """UPDATE run SET status = %s, error = %s, finished_at = now(), locked_until = NULL
+               WHERE id = %s AND locked_by = %s AND status = 'RUNNING' RETURNING tokens_used""",
+            (status.value, error, run_id, worker),
+        )
+        if row is None:
+            raise LeaseLost(run_id, worker)
+        return int(row["tokens_used"])

@@ -1,0 +1,155 @@
+"""Tools the model may call: the `@tool` decorator, the context a call gets, and the executor.
+
+A tool is declared where it lives and found by import: the worker imports the modules named in
+AGENTRUN_TOOLS and collects every `Tool` object defined at their top level. No registry is global.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib
+import inspect
+import types
+import uuid
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any
+
+import jsonschema
+
+ToolFunction = Callable[[dict[str, Any], "ToolContext"], "Awaitable[str] | str"]
+
+DEFAULT_INPUT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolContext:
+    """What a tool call knows about itself. `idempotency_key` is stable across re-executions."""
+
+    run_id: uuid.UUID
+    tool_use_id: str
+
+    @property
+    def idempotency_key(self) -> str:
+        return self.tool_use_id
+
+
+@dataclasses.dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    input_schema: Mapping[str, Any]
+    fn: ToolFunction
+    idempotent: bool = True
+    timeout_seconds: float = 30.0
+
+    def definition(self) -> dict[str, Any]:
+        """The tool as the Messages API wants it in a request."""
+        return {"name": self.name, "description": self.description, "input_schema": dict(self.input_schema)}
+
+    def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Awaitable[str] | str:
+        return self.fn(args, ctx)
+
+
+def tool(
+    *,
+    name: str,
+    description: str = "",
+    input_schema: Mapping[str, Any] | None = None,
+    idempotent: bool = True,
+    timeout_seconds: float = 30.0,
+) -> Callable[[ToolFunction], Tool]:
+    """Declare a tool: `@tool(name="lookup", description="…", input_schema={…}, idempotent=True)`.
+
+    `idempotent=False` says the tool cannot honour `ctx.idempotency_key`: if a worker dies while it runs,
+    the run is failed for a human to resolve instead of executing it a second time.
+    """
+    if not name or not isinstance(name, str):
+        raise ValueError("a tool needs a non-empty name")
+    if timeout_seconds <= 0:
+        raise ValueError(f"tool {name}: timeout_seconds must be positive")
+    schema = dict(input_schema or DEFAULT_INPUT_SCHEMA)
+    jsonschema.Draft202012Validator.check_schema(schema)
+
+    def wrap(fn: ToolFunction) -> Tool:
+        return Tool(name, description or (fn.__doc__ or "").strip(), schema, fn, idempotent, timeout_seconds)
+
+    return wrap
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolOutcome:
+    ok: bool  # False: the model sees the output as an is_error tool_result
+    output: str
+
+
+def load_tool_modules(paths: Iterable[str]) -> list[Tool]:
+    """Import each dotted module path and collect the tools defined at its top level."""
+    found: list[Tool] = []
+    for path in (p.strip() for p in paths):
+        if not path:
+            continue
+        module: types.ModuleType = importlib.import_module(path)
+        found.extend(v for v in vars(module).values() if isinstance(v, Tool))
+    return found
+
+
+class ToolBox:
+    """The tools a worker can run, and the one place a tool call is executed."""
+
+    def __init__(self, tools: Iterable[Tool] = (), max_output_chars: int = 100_000) -> None:
+        self._tools: dict[str, Tool] = {}
+        for t in tools:
+            if t.name in self._tools and self._tools[t.name] is not t:
+                raise ValueError(f"two tools are named {t.name!r}")
+            self._tools[t.name] = t
+        self.max_output_chars = max_output_chars
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self._tools)
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    def unknown(self, names: Iterable[str]) -> list[str]:
+        return [n for n in names if n not in self._tools]
+
+    def definitions(self, allowed: Iterable[str] | None = None) -> list[dict[str, Any]]:
+        names = self.names if allowed is None else [n for n in allowed if n in self._tools]
+        return [self._tools[n].definition() for n in names]
+
+    async def execute(self, name: str, args: Any, ctx: ToolContext, allowed: Iterable[str] | None = None) -> ToolOutcome:
+        """Run one call. Every failure the model can learn from becomes an error outcome.
+
+        Tool exceptions, timeouts, unknown or disallowed names and inputs that break the schema are
+        returned, not raised. BaseExceptions (cancellation, a simulated crash) pass through untouched.
+        """
+        t = self._tools.get(name)
+        if t is None or (allowed is not None and name not in allowed):
+            return ToolOutcome(False, f"error: unknown tool {name!r}")
+        if not isinstance(args, dict):
+            return ToolOutcome(False, f"error: tool input must be a JSON object, got {type(args).__name__}")
+        try:
+            jsonschema.validate(args, t.input_schema)
+        except jsonschema.ValidationError as e:
+            return ToolOutcome(False, f"error: invalid input for {name}: {e.message}")
+        try:
+            async with asyncio.timeout(t.timeout_seconds):
+                if inspect.iscoroutinefunction(t.fn):
+                    result = await t.fn(args, ctx)  # type: ignore[misc]
+                else:
+                    # A plain function runs off the event loop. A thread cannot be killed: on timeout we
+                    # stop waiting for it, and it finishes (or not) on its own.
+                    result = await asyncio.to_thread(t.fn, args, ctx)
+        except TimeoutError:
+            return ToolOutcome(False, f"error: tool {name} timed out after {t.timeout_seconds:g}s")
+        except Exception as e:  # a failing tool is information for the model
+            return ToolOutcome(False, f"error: {type(e).__name__}: {e}")
+        return ToolOutcome(True, self._cap(result if isinstance(result, str) else str(result)))
+
+    def _cap(self, output: str) -> str:
+        if len(output) <= self.max_output_chars:
+            return output
+        dropped = len(output) - self.max_output_chars
+        return output[: self.max_output_chars] + f"\n[output truncated: {dropped} more characters not shown]"

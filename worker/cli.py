@@ -90,9 +90,17 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         raise SystemExit(f"agentrun: cannot load tools from AGENTRUN_TOOLS: {e}") from None
     if migrate_first:
         await migrate.migrate(settings.database_url)
+    # An API-only process (--concurrency 0) needs no model.
+    llm = llm_from_env(settings) if settings.concurrency > 0 else None
     pool = await open_pool(settings.database_url, max_size=settings.pool_max)
     store = RunStore(pool)
-    worker = Worker(settings, store, llm_from_env(settings), tools)
+    worker = Worker(settings, store, llm, tools) if llm is not None else None
+    stopping = worker.stopping if worker else asyncio.Event()
+
+    def stop() -> None:
+        if worker:
+            worker.stop()
+        stopping.set()
 
     app = create_app(pool)
     server = uvicorn.Server(
@@ -102,17 +110,17 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, worker.stop)
+        loop.add_signal_handler(sig, stop)
     log.info(
         "%s serving on :%d with %d slots, lease %gs, tools: %s",
         settings.worker_id, settings.port, settings.concurrency, settings.lease_seconds, ", ".join(tools.names) or "none",
     )
     http = asyncio.create_task(server.serve())
     try:
-        if settings.concurrency > 0:
+        if worker:
             await worker.run()
         else:
-            await worker.stopping.wait()
+            await stopping.wait()
     finally:
         server.should_exit = True
         with contextlib.suppress(Exception):

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from agentrun.worker.guard import Stop, guard, remaining
+from agentrun.worker.guard import Stop, deadline_passed, guard, remaining
 from agentrun.worker.lease import LeaseKeeper
 from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, Message
 from agentrun.worker.pricing import PriceTable
@@ -82,13 +82,15 @@ class RunDriver:
             conv = Conversation.replay(run.input, steps)
             if steps:
                 log.info("%s run=%s resumed at seq=%d", self.me, run.id.hex[:8], self._resume_seq(steps))
+            # The deadline interrupts a step in flight, never the finishing write: _loop only decides.
             try:
                 async with asyncio.timeout(max(remaining(run, progress.db_now), 0)) as deadline:
-                    return await self._loop(run, progress, conv)
+                    stop = await self._loop(run, progress, conv)
             except TimeoutError:
                 if not deadline.expired():
                     raise
-                return await self._finish(run, Stop(RunStatus.TIMED_OUT, self._timeout_reason(run)))
+                stop = deadline_passed(run)
+            return None if stop is None else await self._finish(run, stop)
         except asyncio.CancelledError:
             if self.keeper.lost(run.id):
                 task.uncancel()
@@ -98,15 +100,12 @@ class RunDriver:
             self.keeper.drop(run.id)
 
     @staticmethod
-    def _timeout_reason(run: Run) -> str:
-        return f"deadline passed: the run may take {run.timeout_seconds}s"
-
-    @staticmethod
     def _resume_seq(steps: list[Step]) -> int:
         started = [s.seq for s in steps if s.status is StepStatus.STARTED]
         return started[0] if started else steps[-1].seq + 1
 
-    async def _loop(self, run: Run, progress: Progress, conv: Conversation) -> RunStatus | None:
+    async def _loop(self, run: Run, progress: Progress, conv: Conversation) -> Stop | None:
+        """Take steps until the run must end (the reason) or be handed back (None)."""
         while True:
             if self.stopping.is_set():
                 self.keeper.drop(run.id)
@@ -115,20 +114,20 @@ class RunDriver:
                 return None
             stop = guard(run, progress, conv.steps, before_model_step=not conv.pending and not conv.finished)
             if stop is not None:
-                return await self._finish(run, stop)
+                return stop
             use = conv.next_tool_use
             if use is not None:
                 verdict = self._in_doubt(conv, use)
                 if verdict is not None:
-                    return await self._finish(run, verdict)
+                    return verdict
                 progress = await self._tool_step(run, conv, use)
             elif conv.finished:
-                return await self._finish(run, Stop(RunStatus.SUCCEEDED, ""))
+                return Stop(RunStatus.SUCCEEDED, "")
             else:
                 try:
                     progress = await self._model_step(run, conv)
                 except LlmError as e:
-                    return await self._finish(run, Stop(RunStatus.FAILED, str(e)))
+                    return Stop(RunStatus.FAILED, str(e))
 
     def _in_doubt(self, conv: Conversation, use: dict[str, Any]) -> Stop | None:
         """A tool that cannot honour its idempotency key is not run twice: a human decides."""

@@ -24,7 +24,7 @@ def guard(run: Run, progress: Progress, steps: int, *, before_model_step: bool) 
     if progress.cancel_requested:
         return Stop(RunStatus.CANCELLED, "cancel requested")
     if progress.db_now >= run.deadline_at:
-        return Stop(RunStatus.TIMED_OUT, f"deadline passed: the run may take {run.timeout_seconds}s")
+        return deadline_passed(run)
     if not before_model_step:
         return None
     if progress.tokens_used >= run.token_budget:
@@ -38,6 +38,10 @@ def guard(run: Run, progress: Progress, steps: int, *, before_model_step: bool) 
     if steps >= run.max_steps:
         return Stop(RunStatus.FAILED, f"step cap reached: {steps} steps of at most {run.max_steps}")
     return None
+
+
+def deadline_passed(run: Run) -> Stop:
+    return Stop(RunStatus.TIMED_OUT, f"deadline passed: the run may take {run.timeout_seconds}s")
 
 
 def remaining(run: Run, db_now: datetime.datetime) -> float:

@@ -1,0 +1,186 @@
+"""The guard stops runaway runs, each with a reason; cancel works queued and running."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+
+from agentrun.worker.llm.scripted import ScriptedLlm, TurnBasedLlm
+from agentrun.worker.llm.types import LlmError
+from agentrun.worker.records import RunStatus, StepStatus
+from agentrun.worker.store import RunStore
+from agentrun.worker.tools import ToolContext, tool
+from tests.helpers import SimulatedCrash, new_run, worker
+
+
+@tool(name="noop")
+async def noop(args: dict[str, Any], ctx: ToolContext) -> str:
+    return "ok"
+
+
+async def finished(store: RunStore, run_id: uuid.UUID) -> tuple[RunStatus, str | None]:
+    run = await store.get(run_id)
+    assert run is not None
+    return run.status, run.error
+
+
+async def test_token_budget(store: RunStore) -> None:
+    run, _ = await store.create(new_run(token_budget=100))
+    await worker(store, TurnBasedLlm(turns=10, in_=40, out=20), [noop]).run_once()
+    status, error = await finished(store, run.id)
+    assert status is RunStatus.FAILED and error == "token budget exhausted: used 120 of 100 tokens"
+
+
+async def test_budget_overshoot_is_bounded_by_one_step_and_a_final_answer_is_kept(store: RunStore) -> None:
+    run, _ = await store.create(new_run(token_budget=10))
+    await worker(store, ScriptedLlm().then_text("expensive but done", 500, 500), [noop]).run_once()
+    assert (await finished(store, run.id))[0] is RunStatus.SUCCEEDED
+
+
+async def test_cost_budget(store: RunStore) -> None:
+    run, _ = await store.create(new_run(cost_budget_usd=Decimal("0.001")))
+    # claude-sonnet-4-5: $3/M input → 1000 input tokens cost $0.003 in one step.
+    await worker(store, TurnBasedLlm(turns=10, in_=1000, out=0), [noop]).run_once()
+    status, error = await finished(store, run.id)
+    assert status is RunStatus.FAILED and error is not None and error.startswith("cost budget exhausted")
+    after = await store.get(run.id)
+    assert after is not None and after.cost_usd == Decimal("0.003")
+
+
+async def test_step_cap(store: RunStore) -> None:
+    run, _ = await store.create(new_run(max_steps=4))
+    await worker(store, TurnBasedLlm(turns=100), [noop]).run_once()
+    status, error = await finished(store, run.id)
+    assert status is RunStatus.FAILED and error == "step cap reached: 4 steps of at most 4"
+
+
+async def test_deadline_passed_before_claim(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
+    run, _ = await store.create(new_run())
+    await db.execute("UPDATE run SET deadline_at = now() - interval '1 second' WHERE id = %s", (run.id,))
+    llm = TurnBasedLlm(turns=1)
+    await worker(store, llm, [noop]).run_once()
+    status, error = await finished(store, run.id)
+    assert status is RunStatus.TIMED_OUT and error is not None and "deadline" in error
+    assert llm.calls == 0
+
+
+async def test_deadline_passing_during_a_step_ends_the_run(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
+    run, _ = await store.create(new_run(timeout_seconds=1))
+
+    @tool(name="forever")
+    async def forever(args: dict[str, Any], ctx: ToolContext) -> str:
+        await asyncio.sleep(3600)
+        return "never"
+
+    await worker(store, ScriptedLlm().then_tool_use("t1", "forever"), [forever]).run_once()
+    assert (await finished(store, run.id))[0] is RunStatus.TIMED_OUT
+
+
+async def test_cancel_queued_run_ends_at_once(store: RunStore) -> None:
+    run, _ = await store.create(new_run())
+    after = await store.cancel(run.id)
+    assert after is not None and after.status is RunStatus.CANCELLED and after.finished_at is not None
+    assert await worker(store, TurnBasedLlm(1), [noop]).run_once() is None  # nothing left to claim
+    again = await store.cancel(run.id)
+    assert again is not None and again.status is RunStatus.CANCELLED  # finished runs stay as they are
+    assert await store.cancel(uuid.uuid4()) is None
+
+
+async def test_cancel_running_run_stops_at_next_guard(store: RunStore) -> None:
+    run, _ = await store.create(new_run())
+
+    @tool(name="cancel_me")
+    async def cancel_me(args: dict[str, Any], ctx: ToolContext) -> str:
+        await store.cancel(ctx.run_id)
+        return "ok"
+
+    llm = ScriptedLlm().then_tool_use("t1", "cancel_me").then_text("never asked")
+    await worker(store, llm, [cancel_me]).run_once()
+    status, error = await finished(store, run.id)
+    assert status is RunStatus.CANCELLED and error == "cancel requested"
+    assert len(llm.seen) == 1
+
+
+async def test_non_idempotent_tool_in_doubt_fails_for_a_human(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
+    run, _ = await store.create(new_run())
+    charged: list[str] = []
+
+    @tool(name="charge_card", idempotent=False)
+    async def charge_card(args: dict[str, Any], ctx: ToolContext) -> str:
+        charged.append(ctx.tool_use_id)
+        raise SimulatedCrash()
+
+    llm = ScriptedLlm().then_tool_use("toolu_pay", "charge_card", {"usd": 10})
+    with pytest.raises(SimulatedCrash):
+        await worker(store, llm, [charge_card], "worker-A").run_once()
+    await db.execute("UPDATE run SET locked_until = now() - interval '1 second' WHERE id = %s", (run.id,))
+    await worker(store, llm, [charge_card], "worker-B").run_once()
+    status, error = await finished(store, run.id)
+    assert status is RunStatus.FAILED
+    assert error is not None and "charge_card" in error and "toolu_pay" in error and "in doubt" in error
+    assert charged == ["toolu_pay"]  # not run a second time
+    steps = await store.timeline(run.id)
+    assert steps[-1].status is StepStatus.STARTED  # the evidence stays
+
+
+async def test_model_error_fails_the_run_with_the_api_message(store: RunStore) -> None:
+    run, _ = await store.create(new_run())
+    llm = ScriptedLlm().then_fail(LlmError(400, None, "messages: roles must alternate"))
+    await worker(store, llm, [noop]).run_once()
+    status, error = await finished(store, run.id)
+    assert status is RunStatus.FAILED and error == "model error 400: messages: roles must alternate"
+
+
+async def test_tool_failures_are_information_for_the_model(store: RunStore) -> None:
+    @tool(name="broken", input_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})
+    async def broken(args: dict[str, Any], ctx: ToolContext) -> str:
+        raise ValueError("no such ticket")
+
+    @tool(name="sleepy", timeout_seconds=0.05)
+    async def sleepy(args: dict[str, Any], ctx: ToolContext) -> str:
+        await asyncio.sleep(10)
+        return "late"
+
+    run, _ = await store.create(new_run())
+    llm = (
+        ScriptedLlm()
+        .then_tool_uses([("a", "broken", {"n": 1}), ("b", "broken", {"n": "x"}), ("c", "sleepy", {}), ("d", "nope", {})])
+        .then_text("understood")
+    )
+    await worker(store, llm, [broken, sleepy]).run_once()
+    assert (await finished(store, run.id))[0] is RunStatus.SUCCEEDED
+    results = {b["tool_use_id"]: b for b in llm.seen[1].messages[-1]["content"]}
+    assert results["a"]["content"] == "error: ValueError: no such ticket" and results["a"]["is_error"]
+    assert "invalid input for broken" in results["b"]["content"]
+    assert results["c"]["content"] == "error: tool sleepy timed out after 0.05s"
+    assert results["d"]["content"] == "error: unknown tool 'nope'"
+    assert all(r["is_error"] for r in results.values())
+
+
+async def test_run_limited_to_its_tools(store: RunStore) -> None:
+    @tool(name="secret")
+    async def secret(args: dict[str, Any], ctx: ToolContext) -> str:
+        return "leaked"
+
+    run, _ = await store.create(new_run(tools=("noop",)))
+    llm = ScriptedLlm().then_tool_use("t1", "secret").then_text("ok")
+    await worker(store, llm, [noop, secret]).run_once()
+    assert [t["name"] for t in llm.seen[0].tools] == ["noop"]
+    assert llm.seen[1].messages[-1]["content"][0]["content"] == "error: unknown tool 'secret'"
+
+
+async def test_huge_tool_output_is_capped_and_says_so(store: RunStore) -> None:
+    @tool(name="flood")
+    async def flood(args: dict[str, Any], ctx: ToolContext) -> str:
+        return "x" * 250_000
+
+    run, _ = await store.create(new_run())
+    llm = ScriptedLlm().then_tool_use("t1", "flood").then_text("ok")
+    await worker(store, llm, [flood]).run_once()
+    content = llm.seen[1].messages[-1]["content"][0]["content"]
+    assert len(content) < 100_100 and content.endswith("[output truncated: 150000 more characters not shown]")

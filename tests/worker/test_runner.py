@@ -1,0 +1,94 @@
+"""The worker loop: graceful stop hands runs back at once; the CLI starts and serves health."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
+
+import httpx
+import psycopg
+
+from agentrun.worker.llm.scripted import ScriptedLlm
+from agentrun.worker.records import RunStatus
+from agentrun.worker.store import RunStore
+from agentrun.worker.tools import ToolContext, tool
+from tests.helpers import eventually, new_run, worker
+
+
+async def test_stop_lets_the_step_finish_and_releases_the_lease(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
+    run, _ = await store.create(new_run())
+    entered, proceed = asyncio.Event(), asyncio.Event()
+
+    @tool(name="step")
+    async def step(args: dict[str, Any], ctx: ToolContext) -> str:
+        entered.set()
+        await proceed.wait()
+        return "finished during shutdown"
+
+    llm = ScriptedLlm().then_tool_use("t1", "step").then_text("done")
+    a = worker(store, llm, [step], "worker-A")
+    serving = asyncio.create_task(a.run())
+    await asyncio.wait_for(entered.wait(), 10)
+    a.stop()  # SIGTERM
+    proceed.set()
+    await asyncio.wait_for(serving, 10)
+
+    after = await store.get(run.id)
+    assert after is not None and after.status is RunStatus.RUNNING
+    assert after.locked_until is not None
+    cur = await db.execute("SELECT locked_until < now() FROM run WHERE id = %s", (run.id,))
+    assert (await cur.fetchone())[0]  # type: ignore[index]  # claimable at once, no lease to wait out
+    steps = await store.timeline(run.id)
+    assert steps[-1].status.value == "DONE"  # the in-flight step was allowed to finish
+
+    assert await worker(store, llm, [step], "worker-B").run_once() == run.id
+    assert (await store.get(run.id)).status is RunStatus.SUCCEEDED  # type: ignore[union-attr]
+    assert len(llm.seen) == 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_cli_migrate_and_worker_serve_health(database_url: str) -> None:
+    env = {**os.environ, "AGENTRUN_DATABASE_URL": database_url, "ANTHROPIC_BASE_URL": "http://127.0.0.1:9"}
+    out = subprocess.run([sys.executable, "-m", "agentrun.worker.cli", "migrate"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "up to date" in out.stdout
+
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", "cli-worker", "--port", str(port),
+         "--host", "127.0.0.1", "--concurrency", "0"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        async def healthy() -> bool:
+            try:
+                async with httpx.AsyncClient() as c:
+                    r = await c.get(f"http://127.0.0.1:{port}/readyz")
+                    return r.status_code == 200
+            except httpx.TransportError:
+                return proc.poll() is not None
+        asyncio.run(eventually(healthy, timeout=30, what="the worker to be ready"))
+        assert proc.poll() is None
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        output = proc.stdout.read() if proc.stdout else ""
+    assert "cli-worker serving on" in output and "cli-worker stopped" in output
+
+
+def test_cli_without_database_says_what_to_set() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "AGENTRUN_DATABASE_URL"}
+    out = subprocess.run([sys.executable, "-m", "agentrun.worker.cli", "migrate"], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0
+    assert "AGENTRUN_DATABASE_URL" in out.stderr and "Traceback" not in out.stderr

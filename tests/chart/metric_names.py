@@ -1,0 +1,58 @@
+"""The metric names the chart's dashboard and alerts rely on, and ways to read names from queries,
+from a /metrics page and from a prometheus-client registry, so they can be checked against the worker."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+# Every series the dashboard and the PrometheusRule query (issue 4's names). A test checks the
+# dashboard and rules use nothing else; another checks the worker exports all of them.
+CHART_METRICS = frozenset({
+    "agentrun_tokens_total",
+    "agentrun_cost_usd_total",
+    "agentrun_step_latency_seconds",
+    "agentrun_runs",
+    "agentrun_claims_total",
+    "agentrun_lease_takeovers_total",
+    "agentrun_lease_lost_total",
+    "agentrun_model_retries_total",
+    "agentrun_tool_errors_total",
+    "agentrun_runs_in_flight",
+})
+
+# Series a histogram exposes besides its name; queries name these, the code names the histogram.
+HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
+_NAME = re.compile(r"\bagentrun_[a-zA-Z0-9_]*[a-zA-Z0-9]")
+
+
+def names_in_queries(queries: Iterable[str], histograms: Iterable[str] = CHART_METRICS) -> set[str]:
+    """Metric names in PromQL expressions, with histogram series folded onto their histogram."""
+    known = set(histograms)
+    names = set()
+    for query in queries:
+        for name in _NAME.findall(query):
+            for suffix in HISTOGRAM_SUFFIXES:
+                if name.endswith(suffix) and name[: -len(suffix)] in known:
+                    name = name[: -len(suffix)]
+                    break
+            names.add(name)
+    return names
+
+
+def names_in_exposition(text: str) -> set[str]:
+    """Metric family names on a Prometheus /metrics page (from its # TYPE lines; counters keep `_total`)."""
+    names = set()
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[:2] == ["#", "TYPE"]:
+            name, kind = parts[2], parts[3]
+            names.add(name + "_total" if kind == "counter" and not name.endswith("_total") else name)
+    return names
+
+
+def names_in_registry(registry: object) -> set[str]:
+    """Metric family names a prometheus-client registry would expose, named as in the text format."""
+    from prometheus_client import generate_latest
+
+    return names_in_exposition(generate_latest(registry).decode())  # type: ignore[arg-type]

@@ -88,11 +88,12 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         tools = ToolBox(load_tool_modules(settings.tool_modules))
     except (ImportError, ValueError) as e:
         raise SystemExit(f"agentrun: cannot load tools from AGENTRUN_TOOLS: {e}") from None
+    llm = llm_from_env(settings)  # before any connection is opened: a missing API setting exits cleanly
     if migrate_first:
         await migrate.migrate(settings.database_url)
     pool = await open_pool(settings.database_url, max_size=settings.pool_max)
     store = RunStore(pool)
-    worker = Worker(settings, store, llm_from_env(settings), tools)
+    worker = Worker(settings, store, llm, tools)
 
     app = create_app(pool)
     server = uvicorn.Server(
@@ -148,8 +149,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Claim runs with leases, drive each from its last checkpoint, and serve /healthz, "
         "/readyz, the REST API and /metrics on --port.",
         epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated modules whose @tool "
-        "functions the worker offers); ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL (the model API); "
-        "AGENTRUN_DEFAULT_MODEL; AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_LOG_FORMAT.",
+        "functions the worker offers); ANTHROPIC_API_KEY and/or ANTHROPIC_BASE_URL (the model API, one is "
+        "required); AGENTRUN_LLM_MAX_ATTEMPTS (calls per model step, default 5); AGENTRUN_LLM_TIMEOUT_SECONDS "
+        "(limit of one call, default 120); AGENTRUN_LLM_BACKOFF_BASE_SECONDS and AGENTRUN_LLM_BACKOFF_CAP_SECONDS "
+        "(full-jitter backoff, defaults 1 and 30; a retry-after header is honoured); AGENTRUN_DEFAULT_MODEL; "
+        "AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_LOG_FORMAT.",
     )
     _add_database(p)
     p.add_argument("--id", metavar="NAME", help="worker name in leases, steps and logs (default: host-pid)")

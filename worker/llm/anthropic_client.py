@@ -74,7 +74,8 @@ class AnthropicClient:
         except anthropic.APIStatusError as e:
             raise LlmError(e.status_code, retry_after(e.response.headers, self._clock()), _status_message(e)) from e
         except anthropic.APIConnectionError as e:  # includes APITimeoutError
-            raise LlmError(-1, None, _truncate(f"{type(e).__name__}: {e}")) from e
+            cause = f" ({type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ is not None else ""
+            raise LlmError(-1, None, _truncate(f"{type(e).__name__}: {e.message}{cause}")) from e
         usage = message.usage
         return LlmResponse(
             # by_alias + exclude_none: the blocks as the API sent them (minus nulls), ready to send back.

@@ -25,6 +25,7 @@ from aiohttp import web
 
 Json = dict[str, Any]
 MAX_CACHE_BREAKPOINTS = 4
+DISCONNECT = 0  # the status of a reply that drops the connection instead of answering
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +79,11 @@ class Reply:
     @classmethod
     def bad_request(cls, message: str) -> Reply:
         return cls.error(400, message, "invalid_request_error")
+
+    @classmethod
+    def disconnect(cls) -> Reply:
+        """No answer at all: the connection is dropped (an I/O error for the client)."""
+        return cls(status=DISCONNECT)
 
     def after(self, seconds: float) -> Reply:
         """The same reply, sent `seconds` later (longer than the client's attempt limit, say)."""
@@ -261,6 +267,10 @@ class FakeAnthropic:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(reply.delay):
                     await self._closing.wait()
+        if reply.status == DISCONNECT:
+            if request.transport is not None:
+                request.transport.abort()
+            return web.Response()  # never sent: the connection is gone
         payload = dict(reply.body)
         if reply.status == 200 and isinstance(body, dict):
             payload.setdefault("id", f"msg_{next(_ids):06d}")

@@ -80,6 +80,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     from agentrun.worker.api.app import create_app
     from agentrun.worker.db import open_pool
     from agentrun.worker.llm.factory import llm_from_env
+    from agentrun.worker.pricing import PriceTable
     from agentrun.worker.runner import Worker
     from agentrun.worker.store import RunStore
     from agentrun.worker.tools import ToolBox, load_tool_modules
@@ -88,12 +89,17 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         tools = ToolBox(load_tool_modules(settings.tool_modules))
     except (ImportError, ValueError) as e:
         raise SystemExit(f"agentrun: cannot load tools from AGENTRUN_TOOLS: {e}") from None
-    llm = llm_from_env(settings)  # before any connection is opened: a missing API setting exits cleanly
+    # Before any connection is opened, so a missing or bad setting exits with its message alone.
+    llm = llm_from_env(settings)
+    try:
+        prices = PriceTable.load(settings.prices_file)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"agentrun: cannot read the price table (AGENTRUN_PRICES_FILE): {e}") from None
     if migrate_first:
         await migrate.migrate(settings.database_url)
     pool = await open_pool(settings.database_url, max_size=settings.pool_max)
     store = RunStore(pool)
-    worker = Worker(settings, store, llm, tools)
+    worker = Worker(settings, store, llm, tools, prices)
 
     app = create_app(pool)
     server = uvicorn.Server(

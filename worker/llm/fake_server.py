@@ -19,7 +19,7 @@ import itertools
 import json
 import signal
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, Self
 
 from aiohttp import web
 
@@ -243,8 +243,9 @@ class FakeAnthropic:
             await self._runner.cleanup()
             self._runner = None
 
-    async def __aenter__(self) -> FakeAnthropic:
-        return await self.start()
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()

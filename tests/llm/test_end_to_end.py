@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -131,3 +132,16 @@ async def test_an_unknown_model_costs_null_and_the_run_still_completes(
     assert all(s.cost_usd is None for s in await store.timeline(run.id) if s.kind is StepKind.MODEL)
     assert done.cost_usd == 0 and done.tokens_used > 0
     assert "no price for model claude-imaginary-9" in caplog.text
+
+
+async def test_a_cost_budget_stops_the_run_before_the_next_model_step(store: RunStore, fake: FakeAnthropic, llm: Retrying) -> None:
+    fake.script(Reply.tool_use("list_tickets", {}, id="toolu_a", usage=usage_of(10, 10, cache_write=100_000)))
+    run, _ = await store.create(new_run("What is open?", token_budget=1_000_000, cost_budget_usd=Decimal("0.10")))
+
+    await worker(store, llm, [list_tickets]).run_once()
+
+    done = await store.get(run.id)
+    assert done is not None and done.status is RunStatus.FAILED
+    assert done.error is not None and done.error.startswith("cost budget exhausted")
+    assert done.cost_usd == Decimal("0.375180")  # (10*3 + 10*15 + 100000*3.75) / 1e6, over the 0.10 budget
+    assert len(fake.requests) == 1  # the tool ran, the second model call did not

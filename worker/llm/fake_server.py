@@ -15,9 +15,9 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import itertools
 import json
 import signal
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
@@ -51,7 +51,7 @@ class Reply:
     def tool_use(
         cls, name: str, input: Json | None = None, id: str | None = None, usage: Mapping[str, int] | None = None
     ) -> Reply:
-        block = {"type": "tool_use", "id": id or f"toolu_{next(_ids):06d}", "name": name, "input": input or {}}
+        block = {"type": "tool_use", "id": id or f"toolu_{uuid.uuid4().hex[:24]}", "name": name, "input": input or {}}
         return cls.message([block], "tool_use", usage)
 
     @classmethod
@@ -88,9 +88,6 @@ class Reply:
     def after(self, seconds: float) -> Reply:
         """The same reply, sent `seconds` later (longer than the client's attempt limit, say)."""
         return dataclasses.replace(self, delay=seconds)
-
-
-_ids = itertools.count(1)
 
 
 def usage_of(input: int, output: int, cache_write: int = 0, cache_read: int = 0) -> dict[str, int]:
@@ -274,7 +271,7 @@ class FakeAnthropic:
             return web.Response()  # never sent: the connection is gone
         payload = dict(reply.body)
         if reply.status == 200 and isinstance(body, dict):
-            payload.setdefault("id", f"msg_{next(_ids):06d}")
+            payload.setdefault("id", f"msg_{uuid.uuid4().hex[:24]}")
             payload.setdefault("model", body["model"])
         return web.json_response(payload, status=reply.status, headers=dict(reply.headers))
 

@@ -74,12 +74,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> int:
-    import uvicorn
-
     from agentrun.worker import migrate
     from agentrun.worker.api.app import create_app
+    from agentrun.worker.api.server import HttpServer
     from agentrun.worker.db import open_pool
     from agentrun.worker.llm.factory import llm_from_env
+    from agentrun.worker.pricing import PriceTable
     from agentrun.worker.runner import Worker
     from agentrun.worker.store import RunStore
     from agentrun.worker.tools import ToolBox, load_tool_modules
@@ -88,13 +88,18 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         tools = ToolBox(load_tool_modules(settings.tool_modules))
     except (ImportError, ValueError) as e:
         raise SystemExit(f"agentrun: cannot load tools from AGENTRUN_TOOLS: {e}") from None
-    if migrate_first:
-        await migrate.migrate(settings.database_url)
+    # Before any connection is opened, so a missing or bad setting exits with its message alone.
     # An API-only process (--concurrency 0) needs no model.
     llm = llm_from_env(settings) if settings.concurrency > 0 else None
+    try:
+        prices = PriceTable.load(settings.prices_file)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"agentrun: cannot read the price table (AGENTRUN_PRICES_FILE): {e}") from None
+    if migrate_first:
+        await migrate.migrate(settings.database_url)
     pool = await open_pool(settings.database_url, max_size=settings.pool_max)
     store = RunStore(pool)
-    worker = Worker(settings, store, llm, tools) if llm is not None else None
+    worker = Worker(settings, store, llm, tools, prices) if llm is not None else None
     stopping = worker.stopping if worker else asyncio.Event()
 
     def stop() -> None:
@@ -103,10 +108,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         stopping.set()
 
     app = create_app(pool)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False, lifespan="off")
-    )
-    server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    server = HttpServer(app, settings.host, settings.port)
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -156,8 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Claim runs with leases, drive each from its last checkpoint, and serve /healthz, "
         "/readyz, the REST API and /metrics on --port.",
         epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated modules whose @tool "
-        "functions the worker offers); ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL (the model API); "
-        "AGENTRUN_DEFAULT_MODEL; AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_LOG_FORMAT.",
+        "functions the worker offers); ANTHROPIC_API_KEY and/or ANTHROPIC_BASE_URL (the model API, one is "
+        "required); AGENTRUN_LLM_MAX_ATTEMPTS (calls per model step, default 5); AGENTRUN_LLM_TIMEOUT_SECONDS "
+        "(limit of one call, default 120); AGENTRUN_LLM_BACKOFF_BASE_SECONDS and AGENTRUN_LLM_BACKOFF_CAP_SECONDS "
+        "(full-jitter backoff, defaults 1 and 30; a retry-after header is honoured); AGENTRUN_DEFAULT_MODEL; "
+        "AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_LOG_FORMAT.",
     )
     _add_database(p)
     p.add_argument("--id", metavar="NAME", help="worker name in leases, steps and logs (default: host-pid)")

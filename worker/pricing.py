@@ -5,9 +5,10 @@ from __future__ import annotations
 import dataclasses
 import importlib.resources
 import logging
+import re
 import tomllib
 from collections.abc import Mapping
-from decimal import Decimal
+from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from agentrun.worker.llm.types import Usage
@@ -15,6 +16,7 @@ from agentrun.worker.llm.types import Usage
 log = logging.getLogger(__name__)
 
 MILLION = Decimal(1_000_000)
+SNAPSHOT = re.compile(r"(.+)-(?:\d{8}|latest)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,13 +36,25 @@ class PriceTable:
 
     @classmethod
     def from_toml(cls, text: str) -> PriceTable:
-        data = tomllib.loads(text)
+        """Prices from TOML; ValueError naming the model and field if one is missing or not a price."""
+        data = tomllib.loads(text)  # tomllib.TOMLDecodeError is a ValueError
+        models = data.get("models", {})
+        if not isinstance(models, dict):
+            raise ValueError("price table: [models] must be a table of models")
         prices = {}
-        for model, p in data.get("models", {}).items():
-            try:
-                prices[model] = Price(*(Decimal(str(p[k])) for k in ("input", "output", "cache_write", "cache_read")))
-            except KeyError as e:
-                raise ValueError(f"price table: model {model!r} lacks {e.args[0]!r}") from None
+        for model, p in models.items():
+            values = []
+            for field in ("input", "output", "cache_write", "cache_read"):
+                if not isinstance(p, dict) or field not in p:
+                    raise ValueError(f"price table: model {model!r} lacks {field!r}")
+                try:
+                    value = Decimal(str(p[field]))
+                except InvalidOperation:
+                    value = Decimal(-1)
+                if not value.is_finite() or value < 0:
+                    raise ValueError(f"price table: {field} of model {model!r} must be a number >= 0, got {p[field]!r}")
+                values.append(value)
+            prices[model] = Price(*values)
         return cls(prices)
 
     @classmethod
@@ -53,9 +67,11 @@ class PriceTable:
     def price(self, model: str) -> Price | None:
         if model in self.prices:
             return self.prices[model]
-        # Dated snapshots ("claude-sonnet-4-5-20250929") cost what their family costs.
-        family = max((m for m in self.prices if model.startswith(m + "-")), key=len, default=None)
-        return self.prices[family] if family else None
+        # A dated snapshot ("claude-sonnet-4-5-20250929") or alias ("claude-3-5-haiku-latest") costs what
+        # its family costs. Nothing looser: "claude-sonnet-4-6" is a new model, not a "claude-sonnet-4",
+        # and a guessed price would be wrong silently where null is flagged.
+        family = SNAPSHOT.fullmatch(model)
+        return self.prices.get(family.group(1)) if family else None
 
     def cost(self, model: str, usage: Usage) -> Decimal | None:
         p = self.price(model)

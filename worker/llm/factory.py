@@ -1,12 +1,120 @@
-"""Builds the model client a worker uses from its settings and the environment."""
+"""Builds the model client a worker uses, `Retrying(TimeLimited(AnthropicClient))`, from the environment."""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
+from agentrun.worker.llm.anthropic_client import AnthropicClient
+from agentrun.worker.llm.retry import Retrying
+from agentrun.worker.llm.timeout import TimeLimited
 from agentrun.worker.llm.types import LlmClient
 
+if TYPE_CHECKING:
+    from agentrun.worker.settings import WorkerSettings
 
-def llm_from_env(settings: Any) -> LlmClient:
-    """Retrying(TimeLimited(Anthropic)) configured from ANTHROPIC_* variables (its own issue)."""
-    raise SystemExit("agentrun: the Anthropic model client is not built yet")
+log = logging.getLogger(__name__)
+
+NO_MODEL_API = (
+    "agentrun: no model API configured: set ANTHROPIC_API_KEY for api.anthropic.com, or ANTHROPIC_BASE_URL "
+    "for another Messages API endpoint (a proxy, or a local fake: "
+    "`python -m agentrun.worker.llm.fake_server --port 8088` and ANTHROPIC_BASE_URL=http://127.0.0.1:8088)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class LlmSettings:
+    """How the worker calls the model; `from_env` reads each field from the variable named below."""
+
+    max_attempts: int = 5
+    """Calls per model step, the first included (AGENTRUN_LLM_MAX_ATTEMPTS). With the default backoff,
+    five attempts ride out about a minute of overload before the run fails."""
+
+    timeout_seconds: float = 120.0
+    """Limit of ONE attempt (AGENTRUN_LLM_TIMEOUT_SECONDS). A non-streaming answer of 4096 tokens takes
+    about a minute; twice that is left before an attempt counts as hung and is retried. The lease
+    heartbeat covers the whole step, so this can exceed the lease."""
+
+    backoff_base_seconds: float = 1.0
+    """First backoff ceiling; it doubles per attempt (AGENTRUN_LLM_BACKOFF_BASE_SECONDS)."""
+
+    backoff_cap_seconds: float = 30.0
+    """Largest backoff ceiling (AGENTRUN_LLM_BACKOFF_CAP_SECONDS). A `retry-after` from the API may ask
+    for longer, and is honoured."""
+
+    http_margin_seconds: float = 5.0
+    """The SDK's own HTTP timeout sits this far above `timeout_seconds`, so the limit that fires is ours."""
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> LlmSettings:
+        """Fields from AGENTRUN_LLM_* variables; ValueError naming the variable if one is bad."""
+
+        def read(var: str, kind: Callable[[str], float], default: float, minimum: float) -> float:
+            text = environ.get(var, "").strip()
+            if not text:
+                return default
+            try:
+                value = kind(text)
+            except ValueError:
+                what = "a whole number" if kind is int else "a number"
+                raise ValueError(f"{var} must be {what}, got {text!r}") from None
+            if not value >= minimum:
+                raise ValueError(f"{var} must be at least {minimum:g}, got {text!r}")
+            return value
+
+        d = cls()
+        return cls(
+            max_attempts=int(read("AGENTRUN_LLM_MAX_ATTEMPTS", int, d.max_attempts, 1)),
+            timeout_seconds=read("AGENTRUN_LLM_TIMEOUT_SECONDS", float, d.timeout_seconds, 0.001),
+            backoff_base_seconds=read("AGENTRUN_LLM_BACKOFF_BASE_SECONDS", float, d.backoff_base_seconds, 0),
+            backoff_cap_seconds=read("AGENTRUN_LLM_BACKOFF_CAP_SECONDS", float, d.backoff_cap_seconds, 0),
+        )
+
+
+def build_llm(
+    llm: LlmSettings,
+    *,
+    api_key: str | None = None,
+    base_url: str | None = None,
+    on_retry: Callable[[int], None] | None = None,
+) -> Retrying:
+    """`Retrying(TimeLimited(AnthropicClient))`: the retry loop outside, the attempt limit inside it."""
+    client = AnthropicClient(
+        api_key=api_key, base_url=base_url, http_timeout=llm.timeout_seconds + llm.http_margin_seconds
+    )
+    return Retrying(
+        TimeLimited(client, llm.timeout_seconds),
+        max_attempts=llm.max_attempts,
+        base=llm.backoff_base_seconds,
+        cap=llm.backoff_cap_seconds,
+        on_retry=on_retry,
+    )
+
+
+def llm_from_env(
+    settings: WorkerSettings,
+    environ: Mapping[str, str] | None = None,
+    on_retry: Callable[[int], None] | None = None,
+) -> LlmClient:
+    """The worker's model client from ANTHROPIC_* and AGENTRUN_LLM_* variables; exits with a clear message
+    when no model API is configured or a variable is bad."""
+    env = os.environ if environ is None else environ
+    api_key = env.get("ANTHROPIC_API_KEY") or None
+    base_url = env.get("ANTHROPIC_BASE_URL") or None
+    if api_key is None and base_url is None:
+        raise SystemExit(NO_MODEL_API)
+    if api_key is None and not env.get("ANTHROPIC_AUTH_TOKEN"):
+        # A local server or an authenticating proxy needs no key, but the SDK refuses to send without one.
+        api_key = "unused"
+    try:
+        llm = LlmSettings.from_env(env)
+    except ValueError as e:
+        raise SystemExit(f"agentrun: {e}") from None
+    log.info(
+        "model API %s: %d attempts of at most %gs each",
+        base_url or "https://api.anthropic.com", llm.max_attempts, llm.timeout_seconds,
+    )
+    return build_llm(llm, api_key=api_key, base_url=base_url, on_retry=on_retry)

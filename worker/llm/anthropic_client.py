@@ -1,0 +1,152 @@
+"""The Anthropic adapter: an `LlmClient` on the official SDK's `AsyncAnthropic`, with prompt-cache breakpoints.
+
+Retrying and the per-attempt time limit are decorators around it (retry.py, timeout.py): the SDK's own
+retries are off, so exactly one HTTP request is made per `send`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import email.utils
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anthropic
+
+from agentrun.worker.llm.types import Block, LlmError, LlmRequest, LlmResponse, Message, Usage
+
+EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
+MAX_ERROR_CHARS = 500
+"""Foreign error bodies (an HTML page from a proxy, say) are cut to this length before they reach a run's
+`error` column or a log line."""
+
+Clock = Callable[[], datetime.datetime]
+
+
+def _utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+class AnthropicClient:
+    """One Messages API call per `send`; SDK errors become `LlmError`.
+
+    `api_key` and `base_url` left as None are read by the SDK from ANTHROPIC_API_KEY and
+    ANTHROPIC_BASE_URL. `http_timeout` is the SDK's own timeout: set it a little above the attempt
+    limit of `TimeLimited`, so the limit that fires is ours and says so.
+    """
+
+    def __init__(
+        self,
+        *,
+        api_key: str | None = None,
+        base_url: str | None = None,
+        http_timeout: float = 600.0,
+        clock: Clock = _utcnow,
+    ) -> None:
+        self._sdk = anthropic.AsyncAnthropic(
+            api_key=api_key, base_url=base_url, timeout=http_timeout, max_retries=0
+        )
+        self._clock = clock
+
+    @property
+    def base_url(self) -> str:
+        return str(self._sdk.base_url)
+
+    async def aclose(self) -> None:
+        await self._sdk.close()
+
+    async def send(self, request: LlmRequest) -> LlmResponse:
+        params: dict[str, Any] = {
+            "model": request.model,
+            "max_tokens": request.max_tokens,
+            "messages": with_message_breakpoints(request.messages),
+        }
+        tools = [dict(t) for t in request.tools]
+        if request.system:
+            params["system"] = [{"type": "text", "text": request.system, "cache_control": EPHEMERAL}]
+        elif tools:
+            # No system prompt: the stable prefix ends with the tool definitions (they come first).
+            tools[-1]["cache_control"] = EPHEMERAL
+        if tools:
+            params["tools"] = tools
+        try:
+            message = await self._sdk.messages.create(**params)
+        except anthropic.APIStatusError as e:
+            raise LlmError(e.status_code, retry_after(e.response.headers, self._clock()), _status_message(e)) from e
+        except anthropic.APIConnectionError as e:  # includes APITimeoutError
+            cause = f" ({type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ is not None else ""
+            raise LlmError(-1, None, _truncate(f"{type(e).__name__}: {e.message}{cause}")) from e
+        usage = message.usage
+        return LlmResponse(
+            # by_alias + exclude_none: the blocks as the API sent them (minus nulls), ready to send back.
+            content=[block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in message.content],
+            stop_reason=message.stop_reason,
+            usage=Usage(
+                input_tokens=usage.input_tokens,
+                output_tokens=usage.output_tokens,
+                cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
+                cache_read_input_tokens=usage.cache_read_input_tokens or 0,
+            ),
+        )
+
+
+def with_message_breakpoints(messages: list[Message]) -> list[Message]:
+    """The messages with cache breakpoints on the newest one and on the one the previous request ended with.
+
+    The newest breakpoint writes the whole conversation to the cache, so the next iteration reads it
+    back. The one two messages earlier is where the previous request wrote, so that entry is hit
+    exactly even when the turn in between has more blocks than the cache's 20-block lookback. With
+    the system prompt that is three breakpoints, within the API's four. The caller's dicts are not
+    touched: marked messages and their last block are copies.
+    """
+    out = list(messages)
+    for i in {len(out) - 1, len(out) - 3}:
+        if i >= 0 and out[i].get("role") == "user":
+            out[i] = _marked(out[i])
+    return out
+
+
+def _marked(message: Message) -> Message:
+    content = message.get("content")
+    blocks: list[Block] = [{"type": "text", "text": content}] if isinstance(content, str) else list(content or [])
+    if not blocks:
+        return message
+    last = blocks[-1]
+    if last.get("type") == "text" and not last.get("text"):
+        return message  # the API refuses cache_control on an empty text block
+    blocks[-1] = {**last, "cache_control": EPHEMERAL}
+    return {**message, "content": blocks}
+
+
+def retry_after(headers: Mapping[str, str], now: datetime.datetime) -> float | None:
+    """Seconds to wait from `retry-after-ms` or `retry-after` (seconds or an HTTP date); None if absent."""
+    if (ms := headers.get("retry-after-ms")) is not None:
+        try:
+            return max(float(ms) / 1000, 0.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # RFC 9110 dates are GMT
+        when = when.replace(tzinfo=datetime.UTC)
+    return max((when - now).total_seconds(), 0.0)
+
+
+def _status_message(e: anthropic.APIStatusError) -> str:
+    """The API's own `error.message` if the body has one, else the body as text."""
+    if e.api_message:
+        return _truncate(str(e.api_message))
+    return _truncate(e.response.text or e.message)
+
+
+def _truncate(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -59,7 +59,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     """Attach the handlers to `registry`; each closes over `op`."""
     on = dict(registry=registry)
 
-    @kopf.index(GROUP, VERSION, PLURAL, **on)  # type: ignore[arg-type]
+    @kopf.index(GROUP, VERSION, PLURAL, id=INDEX, **on)  # type: ignore[arg-type]
     def agentruns_by_uid(body: kopf.Body, **_: Any) -> dict[str, Ref]:
         ref = Ref.of(body)
         return {str(ref.uid): ref}
@@ -171,9 +171,9 @@ async def run(
     pool = await open_pool(settings.database_url, max_size=max(2, settings.pool_size))
     kube = kube or KubeApi.from_environment()
     op = Operator(settings, RunStore(pool), kube)
-    registry = kopf.SmartOperatorRegistry()
-    if login is not None:
-        kopf.on.login(registry=registry)(login)
+    registry = kopf.OperatorRegistry()
+    # The same credentials as our own client (KubeApi.from_environment): the kubernetes client's config.
+    kopf.on.login(registry=registry)(login or kopf.login_via_client)
     register(registry, op)
     try:
         await kopf.operator(

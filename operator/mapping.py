@@ -181,7 +181,7 @@ def rejected_status(
     message: str, generation: int | None, previous: Mapping[str, Any] | None, now: datetime.datetime
 ) -> dict[str, Any]:
     """The status of an AgentRun whose spec the runtime cannot run: no run is made."""
-    status: dict[str, Any] = {"phase": "Failed", "message": message}
+    status: dict[str, Any] = {"phase": "Failed", "message": message, "finishedAt": timestamp(now)}
     if generation is not None:
         status["observedGeneration"] = generation
     status["conditions"] = conditions(

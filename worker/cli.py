@@ -132,6 +132,34 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     return 0
 
 
+# -- operator --------------------------------------------------------------------------------------
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    from agentrun.operator.handlers import run
+    from agentrun.operator.settings import OperatorSettings
+
+    tool_names = None
+    modules = [m.strip() for m in (args.tools or os.environ.get("AGENTRUN_TOOLS", "")).split(",") if m.strip()]
+    if modules:
+        from agentrun.worker.tools import load_tool_modules
+
+        try:
+            tool_names = frozenset(t.name for t in load_tool_modules(modules))
+        except (ImportError, ValueError) as e:
+            raise SystemExit(f"agentrun: cannot load tools from {', '.join(modules)}: {e}") from None
+    settings = OperatorSettings(
+        database_url=_database_url(args),
+        namespaces=tuple(args.namespace or ()),
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        tool_names=tool_names,
+        resync_seconds=args.resync_seconds,
+    )
+    asyncio.run(run(settings, migrate_first=not args.no_migrate))
+    return 0
+
+
 # -- parser ----------------------------------------------------------------------------------------
 
 
@@ -182,6 +210,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="database connections (default: concurrency + 2, at most 20)")
     p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
     p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser(
+        "operator",
+        help="reconcile AgentRun resources into runs (kopf)",
+        description="Watch AgentRun resources (crds/agentrun.yaml): make a run for each new one, cancel it on "
+        "spec.cancel or deletion, and keep each resource's status within about a second of its run through "
+        "PostgreSQL LISTEN/NOTIFY, with a periodic resync as a safety net. Migrates the database first.",
+        epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated tool modules, as the workers "
+        "load them: an AgentRun naming another tool is failed at once; without it tool names are not checked); "
+        "KUBECONFIG (outside a cluster; in a pod the service account is used); AGENTRUN_LOG_FORMAT, "
+        "AGENTRUN_LOG_LEVEL.",
+    )
+    _add_database(p)
+    p.add_argument("--namespace", action="append", metavar="NS",
+                   help="watch this namespace (repeatable, kopf globs allowed; default: all namespaces)")
+    peering = p.add_mutually_exclusive_group()
+    peering.add_argument("--standalone", action="store_true",
+                         help="no kopf peering (the default): run exactly one operator replica")
+    peering.add_argument("--peering", metavar="NAME",
+                         help="coordinate replicas through this KopfPeering object (its CRD must be installed)")
+    p.add_argument("--tools", metavar="MODULES",
+                   help="tool modules to validate spec.tools against (default: $AGENTRUN_TOOLS; none: no check)")
+    p.add_argument("--resync-seconds", type=_positive_float, default=60.0, metavar="S",
+                   help="period of the resync over unfinished runs, under the notifications (default: 60)")
+    p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
+    p.set_defaults(func=cmd_operator)
 
     p = sub.add_parser(
         "demo",

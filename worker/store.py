@@ -336,3 +336,21 @@ class RunStore:
         if row is None:
             raise LeaseLost(run_id, worker)
         return int(row["tokens_used"])
+
+    # -- for the Kubernetes operator -------------------------------------------------------------
+
+    async def get_many(self, run_ids: Sequence[uuid.UUID]) -> list[Run]:
+        """The runs among `run_ids` that exist, in no particular order (one query for a batch)."""
+        if not run_ids:
+            return []
+        rows = await self._all(f"SELECT {RUN_COLUMNS} FROM run r WHERE r.id = ANY(%s)", (list(run_ids),))
+        return [_run(r) for r in rows]
+
+    async def unfinished_linked(self) -> list[Run]:
+        """Every queued or running run mirrored from an AgentRun: the operator's periodic resync."""
+        rows = await self._all(
+            f"""SELECT {RUN_COLUMNS} FROM run r
+                WHERE r.k8s_name IS NOT NULL AND r.status IN ('QUEUED', 'RUNNING')""",
+            (),
+        )
+        return [_run(r) for r in rows]

@@ -69,6 +69,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         default_model=os.environ.get("AGENTRUN_DEFAULT_MODEL", "claude-sonnet-4-5"),
         prices_file=os.environ.get("AGENTRUN_PRICES_FILE") or None,
         pool_size=args.pool_size or min(max(args.concurrency, 1) + 2, 20),
+        api_token=os.environ.get("AGENTRUN_API_TOKEN") or None,
+        max_body_bytes=args.max_body_bytes,
     )
     return asyncio.run(serve_worker(settings, migrate_first=not args.no_migrate))
 
@@ -80,6 +82,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     from agentrun.worker.api.app import create_app
     from agentrun.worker.db import open_pool
     from agentrun.worker.llm.factory import llm_from_env
+    from agentrun.worker.metrics import Metrics
     from agentrun.worker.runner import Worker
     from agentrun.worker.store import RunStore
     from agentrun.worker.tools import ToolBox, load_tool_modules
@@ -92,9 +95,10 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         await migrate.migrate(settings.database_url)
     pool = await open_pool(settings.database_url, max_size=settings.pool_max)
     store = RunStore(pool)
-    worker = Worker(settings, store, llm_from_env(settings), tools)
+    metrics = Metrics(count_runs=store.count_by_status, cache_seconds=settings.metrics_cache_seconds)
+    worker = Worker(settings, store, llm_from_env(settings), tools, observer=metrics)
 
-    app = create_app(pool)
+    app = create_app(store, tools, settings, metrics)
     server = uvicorn.Server(
         uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False, lifespan="off")
     )
@@ -149,7 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
         "/readyz, the REST API and /metrics on --port.",
         epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated modules whose @tool "
         "functions the worker offers); ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL (the model API); "
-        "AGENTRUN_DEFAULT_MODEL; AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_LOG_FORMAT.",
+        "AGENTRUN_DEFAULT_MODEL; AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_API_TOKEN (bearer "
+        "token the /api routes require, unset: open); AGENTRUN_MAX_BODY_BYTES; AGENTRUN_LOG_FORMAT.",
     )
     _add_database(p)
     p.add_argument("--id", metavar="NAME", help="worker name in leases, steps and logs (default: host-pid)")
@@ -167,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="max_tokens of each model request (default: 4096)")
     p.add_argument("--pool-size", type=_positive_int, default=None, metavar="N",
                    help="database connections (default: concurrency + 2, at most 20)")
+    p.add_argument("--max-body-bytes", type=_positive_int, metavar="N",
+                   default=_positive_int(os.environ.get("AGENTRUN_MAX_BODY_BYTES") or str(1024 * 1024)),
+                   help="largest request body the API accepts (default: $AGENTRUN_MAX_BODY_BYTES or 1 MiB)")
     p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
     p.set_defaults(func=cmd_worker)
     return parser
@@ -202,7 +210,11 @@ def _non_negative_float(text: str) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logs.setup(os.environ.get("AGENTRUN_LOG_FORMAT", "console"), os.environ.get("AGENTRUN_LOG_LEVEL", "INFO"))
+    logs.setup(
+        os.environ.get("AGENTRUN_LOG_FORMAT", "console"),
+        os.environ.get("AGENTRUN_LOG_LEVEL", "INFO"),
+        secrets=logs.secrets_from_env(os.environ, urls=[getattr(args, "database_url", None)]),
+    )
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -126,6 +126,114 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     return 0
 
 
+# -- runs (the REST client) -------------------------------------------------------------------------
+
+CLIENT_ENV = (
+    "Environment: AGENTRUN_URL (server, default http://localhost:8080), AGENTRUN_API_TOKEN (bearer token, "
+    "when the server requires one)."
+)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    import orjson
+
+    from agentrun.worker import client
+
+    def show(value: object, text: str) -> None:
+        client.emit(sys.stdout, orjson.dumps(value).decode() if args.json else text)
+
+    url = args.url or os.environ.get("AGENTRUN_URL") or client.DEFAULT_URL
+    try:
+        with client.RunsClient(url, os.environ.get("AGENTRUN_API_TOKEN") or None) as api:
+            if args.runs_command == "submit":
+                body: dict[str, object] = {"input": args.input, "tokenBudget": args.budget,
+                                           "timeoutSeconds": args.timeout}
+                optional = {"model": args.model, "maxSteps": args.max_steps, "tools": args.tool,
+                            "system": args.system, "costBudgetUsd": args.cost_budget}
+                body.update({k: v for k, v in optional.items() if v is not None})
+                created = api.submit(body, args.idempotency_key)
+                show(created, f"{created['id']} {created['status']}")
+            elif args.runs_command == "get":
+                run = api.get(args.id)
+                show(run, client.run_details(run))
+            elif args.runs_command == "timeline":
+                steps = api.timeline(args.id)
+                show(steps, client.timeline_table(steps))
+            elif args.runs_command == "cancel":
+                run = api.cancel(args.id)
+                show(run, f"{run['id']} {run['status']}" + (" (cancel requested)" if run["status"] == "RUNNING" else ""))
+            elif args.runs_command == "list":
+                page = api.list(args.status, args.limit, args.after)
+                show(page, client.runs_table(page))
+            elif args.runs_command == "watch":
+                if not args.json:
+                    client.emit(sys.stdout, client.step_header())
+                run = api.watch(args.id, lambda step: show(step, client.step_row(step)), interval=args.interval)
+                show(run, client.finished_line(run))
+                return 0 if run["status"] == "SUCCEEDED" else 1
+    except client.ApiError as e:
+        print(f"agentrun: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    runs = sub.add_parser(
+        "runs",
+        help="submit, inspect, follow and cancel runs through the REST API",
+        description="A client of the REST API of a running `agentrun worker`. " + CLIENT_ENV,
+        epilog=CLIENT_ENV,
+    )
+    commands = runs.add_subparsers(dest="runs_command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        p = commands.add_parser(name, help=help, description=f"{description} {CLIENT_ENV}")
+        p.add_argument("--url", help="server URL (default: $AGENTRUN_URL or http://localhost:8080)")
+        p.add_argument("--json", action="store_true", help="print the server's JSON instead of text")
+        p.set_defaults(func=cmd_runs)
+        return p
+
+    p = command("submit", "queue a run", "Queue a run and print its id and status.")
+    p.add_argument("input", help="the request for the agent (the first user message)")
+    p.add_argument("--budget", type=_positive_int, default=50_000, metavar="N",
+                   help="token budget, all kinds of tokens (default: 50000)")
+    p.add_argument("--timeout", type=_positive_int, default=300, metavar="S",
+                   help="wall-clock limit in seconds (default: 300)")
+    p.add_argument("--tool", action="append", metavar="NAME",
+                   help="a tool the model may call (repeatable; default: every tool of the worker)")
+    p.add_argument("--model", help="model name (default: the server's AGENTRUN_DEFAULT_MODEL)")
+    p.add_argument("--max-steps", type=_positive_int, metavar="N", help="most steps the run may take (default: 100)")
+    p.add_argument("--system", metavar="TEXT", help="system prompt")
+    p.add_argument("--cost-budget", type=_positive_float, metavar="USD", help="spending limit in USD")
+    p.add_argument("--idempotency-key", metavar="KEY",
+                   help="retrying with the same key returns the same run instead of queueing another")
+
+    p = command("get", "show a run", "Show a run: status, budgets, tokens, cost, error and times.")
+    p.add_argument("id", help="run id")
+
+    p = command("timeline", "show a run's steps as a table",
+                "Show a run's steps: seq, kind, tool, status, stop reason, tokens in/out, cache writes/reads, "
+                "latency and the worker that wrote each.")
+    p.add_argument("id", help="run id")
+
+    p = command("cancel", "cancel a run",
+                "Cancel a run: a queued run ends CANCELLED at once, a running one at its next step. "
+                "Fails if the run has already finished.")
+    p.add_argument("id", help="run id")
+
+    p = command("watch", "follow a run's steps until it ends",
+                "Print each step of a run as it happens until the run ends. Exits 0 if it SUCCEEDED, else 1.")
+    p.add_argument("id", help="run id")
+    p.add_argument("--interval", type=_positive_float, default=1.0, metavar="S",
+                   help="seconds between polls (default: 1)")
+
+    p = command("list", "list runs, newest first", "List runs, newest first, a page at a time.")
+    p.add_argument("--status", choices=["QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"],
+                   help="only runs in this status")
+    p.add_argument("--limit", type=_positive_int, metavar="N", help="runs per page (default: 50, at most 200)")
+    p.add_argument("--after", metavar="ID", help="the cursor a previous page printed, for the next page")
+
+
 # -- parser ----------------------------------------------------------------------------------------
 
 
@@ -133,7 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrun",
         description="agentrun: a durable runtime for LLM agents on PostgreSQL and Kubernetes.",
-        epilog="Environment: AGENTRUN_DATABASE_URL, AGENTRUN_LOG_FORMAT (console|json), AGENTRUN_LOG_LEVEL.",
+        epilog="Environment: AGENTRUN_DATABASE_URL, AGENTRUN_LOG_FORMAT (console|json), AGENTRUN_LOG_LEVEL; "
+        "`runs` reads AGENTRUN_URL and AGENTRUN_API_TOKEN.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -177,6 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="largest request body the API accepts (default: $AGENTRUN_MAX_BODY_BYTES or 1 MiB)")
     p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
     p.set_defaults(func=cmd_worker)
+
+    _add_runs(sub)
     return parser
 
 

@@ -54,7 +54,7 @@ async def test_json_lines_carry_run_id_and_step_seq(
     assert "seq=2 TOOL lookup id=toolu_01Ab started" in steps[1][1]
     assert all(line["run_id"] == run_id for line in lines if line.get("step_seq") is not None)
     # The end of the run: its run_id, no step.
-    assert any("SUCCEEDED" in line["message"] and line["run_id"] == run_id and line["step_seq"] is None
+    assert any("SUCCEEDED" in line["message"] and line.get("run_id") == run_id and line.get("step_seq") is None
                for line in lines)
     # Outside a run the context is empty again.
     logging.getLogger("agentrun.test").info("after the run")

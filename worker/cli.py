@@ -70,14 +70,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
         prices_file=os.environ.get("AGENTRUN_PRICES_FILE") or None,
         pool_size=args.pool_size or min(max(args.concurrency, 1) + 2, 20),
         api_token=os.environ.get("AGENTRUN_API_TOKEN") or None,
-        max_body_bytes=args.max_body_bytes,
+        max_body_bytes=args.max_body_bytes or _env_positive_int("AGENTRUN_MAX_BODY_BYTES", 1024 * 1024),
     )
     return asyncio.run(serve_worker(settings, migrate_first=not args.no_migrate))
 
 
 async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> int:
     import uvicorn
-
     from agentrun.worker import migrate
     from agentrun.worker.api.app import create_app
     from agentrun.worker.db import open_pool
@@ -136,7 +135,6 @@ CLIENT_ENV = (
 
 def cmd_runs(args: argparse.Namespace) -> int:
     import orjson
-
     from agentrun.worker import client
 
     def show(value: object, text: str) -> None:
@@ -281,8 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="max_tokens of each model request (default: 4096)")
     p.add_argument("--pool-size", type=_positive_int, default=None, metavar="N",
                    help="database connections (default: concurrency + 2, at most 20)")
-    p.add_argument("--max-body-bytes", type=_positive_int, metavar="N",
-                   default=_positive_int(os.environ.get("AGENTRUN_MAX_BODY_BYTES") or str(1024 * 1024)),
+    p.add_argument("--max-body-bytes", type=_positive_int, metavar="N", default=None,
                    help="largest request body the API accepts (default: $AGENTRUN_MAX_BODY_BYTES or 1 MiB)")
     p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
     p.set_defaults(func=cmd_worker)
@@ -296,6 +293,16 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
+
+
+def _env_positive_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        return _positive_int(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise SystemExit(f"agentrun: {name} must be a positive integer, got {text!r}") from None
 
 
 def _non_negative_int(text: str) -> int:

@@ -87,7 +87,7 @@ def _error_message(r: httpx.Response) -> str:
     except ValueError:
         body = None
     if isinstance(body, dict) and isinstance(body.get("error"), str):
-        return body["error"]
+        return str(body["error"])
     text = r.text.strip()
     return text[:300] or r.reason_phrase
 

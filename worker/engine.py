@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 import orjson
-
 from agentrun.worker import logs
 from agentrun.worker.guard import Stop, guard, remaining
 from agentrun.worker.lease import LeaseKeeper

@@ -8,7 +8,6 @@ import logging
 import uuid
 
 import psycopg
-
 from agentrun.worker.engine import DriverSettings, RunDriver
 from agentrun.worker.lease import LeaseKeeper
 from agentrun.worker.llm.types import LlmClient

@@ -7,18 +7,17 @@ fault of the server: logged with its traceback, answered with a bare JSON 500.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
 import psycopg_pool
+from agentrun.worker.api.schemas import ErrorBody, FieldProblem
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
-from agentrun.worker.api.schemas import ErrorBody, FieldProblem
 
 log = logging.getLogger("agentrun.worker.api")
 
@@ -36,9 +35,11 @@ class ApiError(Exception):
         self.fields = list(fields)
 
 
-def error_response(status: int, message: str, fields: Sequence[FieldProblem] = (), **headers: str) -> JSONResponse:
+def error_response(
+    status: int, message: str, fields: Sequence[FieldProblem] = (), headers: Mapping[str, str] | None = None
+) -> JSONResponse:
     body = ErrorBody(error=message, fields=list(fields))
-    return JSONResponse(body.model_dump(), status, headers=headers or None)
+    return JSONResponse(body.model_dump(), status, headers=headers)
 
 
 def _field(loc: Sequence[Any]) -> str:
@@ -100,11 +101,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), **(exc.headers or {}))
+        return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
 
     async def unavailable(request: Request, exc: Exception) -> JSONResponse:
         log.warning("database unavailable serving %s %s: %s", request.method, request.url.path, exc)
-        return error_response(503, "database unavailable, try again shortly", **{"Retry-After": "5"})
+        return error_response(503, "database unavailable, try again shortly", headers={"Retry-After": "5"})
 
     app.add_exception_handler(psycopg.OperationalError, unavailable)
     app.add_exception_handler(psycopg_pool.PoolTimeout, unavailable)

@@ -9,9 +9,8 @@ from __future__ import annotations
 import hmac
 from collections.abc import Awaitable, Callable
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
-
 from agentrun.worker.api.errors import error_response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 API_PREFIX = "/api"
 
@@ -41,7 +40,7 @@ class BearerAuth:
         if scope["type"] != "http" or self._allowed(scope):
             await self.app(scope, receive, send)
             return
-        response = error_response(401, "missing or wrong bearer token", **{"WWW-Authenticate": "Bearer"})
+        response = error_response(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
 
 
@@ -54,7 +53,7 @@ class BodyLimit:
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         message = f"request body is larger than the limit of {self.limit} bytes"
-        await error_response(413, message, [])(scope, receive, send)
+        await error_response(413, message)(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -7,10 +7,9 @@ import uuid
 from decimal import Decimal
 from typing import Annotated
 
+from agentrun.worker.records import Run, RunStatus, Step, StepKind, StepStatus
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-
-from agentrun.worker.records import Run, RunStatus, Step, StepKind, StepStatus
 
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 MAX_STEPS = 10_000

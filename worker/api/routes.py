@@ -137,7 +137,8 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
                                [FieldProblem(field="Idempotency-Key", problem=problem)])
             response.headers["Idempotent-Replayed"] = "true"
         response.headers["Location"] = f"/api/runs/{run.id}"
-        return RunCreated(id=run.id, status=run.status)
+        # A new run is QUEUED when inserted, though a worker may have claimed it by the time it is read back.
+        return RunCreated(id=run.id, status=RunStatus.QUEUED if created else run.status)
 
     @router.get("", response_model=RunPage)
     async def list_runs(

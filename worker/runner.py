@@ -8,14 +8,14 @@ import logging
 import uuid
 
 import psycopg
-
 from agentrun.worker.engine import DriverSettings, RunDriver
 from agentrun.worker.lease import LeaseKeeper
 from agentrun.worker.llm.types import LlmClient
+from agentrun.worker.observer import NoObserver, Observer
 from agentrun.worker.pricing import PriceTable
 from agentrun.worker.records import Progress, Run, RunStatus
 from agentrun.worker.settings import WorkerSettings
-from agentrun.worker.store import LeaseLost, RunStore
+from agentrun.worker.store import Claim, LeaseLost, RunStore
 from agentrun.worker.tools import ToolBox
 
 log = logging.getLogger("agentrun.worker.runner")
@@ -29,8 +29,10 @@ class Worker:
         llm: LlmClient,
         tools: ToolBox,
         prices: PriceTable | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.settings = settings
+        self.observer: Observer = observer or NoObserver()
         self.store = store
         self.keeper = LeaseKeeper(store, settings.worker_id, settings.lease_seconds)
         self.stopping = asyncio.Event()
@@ -43,6 +45,7 @@ class Worker:
             prices or PriceTable.load(settings.prices_file),
             self.keeper,
             self.stopping,
+            self.observer,
         )
         self.in_flight: set[asyncio.Task[RunStatus | None]] = set()
 
@@ -59,18 +62,28 @@ class Worker:
 
     async def run_once(self) -> uuid.UUID | None:
         """Claim one run and drive it to its end (for tests and tools); None if nothing was claimable."""
-        claimed = await self.store.claim(self.id, self.settings.lease_seconds)
+        claimed = await self._claim()
         if claimed is None:
             return None
-        run, progress = claimed
         heartbeat = asyncio.create_task(self.keeper.run())
+        self.observer.in_flight(1)
         try:
-            await self.driver.drive(run, progress)
+            await self.driver.drive(claimed.run, claimed.progress)
+        except LeaseLost:
+            self.observer.lease_lost()
+            raise
         finally:
+            self.observer.in_flight(0)
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
-        return run.id
+        return claimed.run.id
+
+    async def _claim(self) -> Claim | None:
+        claimed = await self.store.claim(self.id, self.settings.lease_seconds)
+        if claimed is not None:
+            self.observer.claimed(takeover=claimed.taken_from not in (None, self.id))
+        return claimed
 
     async def run(self) -> None:
         """Serve until stop(): claim, drive, repeat; then wait for in-flight runs within the grace."""
@@ -82,7 +95,7 @@ class Worker:
                     await self._wait_for_slot()
                     continue
                 try:
-                    claimed = await self.store.claim(self.id, self.settings.lease_seconds)
+                    claimed = await self._claim()
                     backoff = self.settings.poll_interval
                 except psycopg.OperationalError as e:
                     log.warning("%s cannot claim: %s; retrying in %.1fs", self.id, e, backoff)
@@ -92,8 +105,11 @@ class Worker:
                 if claimed is None:
                     await self._idle(self.settings.poll_interval)
                     continue
-                task = asyncio.create_task(self._drive(*claimed), name=f"run-{claimed[0].id}")
+                task = asyncio.create_task(
+                    self._drive(claimed.run, claimed.progress), name=f"run-{claimed.run.id}"
+                )
                 self.in_flight.add(task)
+                self.observer.in_flight(len(self.in_flight))
                 task.add_done_callback(self._done)
         finally:
             await self._drain()
@@ -103,6 +119,7 @@ class Worker:
 
     def _done(self, task: asyncio.Task[RunStatus | None]) -> None:
         self.in_flight.discard(task)
+        self.observer.in_flight(len(self.in_flight))
         self.wake.set()
 
     async def _wait_for_slot(self) -> None:
@@ -133,6 +150,7 @@ class Worker:
         try:
             return await self.driver.drive(run, progress)
         except LeaseLost:
+            self.observer.lease_lost()
             log.warning("%s run=%s lease lost: another worker has the run; stopped driving it", self.id, run.id.hex[:8])
         except asyncio.CancelledError:
             # Cancelled past the shutdown grace: the in-flight step is abandoned (it will be redone),

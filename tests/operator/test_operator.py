@@ -52,8 +52,13 @@ async def test_failed_run_reports_its_reason(cluster: Cluster, store: RunStore) 
     await w.run_once()
     status = await cluster.wait_status("broken", "Failed", lambda s: s.get("phase") == "Failed")
     assert "no more responses" in status["message"]
+
+    async def failed_event_posted() -> bool:  # the Event follows the status patch, not with it
+        return any(e["reason"] == "Failed" for e in cluster.events("broken"))
+
+    await eventually(failed_event_posted, what="the Failed event")
     failed = [e for e in cluster.events("broken") if e["reason"] == "Failed"]
-    assert failed and failed[0]["type"] == "Warning" and "no more responses" in failed[0]["message"]
+    assert failed[0]["type"] == "Warning" and "no more responses" in failed[0]["message"]
 
 
 async def test_spec_cancel_cancels_the_run(cluster: Cluster, store: RunStore) -> None:

@@ -69,8 +69,25 @@ def cmd_worker(args: argparse.Namespace) -> int:
         default_model=os.environ.get("AGENTRUN_DEFAULT_MODEL", "claude-sonnet-4-5"),
         prices_file=os.environ.get("AGENTRUN_PRICES_FILE") or None,
         pool_size=args.pool_size or min(max(args.concurrency, 1) + 2, 20),
+        liveness_lock=not args.no_liveness_lock and _env_flag("AGENTRUN_LIVENESS_LOCK", True),
     )
-    return asyncio.run(serve_worker(settings, migrate_first=not args.no_migrate))
+    from agentrun.worker.presence import DuplicateWorker
+
+    try:
+        return asyncio.run(serve_worker(settings, migrate_first=not args.no_migrate))
+    except DuplicateWorker as e:
+        raise SystemExit(f"agentrun: {e}") from None
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SystemExit(f"agentrun: {name} must be true or false, got {value!r}")
 
 
 async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> int:
@@ -157,7 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
         "/readyz, the REST API and /metrics on --port.",
         epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated modules whose @tool "
         "functions the worker offers); ANTHROPIC_API_KEY and ANTHROPIC_BASE_URL (the model API); "
-        "AGENTRUN_DEFAULT_MODEL; AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_LOG_FORMAT.",
+        "AGENTRUN_DEFAULT_MODEL; AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_LIVENESS_LOCK; "
+        "AGENTRUN_LOG_FORMAT.",
     )
     _add_database(p)
     p.add_argument("--id", metavar="NAME", help="worker name in leases, steps and logs (default: host-pid)")
@@ -176,6 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool-size", type=_positive_int, default=None, metavar="N",
                    help="database connections (default: concurrency + 2, at most 20)")
     p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
+    p.add_argument("--no-liveness-lock", action="store_true",
+                   help="do not hold the session advisory lock that lets other workers take over this "
+                   "worker's runs as soon as it dies; needed behind a connection pooler in transaction "
+                   "mode, where a dead worker's runs then wait out their lease. Use the same setting on "
+                   "every worker, and a unique --id per live worker (env: AGENTRUN_LIVENESS_LOCK=false)")
     p.set_defaults(func=cmd_worker)
     return parser
 

@@ -12,6 +12,7 @@ import psycopg
 from agentrun.worker.engine import DriverSettings, RunDriver
 from agentrun.worker.lease import LeaseKeeper
 from agentrun.worker.llm.types import LlmClient
+from agentrun.worker.presence import Presence
 from agentrun.worker.pricing import PriceTable
 from agentrun.worker.records import Progress, Run, RunStatus
 from agentrun.worker.settings import WorkerSettings
@@ -35,6 +36,10 @@ class Worker:
         self.keeper = LeaseKeeper(store, settings.worker_id, settings.lease_seconds)
         self.stopping = asyncio.Event()
         self.wake = asyncio.Event()  # set when a run may have become claimable
+        self.presence = Presence(
+            store.pool.conninfo, settings.worker_id, self.wake, liveness_lock=settings.liveness_lock,
+            connect_kwargs=store.pool.kwargs,
+        )
         self.driver = RunDriver(
             DriverSettings(settings.worker_id, settings.lease_seconds, settings.max_tokens),
             store,
@@ -59,21 +64,30 @@ class Worker:
 
     async def run_once(self) -> uuid.UUID | None:
         """Claim one run and drive it to its end (for tests and tools); None if nothing was claimable."""
-        claimed = await self.store.claim(self.id, self.settings.lease_seconds)
-        if claimed is None:
-            return None
-        run, progress = claimed
-        heartbeat = asyncio.create_task(self.keeper.run())
+        await self.presence.start()
         try:
-            await self.driver.drive(run, progress)
+            claimed = await self._claim()
+            if claimed is None:
+                return None
+            run, progress = claimed
+            heartbeat = asyncio.create_task(self.keeper.run())
+            try:
+                await self.driver.drive(run, progress)
+            finally:
+                heartbeat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await heartbeat
+            return run.id
         finally:
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
-        return run.id
+            await self.presence.close()
+
+    async def _claim(self) -> tuple[Run, Progress] | None:
+        return await self.store.claim(self.id, self.settings.lease_seconds, liveness=self.settings.liveness_lock)
 
     async def run(self) -> None:
         """Serve until stop(): claim, drive, repeat; then wait for in-flight runs within the grace."""
+        # The liveness lock is taken before the first claim: a run held without it looks dead to others.
+        await self.presence.start()
         heartbeat = asyncio.create_task(self.keeper.run(), name=f"{self.id}-heartbeat")
         backoff = self.settings.poll_interval
         try:
@@ -81,8 +95,11 @@ class Worker:
                 if len(self.in_flight) >= self.settings.concurrency:
                     await self._wait_for_slot()
                     continue
+                if self.settings.liveness_lock and not self.presence.ready.is_set():
+                    await self._idle(self.settings.poll_interval)  # the lock is being taken again
+                    continue
                 try:
-                    claimed = await self.store.claim(self.id, self.settings.lease_seconds)
+                    claimed = await self._claim()
                     backoff = self.settings.poll_interval
                 except psycopg.OperationalError as e:
                     log.warning("%s cannot claim: %s; retrying in %.1fs", self.id, e, backoff)
@@ -100,6 +117,7 @@ class Worker:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
+            await self.presence.close()  # only now: the runs it covered are finished or released
 
     def _done(self, task: asyncio.Task[RunStatus | None]) -> None:
         self.in_flight.discard(task)

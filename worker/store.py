@@ -15,6 +15,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
+from agentrun.worker.presence import LIVENESS_LOCK_CLASS
 from agentrun.worker.records import NewRun, Progress, Run, RunStatus, Step, StepKind, StepStatus
 
 
@@ -187,20 +188,27 @@ class RunStore:
 
     # -- the lease -------------------------------------------------------------------------------
 
-    async def claim(self, worker: str, lease_seconds: float) -> tuple[Run, Progress] | None:
-        """Take the oldest claimable run: queued, or running under a lease that has lapsed."""
+    async def claim(self, worker: str, lease_seconds: float, liveness: bool = False) -> tuple[Run, Progress] | None:
+        """Take the oldest claimable run: queued, or running under a lease that has lapsed.
+
+        With `liveness`, also a running run whose worker is dead: its liveness lock (presence.py) is
+        free, so this statement can take it for its own transaction. The CASE keeps the lock attempt to
+        RUNNING candidates with a live lease, and runs it last.
+        """
         row = await self._one(
             f"""WITH next AS (
                     SELECT id FROM run
-                    WHERE run_at <= now() AND (status = 'QUEUED'
-                          OR (status = 'RUNNING' AND locked_until < now()))
+                    WHERE run_at <= now() AND status IN ('QUEUED', 'RUNNING') AND CASE
+                          WHEN status = 'QUEUED' OR locked_until < now() THEN true
+                          WHEN %(liveness)s THEN pg_try_advisory_xact_lock(%(lock_class)s, hashtext(locked_by))
+                          ELSE false END
                     ORDER BY run_at FOR UPDATE SKIP LOCKED LIMIT 1)
                 UPDATE run r SET status = 'RUNNING', locked_by = %(worker)s,
                        locked_until = now() + make_interval(secs => %(lease)s),
                        started_at = coalesce(r.started_at, now()), claims = r.claims + 1
                 FROM next WHERE r.id = next.id
                 RETURNING {RUN_COLUMNS}, now() AS db_now""",
-            {"worker": worker, "lease": lease_seconds},
+            {"worker": worker, "lease": lease_seconds, "liveness": liveness, "lock_class": LIVENESS_LOCK_CLASS},
         )
         if row is None:
             return None

@@ -19,13 +19,14 @@ from agentrun.worker.llm.scripted import TurnBasedLlm  # noqa: E402
 from agentrun.worker.store import RunStore  # noqa: E402
 
 
-async def bench(url: str, runs: int, turns: int, concurrency: int) -> dict[str, object]:
+async def bench(url: str, runs: int, turns: int, concurrency: int, liveness: bool = True) -> dict[str, object]:
     pool = await open_pool(url, max_size=concurrency + 2, min_size=concurrency + 2)
     try:
         store = RunStore(pool)
         for _ in range(runs):
             await store.create(_pg.new_run())
-        worker = _pg.make_worker(store, TurnBasedLlm(turns), [_pg.noop], concurrency=concurrency, poll_interval=1.0)
+        worker = _pg.make_worker(store, TurnBasedLlm(turns), [_pg.noop], concurrency=concurrency, poll_interval=1.0,
+                                  liveness_lock=liveness)
         async with pool.connection() as conn:
             t0 = time.perf_counter()
             serving = asyncio.create_task(worker.run())
@@ -58,10 +59,11 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=200)
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--no-liveness-lock", action="store_true", help="run the worker without its liveness lock")
     args = p.parse_args()
     with _pg.database(args.database_url) as url:
         env = _pg.describe(url)
-        figures = asyncio.run(bench(url, args.runs, args.turns, args.concurrency))
+        figures = asyncio.run(bench(url, args.runs, args.turns, args.concurrency, not args.no_liveness_lock))
     figures.update(env, target_steps_per_s=1500, met=figures["steps_per_s"] >= 1500)
     print(f"B1 throughput: {figures['runs']} runs × {2 * args.turns + 1} steps, concurrency {args.concurrency}")
     print(f"  {figures['steps']} steps in {figures['seconds']} s: {figures['steps_per_s']} steps/s, "

@@ -66,6 +66,33 @@ async def test_a_queued_run_wakes_an_idle_worker(store: RunStore) -> None:
         await serving
 
 
+async def test_the_listener_reconnects_after_its_connection_drops(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    counting = CountingStore(store.pool)
+    w, serving = await _idle_worker(counting, "worker-A")
+    try:
+        conn = w.presence._conn
+        assert conn is not None
+        first = conn.info.backend_pid
+        await db.execute("SELECT pg_terminate_backend(%s)", (first,))
+
+        async def back() -> bool:
+            again = w.presence._conn
+            return w.presence.ready.is_set() and again is not None and again.info.backend_pid != first
+
+        await eventually(back, what="the presence connection to come back")
+        run, _ = await counting.create(new_run())
+
+        async def succeeded() -> bool:
+            return await _status(counting, run.id) is RunStatus.SUCCEEDED
+
+        await eventually(succeeded, timeout=20, what="the re-listening worker to run the new run")
+    finally:
+        w.stop()
+        await serving
+
+
 async def test_a_released_lease_wakes_an_idle_worker(store: RunStore) -> None:
     run, _ = await store.create(new_run())
     assert await store.claim("worker-gone", 30)  # held under a live lease by a worker without a lock

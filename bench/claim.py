@@ -62,7 +62,7 @@ async def measure(url: str, queued: int, claimers: int, claims_each: int) -> dic
     async def claimer(i: int) -> None:
         nonlocal doubles
         me = f"claimer-{i}"
-        presence = Presence(pool.conninfo, me, asyncio.Event())
+        presence = Presence(store, me, asyncio.Event())
         await presence.start()
         try:
             for _ in range(claims_each):

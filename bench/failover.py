@@ -22,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import psycopg  # noqa: E402
 
 from bench import _pg  # noqa: E402
-from agentrun.worker.records import NewRun  # noqa: E402
 from agentrun.worker.store import RunStore  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -50,7 +49,9 @@ def _wait(conn: psycopg.Connection[Any], query: str, params: tuple[Any, ...], ti
     raise TimeoutError(query)
 
 
-def scenario(url: str, name: str, lease: float, liveness: bool, sig: signal.Signals, tool_seconds: float) -> dict[str, Any]:
+def scenario(
+    url: str, name: str, lease: float, liveness: bool, sig: signal.Signals, tool_seconds: float
+) -> dict[str, Any]:
     procs = {w: _start(url, w, lease, liveness, tool_seconds) for w in (f"{name}-A", f"{name}-B")}
     try:
         with psycopg.connect(url, autocommit=True) as conn:
@@ -119,15 +120,16 @@ def plot(results: list[dict[str, Any]], path: Path) -> bool:
     fig, ax = plt.subplots(figsize=(9, 3.2))
     for y, r in enumerate(results):
         t = r["timeline"]
-        ax.barh(y, -t["tool_started"], left=t["tool_started"], color="#4c72b0", height=0.35, label="held by A" if y == 0 else None)
+        ax.barh(y, -t["tool_started"], left=t["tool_started"], color="#4c72b0", height=0.35,
+                label="held by A" if y == 0 else None)
         ax.barh(y, t["resumed"], left=0, color="#dd8452", height=0.35, label="nobody driving" if y == 0 else None)
         ax.barh(y, t["finished"] - t["resumed"], left=t["resumed"], color="#55a868", height=0.35,
                 label="resumed on B" if y == 0 else None)
         ax.annotate(f"{t['resumed']:.2f} s", (t["resumed"], y + 0.22), fontsize=8)
         ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(range(len(results)))
-    ax.set_yticklabels([f"{r['signal']}, lease {r['lease_s']:g} s,\nliveness lock {'on' if r['liveness_lock'] else 'off'}"
-                        for r in results], fontsize=8)
+    ax.set_yticklabels([f"{r['signal']}, lease {r['lease_s']:g} s,\n"
+                        f"liveness lock {'on' if r['liveness_lock'] else 'off'}" for r in results], fontsize=8)
     ax.set_xlabel("seconds from the signal to the worker holding the run")
     ax.set_title("B4 failover timeline")
     ax.legend(fontsize=8, loc="lower right")

@@ -79,7 +79,8 @@ def main() -> None:
         env = _pg.describe(url)
         figures = asyncio.run(bench(url, args.samples, args.poll_interval, args.gap))
     figures.update(env)
-    print(f"B3 pickup: {args.samples} runs created one at a time for an idle worker polling every {args.poll_interval:g} s")
+    print(f"B3 pickup: {args.samples} runs created one at a time for an idle worker "
+          f"polling every {args.poll_interval:g} s")
     print(f"  create → first model step: median {figures['median_ms']} ms, p90 {figures['p90_ms']} ms, "
           f"max {figures['max_ms']} ms; median/poll = {figures['median_over_poll']} "
           f"(target ≤ 0.10: {'met' if figures['met'] else 'MISSED'})")

@@ -14,6 +14,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import _pg  # noqa: E402
+from agentrun.worker import logs  # noqa: E402
 from agentrun.worker.db import open_pool  # noqa: E402
 from agentrun.worker.llm.scripted import TurnBasedLlm  # noqa: E402
 from agentrun.worker.store import RunStore  # noqa: E402
@@ -60,15 +61,19 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--no-liveness-lock", action="store_true", help="run the worker without its liveness lock")
+    p.add_argument("--log-level", default="WARNING",
+                   help="the worker's log level; INFO logs every step to stderr as `agentrun worker` does")
     args = p.parse_args()
     with _pg.database(args.database_url) as url:
+        logs.setup("console", args.log_level)
         env = _pg.describe(url)
         figures = asyncio.run(bench(url, args.runs, args.turns, args.concurrency, not args.no_liveness_lock))
     figures.update(env, target_steps_per_s=1500, met=figures["steps_per_s"] >= 1500)
     print(f"B1 throughput: {figures['runs']} runs × {2 * args.turns + 1} steps, concurrency {args.concurrency}")
     print(f"  {figures['steps']} steps in {figures['seconds']} s: {figures['steps_per_s']} steps/s, "
           f"{figures['runs_per_s']} runs/s (target ≥ 1500 steps/s: {'met' if figures['met'] else 'MISSED'})")
-    print(f"  statuses: {figures['statuses']}; PostgreSQL {env['postgres']} over {env['db_host']}, {env['cores']} cores")
+    print(f"  statuses: {figures['statuses']}; PostgreSQL {env['postgres']} over {env['db_host']}, "
+          f"{env['cores']} cores")
     _pg.emit(figures)
 
 

@@ -11,14 +11,13 @@ from typing import Any
 
 import psycopg
 
+from agentrun.worker.store import LIVENESS_LOCK_CLASS, RunStore
+
 log = logging.getLogger("agentrun.worker.presence")
 
 # The channel migration 0002 notifies when a run is queued or a lease is given back.
 WAKE_CHANNEL = "agentrun_wake"
 
-# First key of every liveness lock (the second is hashtext(worker id)): keeps them apart from any other
-# advisory lock in the database. The claim statement in store.py uses the same pair.
-LIVENESS_LOCK_CLASS = 0x61675274  # "agRt"
 
 
 class DuplicateWorker(RuntimeError):
@@ -34,15 +33,11 @@ class Presence:
     notification; when the connection drops it reconnects with backoff while polling carries on.
     """
 
-    def __init__(
-        self, conninfo: str, worker_id: str, wake: asyncio.Event, *, liveness_lock: bool = True,
-        connect_kwargs: dict[str, Any] | None = None,
-    ) -> None:
-        self.conninfo = conninfo
+    def __init__(self, store: RunStore, worker_id: str, wake: asyncio.Event, *, liveness_lock: bool = True) -> None:
+        self.store = store
         self.worker_id = worker_id
         self.wake = wake
         self.liveness_lock = liveness_lock
-        self.connect_kwargs = connect_kwargs or {}
         self.ready = asyncio.Event()  # set while the lock is held (if asked for) and the LISTEN is on
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -70,9 +65,7 @@ class Presence:
         await self._disconnect()
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
-        conn = await psycopg.AsyncConnection.connect(
-            self.conninfo, **{**self.connect_kwargs, "autocommit": True}
-        )
+        conn = await self.store.dedicated_connection()
         try:
             if self.liveness_lock:
                 cur = await conn.execute(

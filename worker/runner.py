@@ -36,10 +36,7 @@ class Worker:
         self.keeper = LeaseKeeper(store, settings.worker_id, settings.lease_seconds)
         self.stopping = asyncio.Event()
         self.wake = asyncio.Event()  # set when a run may have become claimable
-        self.presence = Presence(
-            store.pool.conninfo, settings.worker_id, self.wake, liveness_lock=settings.liveness_lock,
-            connect_kwargs=store.pool.kwargs,
-        )
+        self.presence = Presence(store, settings.worker_id, self.wake, liveness_lock=settings.liveness_lock)
         self.driver = RunDriver(
             DriverSettings(settings.worker_id, settings.lease_seconds, settings.max_tokens),
             store,

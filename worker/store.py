@@ -7,15 +7,16 @@ and costs one round trip; it renews the lease and returns the run's counters for
 
 from __future__ import annotations
 
+import inspect
 import uuid
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
+import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from agentrun.worker.presence import LIVENESS_LOCK_CLASS
 from agentrun.worker.records import NewRun, Progress, Run, RunStatus, Step, StepKind, StepStatus
 
 
@@ -47,6 +48,10 @@ FENCE = """owned AS (
     WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING'
     RETURNING id, tokens_used, cost_usd, cancel_requested, now() AS db_now)"""
 
+# First key of every worker's liveness lock (the second is hashtext(worker id)), held by the worker's
+# presence connection (presence.py): it keeps them apart from any other advisory lock in the database.
+LIVENESS_LOCK_CLASS = 0x61675274  # "agRt"
+
 PROGRESS = "owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now"
 
 
@@ -71,6 +76,19 @@ def _progress(row: dict[str, Any]) -> Progress:
 class RunStore:
     def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
         self.pool = pool
+
+    async def dedicated_connection(self) -> psycopg.AsyncConnection[Any]:
+        """A connection of its own, with the pool's settings, for a session that outlives any one query."""
+        conninfo, kwargs = self.pool.conninfo, self.pool.kwargs
+        if callable(conninfo):
+            conninfo = conninfo()
+        if inspect.isawaitable(conninfo):
+            conninfo = await conninfo
+        if callable(kwargs):
+            kwargs = kwargs()
+        if inspect.isawaitable(kwargs):
+            kwargs = await kwargs
+        return await psycopg.AsyncConnection.connect(conninfo, **{**(kwargs or {}), "autocommit": True})
 
     async def _one(self, query: str, params: dict[str, Any] | Sequence[Any]) -> dict[str, Any] | None:
         async with self.pool.connection() as conn:

@@ -10,9 +10,9 @@ import pytest
 
 from agentrun.worker.cli import build_parser
 from agentrun.worker.llm.scripted import TurnBasedLlm
-from agentrun.worker.presence import LIVENESS_LOCK_CLASS, DuplicateWorker, Presence
+from agentrun.worker.presence import DuplicateWorker, Presence
 from agentrun.worker.records import Progress, Run, RunStatus
-from agentrun.worker.store import RunStore
+from agentrun.worker.store import LIVENESS_LOCK_CLASS, RunStore
 from agentrun.worker.tools import ToolContext, tool
 from tests.helpers import eventually, new_run, worker
 
@@ -165,7 +165,7 @@ async def test_a_running_worker_holds_its_lock_and_a_stopped_one_lets_go(
     w, serving = await _idle_worker(counting, "worker-A")
     assert await held("worker-A")
     with pytest.raises(DuplicateWorker, match="worker-A"):
-        await Presence(database_url, "worker-A", asyncio.Event()).start(timeout=0.5)
+        await Presence(store, "worker-A", asyncio.Event()).start(timeout=0.5)
     w.stop()
     await serving
     assert not await held("worker-A")

@@ -93,8 +93,12 @@ class Worker:
                     await self._wait_for_slot()
                     continue
                 if self.settings.liveness_lock and not self.presence.ready.is_set():
+                    self.wake.clear()
                     await self._idle(self.settings.poll_interval)  # the lock is being taken again
                     continue
+                # Cleared before looking, not after: a wake-up (a notification, stop()) that arrives
+                # while the claim is in flight must not be lost, or the worker sleeps a whole poll.
+                self.wake.clear()
                 try:
                     claimed = await self._claim()
                     backoff = self.settings.poll_interval
@@ -128,8 +132,7 @@ class Worker:
             stopping.cancel()
 
     async def _idle(self, seconds: float) -> None:
-        """Sleep until the poll interval passes or something wakes us."""
-        self.wake.clear()
+        """Sleep until the poll interval passes or something wakes us (at once if it already has)."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await self.wake.wait()

@@ -181,3 +181,21 @@ async def test_a_running_worker_holds_its_lock_and_a_stopped_one_lets_go(
 def test_the_cli_turns_the_liveness_lock_off() -> None:
     assert build_parser().parse_args(["worker"]).no_liveness_lock is False
     assert build_parser().parse_args(["worker", "--no-liveness-lock"]).no_liveness_lock is True
+
+
+async def test_a_wake_up_during_a_claim_is_not_lost(store: RunStore) -> None:
+    """stop() (or a notification) arriving while a claim is in flight ends the idle wait at once."""
+    entered, proceed = asyncio.Event(), asyncio.Event()
+
+    class SlowClaim(RunStore):
+        async def claim(self, worker: str, lease_seconds: float, liveness: bool = False) -> tuple[Run, Progress] | None:
+            entered.set()
+            await proceed.wait()
+            return await super().claim(worker, lease_seconds, liveness)
+
+    w = worker(SlowClaim(store.pool), TurnBasedLlm(1), [noop], "worker-A", poll=60.0)
+    serving = asyncio.create_task(w.run())
+    await asyncio.wait_for(entered.wait(), 10)
+    w.stop()
+    proceed.set()
+    await asyncio.wait_for(serving, 10)  # not the 60 s poll

@@ -39,10 +39,11 @@ def worker(
     poll: float = 0.05,
     prices: PriceTable | None = None,
     observer: Observer | None = None,
+    liveness_lock: bool = True,
 ) -> Worker:
     settings = WorkerSettings(
         database_url="unused", worker_id=name, lease_seconds=lease, concurrency=concurrency, poll_interval=poll,
-        shutdown_grace=5.0,
+        shutdown_grace=5.0, liveness_lock=liveness_lock,
     )
     box = tools if isinstance(tools, ToolBox) else ToolBox(tools)
     return Worker(settings, store, llm, box, prices or PriceTable.load(), observer=observer)

@@ -71,8 +71,25 @@ def cmd_worker(args: argparse.Namespace) -> int:
         pool_size=args.pool_size or min(max(args.concurrency, 1) + 2, 20),
         api_token=os.environ.get("AGENTRUN_API_TOKEN") or None,
         max_body_bytes=args.max_body_bytes or _env_positive_int("AGENTRUN_MAX_BODY_BYTES", 1024 * 1024),
+        liveness_lock=not args.no_liveness_lock and _env_flag("AGENTRUN_LIVENESS_LOCK", True),
     )
-    return asyncio.run(serve_worker(settings, migrate_first=not args.no_migrate))
+    from agentrun.worker.presence import DuplicateWorker
+
+    try:
+        return asyncio.run(serve_worker(settings, migrate_first=not args.no_migrate))
+    except DuplicateWorker as e:
+        raise SystemExit(f"agentrun: {e}") from None
+
+
+def _env_flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name, "").strip().lower()
+    if not value:
+        return default
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SystemExit(f"agentrun: {name} must be true or false, got {value!r}")
 
 
 async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> int:
@@ -305,7 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(limit of one call, default 120); AGENTRUN_LLM_BACKOFF_BASE_SECONDS and AGENTRUN_LLM_BACKOFF_CAP_SECONDS "
         "(full-jitter backoff, defaults 1 and 30; a retry-after header is honoured); AGENTRUN_DEFAULT_MODEL; "
         "AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_API_TOKEN (bearer token the /api routes require; "
-        "unset: open); AGENTRUN_MAX_BODY_BYTES; AGENTRUN_LOG_FORMAT.",
+        "unset: open); AGENTRUN_MAX_BODY_BYTES; AGENTRUN_LIVENESS_LOCK; "
+        "AGENTRUN_LOG_FORMAT.",
     )
     _add_database(p)
     p.add_argument("--id", metavar="NAME", help="worker name in leases, steps and logs (default: host-pid)")
@@ -326,6 +344,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=_positive_int, metavar="N", default=None,
                    help="largest request body the API accepts (default: $AGENTRUN_MAX_BODY_BYTES or 1 MiB)")
     p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
+    p.add_argument("--no-liveness-lock", action="store_true",
+                   help="do not hold the session advisory lock that lets other workers take over this "
+                   "worker's runs as soon as it dies; needed behind a connection pooler in transaction "
+                   "mode, where a dead worker's runs then wait out their lease. Use the same setting on "
+                   "every worker, and a unique --id per live worker (env: AGENTRUN_LIVENESS_LOCK=false)")
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser(

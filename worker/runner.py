@@ -8,10 +8,12 @@ import logging
 import uuid
 
 import psycopg
+
 from agentrun.worker.engine import DriverSettings, RunDriver
 from agentrun.worker.lease import LeaseKeeper
 from agentrun.worker.llm.types import LlmClient
 from agentrun.worker.observer import NoObserver, Observer
+from agentrun.worker.presence import Presence
 from agentrun.worker.pricing import PriceTable
 from agentrun.worker.records import Progress, Run, RunStatus
 from agentrun.worker.settings import WorkerSettings
@@ -37,6 +39,7 @@ class Worker:
         self.keeper = LeaseKeeper(store, settings.worker_id, settings.lease_seconds)
         self.stopping = asyncio.Event()
         self.wake = asyncio.Event()  # set when a run may have become claimable
+        self.presence = Presence(store, settings.worker_id, self.wake, liveness_lock=settings.liveness_lock)
         self.driver = RunDriver(
             DriverSettings(settings.worker_id, settings.lease_seconds, settings.max_tokens),
             store,
@@ -62,31 +65,37 @@ class Worker:
 
     async def run_once(self) -> uuid.UUID | None:
         """Claim one run and drive it to its end (for tests and tools); None if nothing was claimable."""
-        claimed = await self._claim()
-        if claimed is None:
-            return None
-        heartbeat = asyncio.create_task(self.keeper.run())
-        self.observer.in_flight(1)
+        await self.presence.start()
         try:
-            await self.driver.drive(claimed.run, claimed.progress)
-        except LeaseLost:
-            self.observer.lease_lost()
-            raise
+            claimed = await self._claim()
+            if claimed is None:
+                return None
+            heartbeat = asyncio.create_task(self.keeper.run())
+            self.observer.in_flight(1)
+            try:
+                await self.driver.drive(claimed.run, claimed.progress)
+            except LeaseLost:
+                self.observer.lease_lost()
+                raise
+            finally:
+                self.observer.in_flight(0)
+                heartbeat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await heartbeat
+            return claimed.run.id
         finally:
-            self.observer.in_flight(0)
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
-        return claimed.run.id
+            await self.presence.close()
 
     async def _claim(self) -> Claim | None:
-        claimed = await self.store.claim(self.id, self.settings.lease_seconds)
+        claimed = await self.store.claim(self.id, self.settings.lease_seconds, liveness=self.settings.liveness_lock)
         if claimed is not None:
             self.observer.claimed(takeover=claimed.taken_from not in (None, self.id))
         return claimed
 
     async def run(self) -> None:
         """Serve until stop(): claim, drive, repeat; then wait for in-flight runs within the grace."""
+        # The liveness lock is taken before the first claim: a run held without it looks dead to others.
+        await self.presence.start()
         heartbeat = asyncio.create_task(self.keeper.run(), name=f"{self.id}-heartbeat")
         backoff = self.settings.poll_interval
         try:
@@ -94,6 +103,13 @@ class Worker:
                 if len(self.in_flight) >= self.settings.concurrency:
                     await self._wait_for_slot()
                     continue
+                if self.settings.liveness_lock and not self.presence.ready.is_set():
+                    self.wake.clear()
+                    await self._idle(self.settings.poll_interval)  # the lock is being taken again
+                    continue
+                # Cleared before looking, not after: a wake-up (a notification, stop()) that arrives
+                # while the claim is in flight must not be lost, or the worker sleeps a whole poll.
+                self.wake.clear()
                 try:
                     claimed = await self._claim()
                     backoff = self.settings.poll_interval
@@ -116,6 +132,7 @@ class Worker:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
+            await self.presence.close()  # only now: the runs it covered are finished or released
 
     def _done(self, task: asyncio.Task[RunStatus | None]) -> None:
         self.in_flight.discard(task)
@@ -130,8 +147,7 @@ class Worker:
             stopping.cancel()
 
     async def _idle(self, seconds: float) -> None:
-        """Sleep until the poll interval passes or something wakes us."""
-        self.wake.clear()
+        """Sleep until the poll interval passes or something wakes us (at once if it already has)."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(seconds):
                 await self.wake.wait()

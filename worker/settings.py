@@ -63,6 +63,14 @@ class WorkerSettings:
     """How long the runs-by-status count behind /metrics is reused, so many workers scraped at once
     run one GROUP BY each per interval rather than one per scrape."""
 
+    liveness_lock: bool = True
+    """Hold a session-level advisory lock keyed by the worker id for the worker's whole life, so that
+    a RUNNING run whose worker died is claimed at once instead of after its lease (AGENTRUN_LIVENESS_LOCK,
+    --no-liveness-lock). Turn it off behind a connection pooler in transaction mode, where a session
+    lock does not stay with one client; then a dead worker's runs wait out the lease. Set it the same on
+    every worker, and keep worker ids unique: two live workers with one id would defeat it.
+    """
+
     pool_size: int = 10
     """Database connections. Steps hold a connection only while they write, so a few serve many runs."""
 

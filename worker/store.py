@@ -8,11 +8,13 @@ and costs one round trip; it renews the lease and returns the run's counters for
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import uuid
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
+import psycopg
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
@@ -47,6 +49,10 @@ FENCE = """owned AS (
     WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING'
     RETURNING id, tokens_used, cost_usd, cancel_requested, now() AS db_now)"""
 
+# First key of every worker's liveness lock (the second is hashtext(worker id)), held by the worker's
+# presence connection (presence.py): it keeps them apart from any other advisory lock in the database.
+LIVENESS_LOCK_CLASS = 0x61675274  # "agRt"
+
 PROGRESS = "owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now"
 
 
@@ -80,6 +86,19 @@ def _progress(row: dict[str, Any]) -> Progress:
 class RunStore:
     def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
         self.pool = pool
+
+    async def dedicated_connection(self) -> psycopg.AsyncConnection[Any]:
+        """A connection of its own, with the pool's settings, for a session that outlives any one query."""
+        conninfo, kwargs = self.pool.conninfo, self.pool.kwargs
+        if callable(conninfo):
+            conninfo = conninfo()
+        if inspect.isawaitable(conninfo):
+            conninfo = await conninfo
+        if callable(kwargs):
+            kwargs = kwargs()
+        if inspect.isawaitable(kwargs):
+            kwargs = await kwargs
+        return await psycopg.AsyncConnection.connect(conninfo, **{**(kwargs or {}), "autocommit": True})
 
     async def _one(self, query: str, params: dict[str, Any] | Sequence[Any]) -> dict[str, Any] | None:
         async with self.pool.connection() as conn:
@@ -202,20 +221,27 @@ class RunStore:
 
     # -- the lease -------------------------------------------------------------------------------
 
-    async def claim(self, worker: str, lease_seconds: float) -> Claim | None:
-        """Take the oldest claimable run: queued, or running under a lease that has lapsed."""
+    async def claim(self, worker: str, lease_seconds: float, liveness: bool = False) -> Claim | None:
+        """Take the oldest claimable run: queued, or running under a lease that has lapsed.
+
+        With `liveness`, also a running run whose worker is dead: its liveness lock (presence.py) is
+        free, so this statement can take it for its own transaction. The CASE keeps the lock attempt to
+        RUNNING candidates with a live lease, and runs it last.
+        """
         row = await self._one(
             f"""WITH next AS (
                     SELECT id, CASE WHEN status = 'RUNNING' THEN locked_by END AS taken_from FROM run
-                    WHERE run_at <= now() AND (status = 'QUEUED'
-                          OR (status = 'RUNNING' AND locked_until < now()))
+                    WHERE run_at <= now() AND status IN ('QUEUED', 'RUNNING') AND CASE
+                          WHEN status = 'QUEUED' OR locked_until < now() THEN true
+                          WHEN %(liveness)s THEN pg_try_advisory_xact_lock(%(lock_class)s, hashtext(locked_by))
+                          ELSE false END
                     ORDER BY run_at FOR UPDATE SKIP LOCKED LIMIT 1)
                 UPDATE run r SET status = 'RUNNING', locked_by = %(worker)s,
                        locked_until = now() + make_interval(secs => %(lease)s),
                        started_at = coalesce(r.started_at, now()), claims = r.claims + 1
                 FROM next WHERE r.id = next.id
                 RETURNING {RUN_COLUMNS}, now() AS db_now, next.taken_from""",
-            {"worker": worker, "lease": lease_seconds},
+            {"worker": worker, "lease": lease_seconds, "liveness": liveness, "lock_class": LIVENESS_LOCK_CLASS},
         )
         if row is None:
             return None

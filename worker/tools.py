@@ -99,10 +99,14 @@ class ToolBox:
 
     def __init__(self, tools: Iterable[Tool] = (), max_output_chars: int = 100_000) -> None:
         self._tools: dict[str, Tool] = {}
+        # Built once per tool: jsonschema.validate() re-checks the schema on every call, which was a
+        # sixth of a worker's CPU time in the throughput benchmark (bench/README.md).
+        self._validators: dict[str, Any] = {}
         for t in tools:
             if t.name in self._tools and self._tools[t.name] is not t:
                 raise ValueError(f"two tools are named {t.name!r}")
             self._tools[t.name] = t
+            self._validators[t.name] = jsonschema.validators.validator_for(t.input_schema)(t.input_schema)
         self.max_output_chars = max_output_chars
 
     @property
@@ -130,10 +134,9 @@ class ToolBox:
             return ToolOutcome(False, f"error: unknown tool {name!r}")
         if not isinstance(args, dict):
             return ToolOutcome(False, f"error: tool input must be a JSON object, got {type(args).__name__}")
-        try:
-            jsonschema.validate(args, t.input_schema)
-        except jsonschema.ValidationError as e:
-            return ToolOutcome(False, f"error: invalid input for {name}: {e.message}")
+        invalid = jsonschema.exceptions.best_match(self._validators[name].iter_errors(args))
+        if invalid is not None:
+            return ToolOutcome(False, f"error: invalid input for {name}: {invalid.message}")
         try:
             async with asyncio.timeout(t.timeout_seconds):
                 if inspect.iscoroutinefunction(t.fn):

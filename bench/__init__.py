@@ -1,0 +1,1 @@
+"""Benchmarks of issue 8; see bench/README.md."""

@@ -1,0 +1,124 @@
+"""What every benchmark shares: a migrated database (embedded or --database-url), a worker, and the JSON line.
+
+Run from a clean clone: `.venv/bin/python bench/<name>.py`; each script puts the repository root on
+sys.path so that `bench._pg` imports without installing the bench folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import platform
+import sys
+import tempfile
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from agentrun.worker import migrate
+from agentrun.worker.llm.types import LlmClient
+from agentrun.worker.pricing import PriceTable
+from agentrun.worker.records import NewRun
+from agentrun.worker.runner import Worker
+from agentrun.worker.settings import WorkerSettings
+from agentrun.worker.store import RunStore
+from agentrun.worker.tools import Tool, ToolBox, ToolContext, tool
+
+MODEL = "claude-sonnet-4-5"
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument(
+        "--database-url", metavar="URL",
+        help="a PostgreSQL server to use (a fresh database is created on it when the role may; "
+        "else the named database is migrated and used). Default: an embedded PostgreSQL in a temp dir.",
+    )
+    return p
+
+
+@contextlib.contextmanager
+def database(url: str | None) -> Iterator[str]:
+    """A migrated, empty database for one benchmark run, dropped afterwards."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    if url:
+        with _fresh_database(url) as db:
+            yield db
+        return
+    import pgserver
+
+    with tempfile.TemporaryDirectory(prefix="agentrun-bench-pg-") as data:
+        server = pgserver.get_server(data, cleanup_mode="stop")
+        try:
+            with _fresh_database(server.get_uri()) as db:
+                yield db
+        finally:
+            server.cleanup()
+
+
+@contextlib.contextmanager
+def _fresh_database(url: str) -> Iterator[str]:
+    import asyncio
+
+    name = f"agentrun_bench_{uuid.uuid4().hex[:8]}"
+    try:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    except psycopg.errors.InsufficientPrivilege:
+        asyncio.run(migrate.migrate(url))
+        yield url
+        return
+    db = make_conninfo(url, dbname=name)
+    try:
+        asyncio.run(migrate.migrate(db))
+        yield db
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def server_version(url: str) -> str:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    return str(row[0]) if row else "?"
+
+
+def describe(url: str) -> dict[str, Any]:
+    host = conninfo_to_dict(url).get("host", "")
+    return {
+        "postgres": server_version(url),
+        "db_host": "unix socket" if not host or str(host).startswith("/") else host,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+
+
+def new_run(input: str = "benchmark", **kw: Any) -> NewRun:
+    fields: dict[str, Any] = {"input": input, "model": MODEL, "token_budget": 10_000_000, "timeout_seconds": 3600,
+                              "max_steps": 100_000}
+    fields.update(kw)
+    return NewRun(**fields)
+
+
+@tool(name="noop", description="Does nothing, at once.")
+async def noop(args: dict[str, Any], ctx: ToolContext) -> str:
+    return "ok"
+
+
+def make_worker(store: RunStore, llm: LlmClient, tools: list[Tool], **settings: Any) -> Worker:
+    fields: dict[str, Any] = {"database_url": "unused", "worker_id": f"bench-{os.getpid()}", "shutdown_grace": 5.0}
+    fields.update(settings)
+    return Worker(WorkerSettings(**fields), store, llm, ToolBox(tools), PriceTable.load())
+
+
+def emit(figures: dict[str, Any]) -> None:
+    """The machine-readable result: one JSON object, always the last line printed."""
+    sys.stdout.flush()
+    print(json.dumps(figures, default=str), flush=True)

@@ -1,0 +1,65 @@
+"""The database's ceiling for B1: fenced model checkpoints per second with no engine around them.
+
+`--clients` tasks each claim a run and then write checkpoint_model in a loop, through the same store
+and pool as a worker, so the figure is what the engine's steps/s could approach on this machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import _pg  # noqa: E402
+from agentrun.worker.db import open_pool  # noqa: E402
+from agentrun.worker.store import RunStore  # noqa: E402
+
+
+async def bench(url: str, clients: int, seconds: float) -> dict[str, object]:
+    pool = await open_pool(url, max_size=clients, min_size=clients)
+    store = RunStore(pool)
+    count = 0
+
+    async def client(i: int) -> None:
+        nonlocal count
+        me = f"ceiling-{i}"
+        await store.create(_pg.new_run())
+        claimed = await store.claim(me, 30)
+        assert claimed is not None
+        run_id = claimed.run.id
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            await store.checkpoint_model(
+                run_id, me, 30, request="{}", response='[{"type":"text","text":"x"}]', stop_reason="end_turn",
+                input_tokens=10, output_tokens=5, cache_creation_input_tokens=0, cache_read_input_tokens=0,
+                cost_usd=None, latency_ms=0,
+            )
+            count += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(clients)))
+    elapsed = time.perf_counter() - t0
+    await pool.close()
+    return {"clients": clients, "checkpoints": count, "seconds": round(elapsed, 2),
+            "checkpoints_per_s": round(count / elapsed, 1)}
+
+
+def main() -> None:
+    p = _pg.parser(__doc__.splitlines()[0])
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--seconds", type=float, default=5.0)
+    args = p.parse_args()
+    with _pg.database(args.database_url) as url:
+        env = _pg.describe(url)
+        figures = asyncio.run(bench(url, args.clients, args.seconds))
+    figures.update(env)
+    print(f"DB ceiling: {args.clients} clients writing fenced model checkpoints for {args.seconds:g} s")
+    print(f"  {figures['checkpoints']} checkpoints: {figures['checkpoints_per_s']} per second")
+    _pg.emit(figures)
+
+
+if __name__ == "__main__":
+    main()

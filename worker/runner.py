@@ -133,7 +133,11 @@ class Worker:
         try:
             return await self.driver.drive(run, progress)
         except LeaseLost:
-            log.warning("%s run=%s lease lost: another worker has the run; stopped driving it", self.id, run.id.hex[:8])
+            # Logged here and only here, whichever way the loss was noticed (the heartbeat or a fenced write).
+            log.warning(
+                "%s run=%s lease lost (taken over, ended, or lapsed while the database was unreachable); "
+                "stopped driving it", self.id, run.id.hex[:8],
+            )
         except asyncio.CancelledError:
             # Cancelled past the shutdown grace: the in-flight step is abandoned (it will be redone),
             # and the lease is given back so another worker resumes at once.
@@ -142,6 +146,13 @@ class Worker:
             raise
         except psycopg.Error as e:
             log.warning("%s run=%s database error, left for another attempt: %s", self.id, run.id.hex[:8], e)
+            # If the database answers again (a dropped connection rather than an outage), hand the run
+            # back now: any worker resumes it from its last checkpoint without waiting out the lease.
+            # Fenced, so harmless if another worker has it already.
+            self.keeper.drop(run.id)
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.settings.lease_seconds):  # not past the lease: moot then
+                    await self.store.release(run.id, self.id)
         except Exception as e:
             # Not a crash of the worker but a bug or bad data in this run: end it with the reason, so it
             # does not poison every worker that claims it.

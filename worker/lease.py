@@ -50,13 +50,14 @@ class LeaseKeeper:
         started = time.monotonic()
         alive = await self.store.renew(ids, self.worker_id, self.lease_seconds)
         self._renewed_at = started
-        self._give_up([run_id for run_id in ids if run_id not in alive])
+        self.give_up([run_id for run_id in ids if run_id not in alive])
 
-    def _give_up(self, run_ids: list[uuid.UUID]) -> None:
+    def give_up(self, run_ids: list[uuid.UUID]) -> None:
+        """Count the runs as lost and cancel their drivers, which then raise LeaseLost."""
         for run_id in run_ids:
+            self._lost.add(run_id)
             task = self._held.pop(run_id, None)
             if task is not None:
-                self._lost.add(run_id)
                 task.cancel("lease lost")
 
     def lapsed(self) -> bool:
@@ -76,4 +77,4 @@ class LeaseKeeper:
                 log.warning("%s could not renew its leases: %s", self.worker_id, e)
                 if self.lapsed() and self._held:
                     log.warning("%s gives up %d runs whose leases may have lapsed", self.worker_id, len(self._held))
-                    self._give_up(list(self._held))
+                    self.give_up(list(self._held))

@@ -45,6 +45,7 @@ class Worker:
             self.stopping,
         )
         self.in_flight: set[asyncio.Task[RunStatus | None]] = set()
+        self.driving: dict[uuid.UUID, asyncio.Task[RunStatus | None]] = {}
 
     @property
     def id(self) -> str:
@@ -92,8 +93,10 @@ class Worker:
                 if claimed is None:
                     await self._idle(self.settings.poll_interval)
                     continue
+                await self._supersede(claimed[0].id)
                 task = asyncio.create_task(self._drive(*claimed), name=f"run-{claimed[0].id}")
                 self.in_flight.add(task)
+                self.driving[claimed[0].id] = task
                 task.add_done_callback(self._done)
         finally:
             await self._drain()
@@ -103,7 +106,24 @@ class Worker:
 
     def _done(self, task: asyncio.Task[RunStatus | None]) -> None:
         self.in_flight.discard(task)
+        for run_id, t in list(self.driving.items()):
+            if t is task:
+                del self.driving[run_id]
         self.wake.set()
+
+    async def _supersede(self, run_id: uuid.UUID) -> None:
+        """Stop this worker's earlier driver of a run it has just claimed again.
+
+        That happens when the lease lapsed while the driver was still at work (the database was
+        unreachable for longer than the lease, say) and no other worker took the run first. Both drivers
+        would write as this worker, which the fence cannot tell apart: the old one must go first.
+        """
+        old = self.driving.get(run_id)
+        if old is None or old.done():
+            return
+        self.keeper.give_up([run_id])
+        old.cancel("claimed again")
+        await asyncio.gather(old, return_exceptions=True)
 
     async def _wait_for_slot(self) -> None:
         stopping = asyncio.ensure_future(self.stopping.wait())

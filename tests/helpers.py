@@ -6,8 +6,10 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
+from typing import Any
 
 from agentrun.worker.llm.types import LlmClient
+from agentrun.worker.observer import Observer
 from agentrun.worker.pricing import PriceTable
 from agentrun.worker.records import NewRun
 from agentrun.worker.runner import Worker
@@ -37,13 +39,14 @@ def worker(
     concurrency: int = 4,
     poll: float = 0.05,
     prices: PriceTable | None = None,
+    observer: Observer | None = None,
 ) -> Worker:
     settings = WorkerSettings(
         database_url="unused", worker_id=name, lease_seconds=lease, concurrency=concurrency, poll_interval=poll,
         shutdown_grace=5.0,
     )
     box = tools if isinstance(tools, ToolBox) else ToolBox(tools)
-    return Worker(settings, store, llm, box, prices or PriceTable.load())
+    return Worker(settings, store, llm, box, prices or PriceTable.load(), observer=observer)
 
 
 async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = "condition") -> None:
@@ -57,3 +60,11 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0
 
 def dec(x: str) -> Decimal:
     return Decimal(x)
+
+
+def http_app(store: RunStore) -> Any:
+    """The worker's HTTP app over `store`, for tests that only need its health endpoints."""
+    from agentrun.worker.api.app import create_app
+    from agentrun.worker.metrics import Metrics
+
+    return create_app(store, ToolBox(), WorkerSettings(database_url="unused"), Metrics())

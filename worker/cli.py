@@ -69,6 +69,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         default_model=os.environ.get("AGENTRUN_DEFAULT_MODEL", "claude-sonnet-4-5"),
         prices_file=os.environ.get("AGENTRUN_PRICES_FILE") or None,
         pool_size=args.pool_size or min(max(args.concurrency, 1) + 2, 20),
+        api_token=os.environ.get("AGENTRUN_API_TOKEN") or None,
+        max_body_bytes=args.max_body_bytes or _env_positive_int("AGENTRUN_MAX_BODY_BYTES", 1024 * 1024),
     )
     return asyncio.run(serve_worker(settings, migrate_first=not args.no_migrate))
 
@@ -80,6 +82,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     from agentrun.worker.db import open_pool
     from agentrun.worker.llm.factory import llm_from_env
     from agentrun.worker.pricing import PriceTable
+    from agentrun.worker.metrics import Metrics
     from agentrun.worker.runner import Worker
     from agentrun.worker.store import RunStore
     from agentrun.worker.tools import ToolBox, load_tool_modules
@@ -90,7 +93,8 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         raise SystemExit(f"agentrun: cannot load tools from AGENTRUN_TOOLS: {e}") from None
     # Before any connection is opened, so a missing or bad setting exits with its message alone.
     # An API-only process (--concurrency 0) needs no model.
-    llm = llm_from_env(settings) if settings.concurrency > 0 else None
+    metrics = Metrics(cache_seconds=settings.metrics_cache_seconds)
+    llm = llm_from_env(settings, on_retry=metrics.model_retry) if settings.concurrency > 0 else None
     try:
         prices = PriceTable.load(settings.prices_file)
     except (OSError, ValueError) as e:
@@ -99,7 +103,8 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         await migrate.migrate(settings.database_url)
     pool = await open_pool(settings.database_url, max_size=settings.pool_max)
     store = RunStore(pool)
-    worker = Worker(settings, store, llm, tools, prices) if llm is not None else None
+    metrics.count_runs_with(store.count_by_status)
+    worker = Worker(settings, store, llm, tools, prices, observer=metrics) if llm is not None else None
     stopping = worker.stopping if worker else asyncio.Event()
 
     def stop() -> None:
@@ -107,7 +112,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
             worker.stop()
         stopping.set()
 
-    app = create_app(pool)
+    app = create_app(store, tools, settings, metrics)
     server = HttpServer(app, settings.host, settings.port)
 
     loop = asyncio.get_running_loop()
@@ -132,6 +137,142 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     return 0
 
 
+# -- operator --------------------------------------------------------------------------------------
+
+
+def cmd_operator(args: argparse.Namespace) -> int:
+    from agentrun.operator.handlers import run
+    from agentrun.operator.settings import OperatorSettings
+
+    tool_names = None
+    modules = [m.strip() for m in (args.tools or os.environ.get("AGENTRUN_TOOLS", "")).split(",") if m.strip()]
+    if modules:
+        from agentrun.worker.tools import load_tool_modules
+
+        try:
+            tool_names = frozenset(t.name for t in load_tool_modules(modules))
+        except (ImportError, ValueError) as e:
+            raise SystemExit(f"agentrun: cannot load tools from {', '.join(modules)}: {e}") from None
+    settings = OperatorSettings(
+        database_url=_database_url(args),
+        namespaces=tuple(args.namespace or ()),
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        tool_names=tool_names,
+        resync_seconds=args.resync_seconds,
+    )
+    asyncio.run(run(settings, migrate_first=not args.no_migrate))
+    return 0
+
+
+
+# -- runs (the REST client) -------------------------------------------------------------------------
+
+CLIENT_ENV = (
+    "Environment: AGENTRUN_URL (server, default http://localhost:8080), AGENTRUN_API_TOKEN (bearer token, "
+    "when the server requires one)."
+)
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    import orjson
+    from agentrun.worker import client
+
+    def show(value: object, text: str) -> None:
+        client.emit(sys.stdout, orjson.dumps(value).decode() if args.json else text)
+
+    url = args.url or os.environ.get("AGENTRUN_URL") or client.DEFAULT_URL
+    try:
+        with client.RunsClient(url, os.environ.get("AGENTRUN_API_TOKEN") or None) as api:
+            if args.runs_command == "submit":
+                body: dict[str, object] = {"input": args.input, "tokenBudget": args.budget,
+                                           "timeoutSeconds": args.timeout}
+                optional = {"model": args.model, "maxSteps": args.max_steps, "tools": args.tool,
+                            "system": args.system, "costBudgetUsd": args.cost_budget}
+                body.update({k: v for k, v in optional.items() if v is not None})
+                created = api.submit(body, args.idempotency_key)
+                show(created, f"{created['id']} {created['status']}")
+            elif args.runs_command == "get":
+                run = api.get(args.id)
+                show(run, client.run_details(run))
+            elif args.runs_command == "timeline":
+                steps = api.timeline(args.id)
+                show(steps, client.timeline_table(steps))
+            elif args.runs_command == "cancel":
+                run = api.cancel(args.id)
+                show(run, f"{run['id']} {run['status']}" + (" (cancel requested)" if run["status"] == "RUNNING" else ""))
+            elif args.runs_command == "list":
+                page = api.list(args.status, args.limit, args.after)
+                show(page, client.runs_table(page))
+            elif args.runs_command == "watch":
+                if not args.json:
+                    client.emit(sys.stdout, client.step_header())
+                run = api.watch(args.id, lambda step: show(step, client.step_row(step)), interval=args.interval)
+                show(run, client.finished_line(run))
+                return 0 if run["status"] == "SUCCEEDED" else 1
+    except client.ApiError as e:
+        print(f"agentrun: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    runs = sub.add_parser(
+        "runs",
+        help="submit, inspect, follow and cancel runs through the REST API",
+        description="A client of the REST API of a running `agentrun worker`. " + CLIENT_ENV,
+        epilog=CLIENT_ENV,
+    )
+    commands = runs.add_subparsers(dest="runs_command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        p = commands.add_parser(name, help=help, description=f"{description} {CLIENT_ENV}")
+        p.add_argument("--url", help="server URL (default: $AGENTRUN_URL or http://localhost:8080)")
+        p.add_argument("--json", action="store_true", help="print the server's JSON instead of text")
+        p.set_defaults(func=cmd_runs)
+        return p
+
+    p = command("submit", "queue a run", "Queue a run and print its id and status.")
+    p.add_argument("input", help="the request for the agent (the first user message)")
+    p.add_argument("--budget", type=_positive_int, default=50_000, metavar="N",
+                   help="token budget, all kinds of tokens (default: 50000)")
+    p.add_argument("--timeout", type=_positive_int, default=300, metavar="S",
+                   help="wall-clock limit in seconds (default: 300)")
+    p.add_argument("--tool", action="append", metavar="NAME",
+                   help="a tool the model may call (repeatable; default: every tool of the worker)")
+    p.add_argument("--model", help="model name (default: the server's AGENTRUN_DEFAULT_MODEL)")
+    p.add_argument("--max-steps", type=_positive_int, metavar="N", help="most steps the run may take (default: 100)")
+    p.add_argument("--system", metavar="TEXT", help="system prompt")
+    p.add_argument("--cost-budget", type=_positive_float, metavar="USD", help="spending limit in USD")
+    p.add_argument("--idempotency-key", metavar="KEY",
+                   help="retrying with the same key returns the same run instead of queueing another")
+
+    p = command("get", "show a run", "Show a run: status, budgets, tokens, cost, error and times.")
+    p.add_argument("id", help="run id")
+
+    p = command("timeline", "show a run's steps as a table",
+                "Show a run's steps: seq, kind, tool, status, stop reason, tokens in/out, cache writes/reads, "
+                "latency and the worker that wrote each.")
+    p.add_argument("id", help="run id")
+
+    p = command("cancel", "cancel a run",
+                "Cancel a run: a queued run ends CANCELLED at once, a running one at its next step. "
+                "Fails if the run has already finished.")
+    p.add_argument("id", help="run id")
+
+    p = command("watch", "follow a run's steps until it ends",
+                "Print each step of a run as it happens until the run ends. Exits 0 if it SUCCEEDED, else 1.")
+    p.add_argument("id", help="run id")
+    p.add_argument("--interval", type=_positive_float, default=1.0, metavar="S",
+                   help="seconds between polls (default: 1)")
+
+    p = command("list", "list runs, newest first", "List runs, newest first, a page at a time.")
+    p.add_argument("--status", choices=["QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"],
+                   help="only runs in this status")
+    p.add_argument("--limit", type=_positive_int, metavar="N", help="runs per page (default: 50, at most 200)")
+    p.add_argument("--after", metavar="ID", help="the cursor a previous page printed, for the next page")
+
+
 # -- parser ----------------------------------------------------------------------------------------
 
 
@@ -139,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentrun",
         description="agentrun: a durable runtime for LLM agents on PostgreSQL and Kubernetes.",
-        epilog="Environment: AGENTRUN_DATABASE_URL, AGENTRUN_LOG_FORMAT (console|json), AGENTRUN_LOG_LEVEL.",
+        epilog="Environment: AGENTRUN_DATABASE_URL, AGENTRUN_LOG_FORMAT (console|json), AGENTRUN_LOG_LEVEL; "
+        "`runs` reads AGENTRUN_URL and AGENTRUN_API_TOKEN.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -162,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
         "required); AGENTRUN_LLM_MAX_ATTEMPTS (calls per model step, default 5); AGENTRUN_LLM_TIMEOUT_SECONDS "
         "(limit of one call, default 120); AGENTRUN_LLM_BACKOFF_BASE_SECONDS and AGENTRUN_LLM_BACKOFF_CAP_SECONDS "
         "(full-jitter backoff, defaults 1 and 30; a retry-after header is honoured); AGENTRUN_DEFAULT_MODEL; "
-        "AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_LOG_FORMAT.",
+        "AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_API_TOKEN (bearer token the /api routes require; "
+        "unset: open); AGENTRUN_MAX_BODY_BYTES; AGENTRUN_LOG_FORMAT.",
     )
     _add_database(p)
     p.add_argument("--id", metavar="NAME", help="worker name in leases, steps and logs (default: host-pid)")
@@ -180,8 +323,36 @@ def build_parser() -> argparse.ArgumentParser:
                    help="max_tokens of each model request (default: 4096)")
     p.add_argument("--pool-size", type=_positive_int, default=None, metavar="N",
                    help="database connections (default: concurrency + 2, at most 20)")
+    p.add_argument("--max-body-bytes", type=_positive_int, metavar="N", default=None,
+                   help="largest request body the API accepts (default: $AGENTRUN_MAX_BODY_BYTES or 1 MiB)")
     p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
     p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser(
+        "operator",
+        help="reconcile AgentRun resources into runs (kopf)",
+        description="Watch AgentRun resources (crds/agentrun.yaml): make a run for each new one, cancel it on "
+        "spec.cancel or deletion, and keep each resource's status within about a second of its run through "
+        "PostgreSQL LISTEN/NOTIFY, with a periodic resync as a safety net. Migrates the database first.",
+        epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated tool modules, as the workers "
+        "load them: an AgentRun naming another tool is failed at once; without it tool names are not checked); "
+        "KUBECONFIG (outside a cluster; in a pod the service account is used); AGENTRUN_LOG_FORMAT, "
+        "AGENTRUN_LOG_LEVEL.",
+    )
+    _add_database(p)
+    p.add_argument("--namespace", action="append", metavar="NS",
+                   help="watch this namespace (repeatable, kopf globs allowed; default: all namespaces)")
+    peering = p.add_mutually_exclusive_group()
+    peering.add_argument("--standalone", action="store_true",
+                         help="no kopf peering (the default): run exactly one operator replica")
+    peering.add_argument("--peering", metavar="NAME",
+                         help="coordinate replicas through this KopfPeering object (its CRD must be installed)")
+    p.add_argument("--tools", metavar="MODULES",
+                   help="tool modules to validate spec.tools against (default: $AGENTRUN_TOOLS; none: no check)")
+    p.add_argument("--resync-seconds", type=_positive_float, default=60.0, metavar="S",
+                   help="period of the resync over unfinished runs, under the notifications (default: 60)")
+    p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
+    p.set_defaults(func=cmd_operator)
 
     p = sub.add_parser(
         "demo",
@@ -199,6 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the workers' lease (default: 5, so the demo takes seconds)")
     p.add_argument("--verbose", action="store_true", help="also print the workers' other log lines")
     p.set_defaults(func=cmd_demo)
+    _add_runs(sub)
     return parser
 
 
@@ -213,6 +385,16 @@ def _positive_int(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
     return value
+
+
+def _env_positive_int(name: str, default: int) -> int:
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        return _positive_int(text)
+    except (ValueError, argparse.ArgumentTypeError):
+        raise SystemExit(f"agentrun: {name} must be a positive integer, got {text!r}") from None
 
 
 def _non_negative_int(text: str) -> int:
@@ -238,7 +420,11 @@ def _non_negative_float(text: str) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logs.setup(os.environ.get("AGENTRUN_LOG_FORMAT", "console"), os.environ.get("AGENTRUN_LOG_LEVEL", "INFO"))
+    logs.setup(
+        os.environ.get("AGENTRUN_LOG_FORMAT", "console"),
+        os.environ.get("AGENTRUN_LOG_LEVEL", "INFO"),
+        secrets=logs.secrets_from_env(os.environ, urls=[getattr(args, "database_url", None)]),
+    )
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -13,10 +13,11 @@ import time
 from typing import Any
 
 import orjson
-
+from agentrun.worker import logs
 from agentrun.worker.guard import Stop, deadline_passed, guard, remaining
 from agentrun.worker.lease import LeaseKeeper
-from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, Message
+from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, Message, Usage
+from agentrun.worker.observer import NoObserver, Observer
 from agentrun.worker.pricing import PriceTable
 from agentrun.worker.records import Progress, Run, RunStatus, Step, StepKind, StepStatus
 from agentrun.worker.replay import Conversation
@@ -56,6 +57,7 @@ class RunDriver:
         prices: PriceTable,
         keeper: LeaseKeeper,
         stopping: asyncio.Event | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -64,6 +66,7 @@ class RunDriver:
         self.prices = prices
         self.keeper = keeper
         self.stopping = stopping or asyncio.Event()
+        self.observer: Observer = observer or NoObserver()
 
     @property
     def me(self) -> str:
@@ -79,19 +82,8 @@ class RunDriver:
         assert task is not None
         self.keeper.hold(run.id, task)  # type: ignore[arg-type]
         try:
-            steps = await self.store.steps(run.id)
-            conv = Conversation.replay(run.input, steps)
-            if steps:
-                log.info("%s run=%s resumed at seq=%d", self.me, run.id.hex[:8], self._resume_seq(steps))
-            # The deadline interrupts a step in flight, never the finishing write: _loop only decides.
-            try:
-                async with asyncio.timeout(max(remaining(run, progress.db_now), 0)) as deadline:
-                    stop = await self._loop(run, progress, conv)
-            except TimeoutError:
-                if not deadline.expired():
-                    raise
-                stop = deadline_passed(run)
-            return None if stop is None else await self._finish(run, stop)
+            with logs.step_context(run_id=str(run.id)):
+                return await self._resume(run, progress)
         except asyncio.CancelledError:
             if self.keeper.lost(run.id):
                 task.uncancel()
@@ -99,6 +91,21 @@ class RunDriver:
             raise
         finally:
             self.keeper.drop(run.id)
+
+    async def _resume(self, run: Run, progress: Progress) -> RunStatus | None:
+        steps = await self.store.steps(run.id)
+        conv = Conversation.replay(run.input, steps)
+        if steps:
+            log.info("%s run=%s resumed at seq=%d", self.me, run.id.hex[:8], self._resume_seq(steps))
+        # The deadline interrupts a step in flight, never the finishing write: _loop only decides.
+        try:
+            async with asyncio.timeout(max(remaining(run, progress.db_now), 0)) as deadline:
+                stop = await self._loop(run, progress, conv)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            stop = deadline_passed(run)
+        return None if stop is None else await self._finish(run, stop)
 
     @staticmethod
     def _resume_seq(steps: list[Step]) -> int:
@@ -121,12 +128,15 @@ class RunDriver:
                 verdict = self._in_doubt(conv, use)
                 if verdict is not None:
                     return verdict
-                progress = await self._tool_step(run, conv, use)
+                with logs.step_context(step_seq=None):
+                    progress = await self._tool_step(run, conv, use)
             elif conv.finished:
                 return Stop(RunStatus.SUCCEEDED, "")
             else:
                 try:
-                    progress = await self._model_step(run, conv)
+                    # The seq is the database's to give; this is the one it gives unless the lease is lost.
+                    with logs.step_context(step_seq=conv.steps + 1):
+                        progress = await self._model_step(run, conv)
                 except LlmError as e:
                     return Stop(RunStatus.FAILED, str(e))
 
@@ -157,9 +167,15 @@ class RunDriver:
             tools=self.tools.definitions(run.tools),
         )
         t0 = time.perf_counter()
-        response = await self.llm.send(request)
-        latency_ms = round((time.perf_counter() - t0) * 1000)
+        try:
+            response = await self.llm.send(request)
+        except LlmError:
+            self.observer.model_step(run.model, Usage(), None, time.perf_counter() - t0, ok=False)
+            raise
+        seconds = time.perf_counter() - t0
+        latency_ms = round(seconds * 1000)
         usage = response.usage
+        cost = self.prices.cost(run.model, usage)
         # The request is summarised, not stored whole: the conversation is the step log itself, and
         # storing it again with every step would make a run's storage quadratic in its length.
         summary = {
@@ -186,9 +202,11 @@ class RunDriver:
             output_tokens=usage.output_tokens,
             cache_creation_input_tokens=usage.cache_creation_input_tokens,
             cache_read_input_tokens=usage.cache_read_input_tokens,
-            cost_usd=self.prices.cost(run.model, usage),
+            cost_usd=cost,
             latency_ms=latency_ms,
         )
+        logs.set_context(step_seq=seq)
+        self.observer.model_step(run.model, usage, cost, seconds, ok=True)
         conv.apply(Step(run.id, seq, StepKind.MODEL, StepStatus.DONE, response=content, stop_reason=stop_reason))
         log.info(
             "%s run=%s seq=%d MODEL stop=%s in=%d out=%d latency=%dms",
@@ -202,15 +220,18 @@ class RunDriver:
             run.id, self.me, self.settings.lease_seconds, tool_use_id=tool_use_id, tool_name=name,
             request=_json(use.get("input")),
         )
+        logs.set_context(step_seq=seq)
         again = f" (attempt {attempts})" if attempts > 1 else ""
         log.info("%s run=%s seq=%d TOOL %s id=%s started%s", self.me, run.id.hex[:8], seq, name, tool_use_id, again)
         t0 = time.perf_counter()
         outcome = await self.tools.execute(name, use.get("input"), ToolContext(run.id, tool_use_id), run.tools)
-        latency_ms = round((time.perf_counter() - t0) * 1000)
+        seconds = time.perf_counter() - t0
+        latency_ms = round(seconds * 1000)
         progress = await self.store.finish_tool(
             run.id, self.me, self.settings.lease_seconds, tool_use_id=tool_use_id, ok=outcome.ok,
             output=outcome.output, latency_ms=latency_ms,
         )
+        self.observer.tool_step(name, seconds, outcome.ok)
         status = StepStatus.DONE if outcome.ok else StepStatus.ERROR
         conv.apply(Step(run.id, seq, StepKind.TOOL, status, tool_name=name, tool_use_id=tool_use_id, response=outcome.output))
         log.info(

@@ -8,14 +8,14 @@ import logging
 import uuid
 
 import psycopg
-
 from agentrun.worker.engine import DriverSettings, RunDriver
 from agentrun.worker.lease import LeaseKeeper
 from agentrun.worker.llm.types import LlmClient
+from agentrun.worker.observer import NoObserver, Observer
 from agentrun.worker.pricing import PriceTable
 from agentrun.worker.records import Progress, Run, RunStatus
 from agentrun.worker.settings import WorkerSettings
-from agentrun.worker.store import LeaseLost, RunStore
+from agentrun.worker.store import Claim, LeaseLost, RunStore
 from agentrun.worker.tools import ToolBox
 
 log = logging.getLogger("agentrun.worker.runner")
@@ -29,8 +29,10 @@ class Worker:
         llm: LlmClient,
         tools: ToolBox,
         prices: PriceTable | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self.settings = settings
+        self.observer: Observer = observer or NoObserver()
         self.store = store
         self.keeper = LeaseKeeper(store, settings.worker_id, settings.lease_seconds)
         self.stopping = asyncio.Event()
@@ -43,6 +45,7 @@ class Worker:
             prices or PriceTable.load(settings.prices_file),
             self.keeper,
             self.stopping,
+            self.observer,
         )
         self.in_flight: set[asyncio.Task[RunStatus | None]] = set()
         self.driving: dict[uuid.UUID, asyncio.Task[RunStatus | None]] = {}
@@ -60,18 +63,28 @@ class Worker:
 
     async def run_once(self) -> uuid.UUID | None:
         """Claim one run and drive it to its end (for tests and tools); None if nothing was claimable."""
-        claimed = await self.store.claim(self.id, self.settings.lease_seconds)
+        claimed = await self._claim()
         if claimed is None:
             return None
-        run, progress = claimed
         heartbeat = asyncio.create_task(self.keeper.run())
+        self.observer.in_flight(1)
         try:
-            await self.driver.drive(run, progress)
+            await self.driver.drive(claimed.run, claimed.progress)
+        except LeaseLost:
+            self.observer.lease_lost()
+            raise
         finally:
+            self.observer.in_flight(0)
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
-        return run.id
+        return claimed.run.id
+
+    async def _claim(self) -> Claim | None:
+        claimed = await self.store.claim(self.id, self.settings.lease_seconds)
+        if claimed is not None:
+            self.observer.claimed(takeover=claimed.taken_from not in (None, self.id))
+        return claimed
 
     async def run(self) -> None:
         """Serve until stop(): claim, drive, repeat; then wait for in-flight runs within the grace."""
@@ -83,7 +96,7 @@ class Worker:
                     await self._wait_for_slot()
                     continue
                 try:
-                    claimed = await self.store.claim(self.id, self.settings.lease_seconds)
+                    claimed = await self._claim()
                     backoff = self.settings.poll_interval
                 except psycopg.OperationalError as e:
                     log.warning("%s cannot claim: %s; retrying in %.1fs", self.id, e, backoff)
@@ -93,10 +106,13 @@ class Worker:
                 if claimed is None:
                     await self._idle(self.settings.poll_interval)
                     continue
-                await self._supersede(claimed[0].id)
-                task = asyncio.create_task(self._drive(*claimed), name=f"run-{claimed[0].id}")
+                await self._supersede(claimed.run.id)
+                task = asyncio.create_task(
+                    self._drive(claimed.run, claimed.progress), name=f"run-{claimed.run.id}"
+                )
                 self.in_flight.add(task)
-                self.driving[claimed[0].id] = task
+                self.driving[claimed.run.id] = task
+                self.observer.in_flight(len(self.in_flight))
                 task.add_done_callback(self._done)
         finally:
             await self._drain()
@@ -109,6 +125,7 @@ class Worker:
         for run_id, t in list(self.driving.items()):
             if t is task:
                 del self.driving[run_id]
+        self.observer.in_flight(len(self.in_flight))
         self.wake.set()
 
     async def _supersede(self, run_id: uuid.UUID) -> None:
@@ -153,6 +170,7 @@ class Worker:
         try:
             return await self.driver.drive(run, progress)
         except LeaseLost:
+            self.observer.lease_lost()
             # Logged here and only here, whichever way the loss was noticed (the heartbeat or a fenced write).
             log.warning(
                 "%s run=%s lease lost (taken over, ended, or lapsed while the database was unreachable); "

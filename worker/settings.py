@@ -13,8 +13,8 @@ def default_worker_id() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class WorkerSettings:
-    database_url: str
-    """libpq connection string or URL (AGENTRUN_DATABASE_URL)."""
+    database_url: str = dataclasses.field(repr=False)
+    """libpq connection string or URL (AGENTRUN_DATABASE_URL). Kept out of repr: it may hold a password."""
 
     worker_id: str = dataclasses.field(default_factory=default_worker_id)
     """The name written into locked_by and every step: host and pid unless given, so it is unique."""
@@ -50,6 +50,18 @@ class WorkerSettings:
 
     prices_file: str | None = None
     """Price table overriding the shipped one (AGENTRUN_PRICES_FILE)."""
+
+    api_token: str | None = dataclasses.field(default=None, repr=False)
+    """Bearer token every /api request must carry (AGENTRUN_API_TOKEN); None leaves the API open.
+    Health, readiness and metrics stay open either way so probes and Prometheus need no secret."""
+
+    max_body_bytes: int = 1024 * 1024
+    """Largest request body the API reads (AGENTRUN_MAX_BODY_BYTES). 1 MiB holds any sensible prompt
+    and bounds what one request can make the process buffer."""
+
+    metrics_cache_seconds: float = 5.0
+    """How long the runs-by-status count behind /metrics is reused, so many workers scraped at once
+    run one GROUP BY each per interval rather than one per scrape."""
 
     pool_size: int = 10
     """Database connections. Steps hold a connection only while they write, so a few serve many runs."""

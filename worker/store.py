@@ -7,6 +7,7 @@ and costs one round trip; it renews the lease and returns the run's counters for
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Sequence
 from decimal import Decimal
@@ -48,6 +49,15 @@ FENCE = """owned AS (
     RETURNING id, tokens_used, cost_usd, cancel_requested, now() AS db_now)"""
 
 PROGRESS = "owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now"
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A run a worker just claimed, and who held it before if it was taken over from another worker."""
+
+    run: Run
+    progress: Progress
+    taken_from: str | None = None
 
 
 def _run(row: dict[str, Any]) -> Run:
@@ -193,13 +203,18 @@ class RunStore:
         )
         return await self.get(run_id)
 
+    async def count_by_status(self) -> dict[str, int]:
+        """How many runs there are in each status (for the metrics gauge)."""
+        rows = await self._all("SELECT status, count(*) AS n FROM run GROUP BY status", ())
+        return {r["status"]: int(r["n"]) for r in rows}
+
     # -- the lease -------------------------------------------------------------------------------
 
-    async def claim(self, worker: str, lease_seconds: float) -> tuple[Run, Progress] | None:
+    async def claim(self, worker: str, lease_seconds: float) -> Claim | None:
         """Take the oldest claimable run: queued, or running under a lease that has lapsed."""
         row = await self._one(
             f"""WITH next AS (
-                    SELECT id FROM run
+                    SELECT id, CASE WHEN status = 'RUNNING' THEN locked_by END AS taken_from FROM run
                     WHERE run_at <= now() AND (status = 'QUEUED'
                           OR (status = 'RUNNING' AND locked_until < now()))
                     ORDER BY run_at FOR UPDATE SKIP LOCKED LIMIT 1)
@@ -207,14 +222,15 @@ class RunStore:
                        locked_until = now() + make_interval(secs => %(lease)s),
                        started_at = coalesce(r.started_at, now()), claims = r.claims + 1
                 FROM next WHERE r.id = next.id
-                RETURNING {RUN_COLUMNS}, now() AS db_now""",
+                RETURNING {RUN_COLUMNS}, now() AS db_now, next.taken_from""",
             {"worker": worker, "lease": lease_seconds},
         )
         if row is None:
             return None
         db_now = row.pop("db_now")
+        taken_from = row.pop("taken_from")
         run = _run(row)
-        return run, Progress(run.tokens_used, run.cost_usd, run.cancel_requested, db_now)
+        return Claim(run, Progress(run.tokens_used, run.cost_usd, run.cancel_requested, db_now), taken_from)
 
     async def renew(self, run_ids: Sequence[uuid.UUID], worker: str, lease_seconds: float) -> dict[uuid.UUID, bool]:
         """Extend the leases of runs this worker holds; returns each still-held run's cancel flag.
@@ -344,3 +360,21 @@ class RunStore:
         if row is None:
             raise LeaseLost(run_id, worker)
         return int(row["tokens_used"])
+
+    # -- for the Kubernetes operator -------------------------------------------------------------
+
+    async def get_many(self, run_ids: Sequence[uuid.UUID]) -> list[Run]:
+        """The runs among `run_ids` that exist, in no particular order (one query for a batch)."""
+        if not run_ids:
+            return []
+        rows = await self._all(f"SELECT {RUN_COLUMNS} FROM run r WHERE r.id = ANY(%s)", (list(run_ids),))
+        return [_run(r) for r in rows]
+
+    async def unfinished_linked(self) -> list[Run]:
+        """Every queued or running run mirrored from an AgentRun: the operator's periodic resync."""
+        rows = await self._all(
+            f"""SELECT {RUN_COLUMNS} FROM run r
+                WHERE r.k8s_name IS NOT NULL AND r.status IN ('QUEUED', 'RUNNING')""",
+            (),
+        )
+        return [_run(r) for r in rows]

@@ -6,20 +6,11 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-# Every series the dashboard and the PrometheusRule query (issue 4's names). A test checks the
-# dashboard and rules use nothing else; another checks the worker exports all of them.
-CHART_METRICS = frozenset({
-    "agentrun_tokens_total",
-    "agentrun_cost_usd_total",
-    "agentrun_step_latency_seconds",
-    "agentrun_runs",
-    "agentrun_claims_total",
-    "agentrun_lease_takeovers_total",
-    "agentrun_lease_lost_total",
-    "agentrun_model_retries_total",
-    "agentrun_tool_errors_total",
-    "agentrun_runs_in_flight",
-})
+from agentrun.worker.metrics import METRIC_NAMES
+
+# Every series the dashboard and the PrometheusRule query: exactly what the worker exports. A test checks
+# the dashboard and rules use nothing else, and each of them somewhere.
+CHART_METRICS = frozenset(METRIC_NAMES)
 
 # Series a histogram exposes besides its name; queries name these, the code names the histogram.
 HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")

@@ -121,13 +121,14 @@ def test_operator_is_single_and_scoped(render: Render) -> None:
     assert [e["name"] for e in container["env"]] == ["AGENTRUN_DATABASE_URL"]
     role = find(manifests, "ClusterRole", "-operator")
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
-    assert rules[(("agentrun.dev",), ("agentruns",))] == {"get", "list", "watch", "patch"}
+    assert rules[(("agentrun.dev",), ("agentruns",))] == {"get", "list", "watch", "patch", "delete"}  # delete: ttlSecondsAfterFinished
     assert rules[(("agentrun.dev",), ("agentruns/status",))] == {"get", "patch"}
     assert "create" in rules[(("", "events.k8s.io"), ("events",))]
     discovery = find(manifests, "ClusterRole", "-operator-discovery")
     assert {r["resources"][0] for r in discovery["rules"]} == {"customresourcedefinitions", "namespaces"}
     for r in role["rules"] + discovery["rules"]:
-        assert "*" not in r["verbs"] and "delete" not in r["verbs"]
+        assert "*" not in r["verbs"]
+        assert "delete" not in r["verbs"] or r["resources"] == ["agentruns"]  # only its own finished AgentRuns
     # Workers get no RBAC at all.
     for m in manifests:
         if m["kind"] in ("RoleBinding", "ClusterRoleBinding"):

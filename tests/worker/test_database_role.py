@@ -16,13 +16,12 @@ from psycopg import errors, sql
 from psycopg.conninfo import make_conninfo
 
 from agentrun.worker import migrate
-from agentrun.worker.api.app import create_app
 from agentrun.worker.db import open_pool
 from agentrun.worker.llm.scripted import ScriptedLlm
 from agentrun.worker.records import RunStatus
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolContext, tool
-from tests.helpers import new_run, worker
+from tests.helpers import http_app, new_run, worker
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "database-role.sql"
 
@@ -86,7 +85,7 @@ async def test_a_worker_runs_as_the_least_privileged_role(postgres_url: str, rol
         assert after is not None and after.status is RunStatus.SUCCEEDED
         second, _ = await store.create(new_run())
         assert (await store.cancel(second.id)).status is RunStatus.CANCELLED  # type: ignore[union-attr]
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(pool)), base_url="http://w") as c:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=http_app(store)), base_url="http://w") as c:
             assert (await c.get("/readyz")).status_code == 200
     finally:
         await pool.close()

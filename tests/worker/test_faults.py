@@ -17,7 +17,6 @@ import psycopg
 import pytest
 
 from agentrun.worker import migrate
-from agentrun.worker.api.app import create_app
 from agentrun.worker.db import open_pool
 from agentrun.worker.llm.factory import LlmSettings, build_llm
 from agentrun.worker.llm.fake_server import FakeAnthropic, Reply
@@ -30,7 +29,7 @@ from agentrun.worker.runner import Worker
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolContext, tool
 from bench.local_postgres import LocalPostgres
-from tests.helpers import eventually, new_run, worker
+from tests.helpers import http_app, eventually, new_run, worker
 
 
 @contextlib.asynccontextmanager
@@ -104,7 +103,7 @@ async def test_database_restart_mid_step_readyz_and_recovery() -> None:
         await migrate.migrate(pg.url)
         pool = await open_pool(pg.url, max_size=6, timeout=5)
         store = RunStore(pool)
-        app = create_app(pool)
+        app = http_app(store)
         started, go_on = asyncio.Event(), asyncio.Event()
         keys: list[str] = []
 

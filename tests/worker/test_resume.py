@@ -108,7 +108,7 @@ async def test_worker_whose_lease_was_taken_writes_nothing_more(store: RunStore,
             # While A waits on the model, its lease lapses and B claims the run.
             await expire_lease(db, run.id)
             claimed = await store.claim("worker-B", 30)
-            assert claimed is not None and claimed[0].id == run.id
+            assert claimed is not None and claimed.run.id == run.id
             return await super().send(request)
 
     llm = TakenOverMidCall().then_tool_use("toolu_1", "noop", {}, 5, 5)

@@ -1,18 +1,35 @@
-"""The HTTP application served by `agentrun worker --port`."""
+"""The HTTP application served by `agentrun worker --port`: the REST API, health, readiness and metrics."""
 
 from __future__ import annotations
 
-from typing import Any
-
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse
-from psycopg_pool import AsyncConnectionPool
-
 from agentrun.worker import migrate
+from agentrun.worker.api import errors
+from agentrun.worker.api.guards import BearerAuth, BodyLimit
+from agentrun.worker.api.routes import runs_router
+from agentrun.worker.metrics import Metrics
+from agentrun.worker.settings import WorkerSettings
+from agentrun.worker.store import RunStore
+from agentrun.worker.tools import ToolBox
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+DESCRIPTION = """Submit agent runs, follow them step by step, and cancel them.
+
+Errors are JSON: `{"error": "<message>", "fields": [{"field": "tokenBudget", "problem": "..."}]}`.
+A body that is not JSON is a 400, invalid fields a 422, a body over the size limit a 413.
+
+When the server sets `AGENTRUN_API_TOKEN`, every `/api` request needs `Authorization: Bearer <token>`;
+`/healthz`, `/readyz`, `/metrics` and this document stay open.
+
+`GET /api/runs` pages with a cursor: it answers `{"items": [...], "next": "<uuid>" | null}`; pass `next`
+as `after` to get the following page.
+"""
 
 
-def create_app(pool: AsyncConnectionPool[Any]) -> FastAPI:
-    app = FastAPI(title="agentrun", version="0.1.0")
+def create_app(store: RunStore, tools: ToolBox, settings: WorkerSettings, metrics: Metrics) -> FastAPI:
+    app = FastAPI(title="agentrun", version="0.1.0", description=DESCRIPTION)
+    app.include_router(runs_router(store, tools, settings))
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
@@ -23,7 +40,7 @@ def create_app(pool: AsyncConnectionPool[Any]) -> FastAPI:
     async def readyz() -> JSONResponse:
         """The database answers and is migrated to the version this code expects."""
         try:
-            async with pool.connection(timeout=2) as conn:
+            async with store.pool.connection(timeout=2) as conn:
                 version = await migrate.current_version(conn)
         except Exception as e:
             return JSONResponse({"status": "unavailable", "reason": f"database: {type(e).__name__}"}, 503)
@@ -31,4 +48,13 @@ def create_app(pool: AsyncConnectionPool[Any]) -> FastAPI:
             return JSONResponse({"status": "unavailable", "reason": f"schema at {version}, not migrated"}, 503)
         return JSONResponse({"status": "ok", "schemaVersion": version})
 
+    @app.get("/metrics", tags=["health"], response_class=Response)
+    async def prometheus() -> Response:
+        """Prometheus metrics of this worker, and runs by status from the database."""
+        return Response(await metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    # Added last, so it runs first: the token before the body, the body before any parsing.
+    app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
+    app.add_middleware(BearerAuth, token=settings.api_token)
+    errors.install(app)
     return app

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import os
 import shutil
 import signal
@@ -12,6 +13,7 @@ import socket
 import sys
 import tempfile
 import time
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -41,9 +43,14 @@ class Say:
         self.verbose = verbose
         self.t0 = time.monotonic()
         self.worker_lines: list[str] = []
+        self.tty = sys.stdout.isatty()
+
+    def style(self, text: str, code: str) -> str:
+        """ANSI styling on a terminal only (1 bold, 2 dim), so piped output stays plain."""
+        return f"\033[{code}m{text}\033[0m" if self.tty else text
 
     def step(self, text: str) -> None:
-        print(f"\033[2m[{time.monotonic() - self.t0:5.1f}s]\033[0m {text}", flush=True)
+        print(f"{self.style(f'[{time.monotonic() - self.t0:5.1f}s]', '2')} {text}", flush=True)
 
     def worker(self, line: str) -> None:
         self.worker_lines.append(line)
@@ -83,7 +90,7 @@ class WorkerProcess:
             if line.startswith(f"{self.name} run="):
                 self.say.worker(line)
             elif self.options.verbose and line:
-                print(f"    \033[2m{line}\033[0m", flush=True)
+                print(f"    {self.say.style(line, '2')}", flush=True)
 
     async def ready(self, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -117,9 +124,10 @@ class WorkerProcess:
 
 
 @contextlib.asynccontextmanager
-async def embedded_postgres() -> AsyncIterator[str]:
+async def embedded_postgres(say: Say) -> AsyncIterator[str]:
     import pgserver
 
+    say.step("database: starting an embedded PostgreSQL 16 in a temporary directory")
     data = tempfile.mkdtemp(prefix="agentrun-demo-")
     server = await asyncio.to_thread(pgserver.get_server, data, cleanup_mode="stop")
     try:
@@ -173,8 +181,7 @@ async def tell(options: Options) -> int:
         return 2
     workers: list[WorkerProcess] = []
     try:
-        async with embedded_postgres() as db_url, local_model(options, say) as (model_url, model):
-            say.step("database: an embedded PostgreSQL 16 in a temporary directory")
+        async with embedded_postgres(say) as db_url, local_model(options, say) as (model_url, model):
             await migrate.migrate(db_url)
             await tickets.create_schema(db_url)
 
@@ -213,7 +220,7 @@ async def tell(options: Options) -> int:
                 say,
             )
             a.kill()
-            say.step("\033[1mworker-A killed with kill -9\033[0m in the middle of the tool call")
+            say.step(f"{say.style('worker-A killed with kill -9', '1')} in the middle of the tool call")
             await b.ready()
             say.step("worker-B is up; it will take the run over from its last checkpoint")
 
@@ -303,6 +310,9 @@ def _print_keep(a: WorkerProcess, b: WorkerProcess, db_url: str, model_url: str 
 
 
 def run(options: Options) -> int:
+    # The embedded server's own chatter is not part of the story.
+    logging.getLogger("pgserver").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", module="platformdirs")
     try:
         return asyncio.run(tell(options))
     except KeyboardInterrupt:

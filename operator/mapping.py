@@ -1,0 +1,277 @@
+"""AgentRun ⇄ run: the spec as a NewRun, and a run row as the resource's status. Pure, no I/O."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import uuid
+from collections.abc import Collection, Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any, TypedDict
+
+from agentrun.worker.records import NewRun, Run, RunStatus
+
+GROUP = "agentrun.dev"
+VERSION = "v1alpha1"
+PLURAL = "agentruns"
+KIND = "AgentRun"
+
+# The CRD's defaults, repeated for objects that reached us without them (an API server applies them).
+DEFAULT_MODEL = "claude-sonnet-4-5"
+DEFAULT_TOKEN_BUDGET = 100_000
+DEFAULT_TIMEOUT_SECONDS = 600
+DEFAULT_MAX_STEPS = 100
+
+PHASES: dict[RunStatus, str] = {
+    RunStatus.QUEUED: "Queued",
+    RunStatus.RUNNING: "Running",
+    RunStatus.SUCCEEDED: "Succeeded",
+    RunStatus.FAILED: "Failed",
+    RunStatus.CANCELLED: "Cancelled",
+    RunStatus.TIMED_OUT: "TimedOut",
+}
+PENDING = "Pending"
+FINISHED_PHASES = frozenset({"Succeeded", "Failed", "Cancelled", "TimedOut"})
+
+
+class Condition(TypedDict, total=False):
+    type: str
+    status: str  # "True" | "False" | "Unknown"
+    reason: str
+    message: str
+    lastTransitionTime: str
+    observedGeneration: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Ref:
+    """What the operator remembers of an AgentRun (kopf's index keeps one per uid)."""
+
+    uid: uuid.UUID
+    namespace: str
+    name: str
+    generation: int | None
+    status: Mapping[str, Any]
+    ttl_seconds: int | None = None
+
+    @classmethod
+    def of(cls, body: Mapping[str, Any]) -> Ref:
+        meta, spec = body.get("metadata") or {}, body.get("spec") or {}
+        ttl = spec.get("ttlSecondsAfterFinished")
+        return cls(
+            uuid.UUID(meta["uid"]), meta.get("namespace") or "", meta["name"], meta.get("generation"),
+            dict(body.get("status") or {}), ttl if isinstance(ttl, int) and not isinstance(ttl, bool) else None,
+        )
+
+
+class InvalidSpec(ValueError):
+    """The spec passed the schema (or there was none) but the runtime cannot run it."""
+
+
+def new_run(
+    spec: Mapping[str, Any],
+    uid: str,
+    namespace: str,
+    name: str,
+    known_tools: Collection[str] | None = None,
+) -> NewRun:
+    """The run an AgentRun asks for; raises InvalidSpec naming what is wrong.
+
+    `known_tools` is what the workers offer; None skips the check (the operator was not told).
+    """
+    text = spec.get("input")
+    if not isinstance(text, str) or not text.strip():
+        raise InvalidSpec("spec.input must be a non-empty string")
+    tools = spec.get("tools")
+    if tools is not None:
+        if not isinstance(tools, list) or not all(isinstance(t, str) and t for t in tools):
+            raise InvalidSpec("spec.tools must be a list of tool names")
+        if known_tools is not None:
+            unknown = sorted(set(tools) - set(known_tools))
+            if unknown:
+                offered = ", ".join(sorted(known_tools)) or "none"
+                raise InvalidSpec(f"unknown tools: {', '.join(unknown)} (the workers offer: {offered})")
+    system = spec.get("system")
+    if system is not None and not isinstance(system, str):
+        raise InvalidSpec("spec.system must be a string")
+    model = spec.get("model", DEFAULT_MODEL)
+    if not isinstance(model, str) or not model:
+        raise InvalidSpec("spec.model must be a non-empty string")
+    return NewRun(
+        id=uuid.UUID(uid),
+        input=text,
+        model=model,
+        token_budget=_positive_int(spec, "tokenBudget", DEFAULT_TOKEN_BUDGET),
+        timeout_seconds=_positive_int(spec, "timeoutSeconds", DEFAULT_TIMEOUT_SECONDS),
+        max_steps=_positive_int(spec, "maxSteps", DEFAULT_MAX_STEPS),
+        tools=tuple(tools) if tools is not None else None,
+        system=system,
+        cost_budget_usd=_cost_budget(spec),
+        k8s_namespace=namespace,
+        k8s_name=name,
+    )
+
+
+def _positive_int(spec: Mapping[str, Any], field: str, default: int) -> int:
+    value = spec.get(field, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidSpec(f"spec.{field} must be a positive integer, got {value!r}")
+    return value
+
+
+def _cost_budget(spec: Mapping[str, Any]) -> Decimal | None:
+    value = spec.get("costBudgetUsd")
+    if value is None:
+        return None
+    try:
+        # Through str: a YAML 0.1 arrives as a float, and Decimal(0.1) would carry its binary error.
+        cost = Decimal(str(value)) if not isinstance(value, bool) else Decimal("NaN")
+    except InvalidOperation:
+        cost = Decimal("NaN")
+    if not cost.is_finite() or cost <= 0:
+        raise InvalidSpec(f"spec.costBudgetUsd must be a positive number, got {value!r}")
+    return cost
+
+
+# -- status ---------------------------------------------------------------------------------------
+
+
+def timestamp(t: datetime.datetime) -> str:
+    """RFC 3339 in UTC with seconds, the way Kubernetes writes times."""
+    return t.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def run_status(
+    run: Run,
+    generation: int | None,
+    previous: Mapping[str, Any] | None,
+    now: datetime.datetime,
+) -> dict[str, Any]:
+    """The status an AgentRun shows for its run. `previous` keeps the conditions' transition times."""
+    phase = PHASES[run.status]
+    status: dict[str, Any] = {
+        "phase": phase,
+        "runId": str(run.id),
+        "tokensUsed": run.tokens_used,
+        "costUsd": _money(run.cost_usd),
+        "steps": run.steps,
+        "startedAt": timestamp(run.started_at) if run.started_at else None,
+        "finishedAt": timestamp(run.finished_at) if run.finished_at else None,
+        "message": run.error or _phase_message(run),
+        "lockedBy": run.locked_by,
+    }
+    if generation is not None:
+        status["observedGeneration"] = generation
+    if run.status is RunStatus.SUCCEEDED:
+        succeeded = ("True", "Succeeded", "the run finished")
+    elif run.status.terminal:
+        succeeded = ("False", phase, run.error or phase.lower())
+    else:
+        succeeded = ("Unknown", phase, _phase_message(run))
+    status["conditions"] = conditions(
+        [("Ready", "True", "Accepted", "the run is recorded in the database"), ("Succeeded", *succeeded)],
+        generation,
+        previous,
+        now,
+    )
+    return status
+
+
+def rejected_status(
+    message: str, generation: int | None, previous: Mapping[str, Any] | None, now: datetime.datetime
+) -> dict[str, Any]:
+    """The status of an AgentRun whose spec the runtime cannot run: no run is made."""
+    status: dict[str, Any] = {"phase": "Failed", "message": message, "finishedAt": timestamp(now)}
+    if generation is not None:
+        status["observedGeneration"] = generation
+    status["conditions"] = conditions(
+        [("Ready", "False", "InvalidSpec", message), ("Succeeded", "False", "InvalidSpec", message)],
+        generation,
+        previous,
+        now,
+    )
+    return status
+
+
+def pending_status(
+    message: str, generation: int | None, previous: Mapping[str, Any] | None, now: datetime.datetime
+) -> dict[str, Any]:
+    """Not in the database yet (it is unreachable): the operator keeps retrying."""
+    status: dict[str, Any] = {"phase": PENDING, "message": message}
+    if generation is not None:
+        status["observedGeneration"] = generation
+    status["conditions"] = conditions(
+        [("Ready", "False", "DatabaseUnavailable", message), ("Succeeded", "Unknown", PENDING, message)],
+        generation,
+        previous,
+        now,
+    )
+    return status
+
+
+def conditions(
+    wanted: list[tuple[str, str, str, str]],
+    generation: int | None,
+    previous: Mapping[str, Any] | None,
+    now: datetime.datetime,
+) -> list[Condition]:
+    """Conditions in the Kubernetes shape; a condition whose status did not change keeps its time."""
+    before = {c.get("type"): c for c in (previous or {}).get("conditions") or [] if isinstance(c, Mapping)}
+    out: list[Condition] = []
+    for type_, status, reason, message in wanted:
+        old = before.get(type_)
+        since = old.get("lastTransitionTime") if old and old.get("status") == status else None
+        cond: Condition = {
+            "type": type_, "status": status, "reason": reason, "message": message,
+            "lastTransitionTime": since or timestamp(now),
+        }
+        if generation is not None:
+            cond["observedGeneration"] = generation
+        out.append(cond)
+    return out
+
+
+def _money(value: Decimal) -> str:
+    return f"{value.quantize(Decimal('0.000001')):f}"
+
+
+def _phase_message(run: Run) -> str:
+    if run.status is RunStatus.QUEUED:
+        return "waiting for a worker"
+    if run.status is RunStatus.RUNNING:
+        return f"running on {run.locked_by}" if run.locked_by else "running"
+    return ""
+
+
+def visible_change(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """Whether patching `new` over `old` would change what a user sees."""
+    if old is None:
+        return True
+    return any(old.get(k) != v for k, v in new.items())
+
+
+def event_for(phase: str, message: str) -> tuple[str, str, str] | None:
+    """The Kubernetes Event (type, reason, message) announcing a phase, or None for phases not announced."""
+    if phase in ("Queued", "Running", "Succeeded", "Cancelled"):
+        return "Normal", phase, message or phase.lower()
+    if phase in ("Failed", "TimedOut"):
+        return "Warning", phase, message or phase.lower()
+    return None
+
+
+def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """A merge patch turning `old` into `new`: keys gone from `new` are removed with null."""
+    patch: dict[str, Any] = dict(new)
+    for key in old or {}:
+        if key not in new:
+            patch[key] = None
+    return patch
+
+
+def expires_at(ref: Ref, status: Mapping[str, Any]) -> datetime.datetime | None:
+    """When a finished AgentRun with ttlSecondsAfterFinished is due for deletion."""
+    finished = status.get("finishedAt")
+    if ref.ttl_seconds is None or status.get("phase") not in FINISHED_PHASES or not finished:
+        return None
+    at = datetime.datetime.strptime(finished, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    return at + datetime.timedelta(seconds=ref.ttl_seconds)

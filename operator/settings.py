@@ -1,0 +1,38 @@
+"""Operator settings: built once at start from flags and environment, then passed down."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class OperatorSettings:
+    database_url: str
+    """libpq connection string or URL (AGENTRUN_DATABASE_URL)."""
+
+    namespaces: tuple[str, ...] = ()
+    """Namespaces to watch (kopf patterns allowed); empty means the whole cluster."""
+
+    standalone: bool = True
+    """No kopf peering: a single operator replica needs no KopfPeering objects, so it is the default."""
+
+    peering_name: str | None = None
+    """A KopfPeering name: only then do several replicas coordinate and one of them serve (not standalone)."""
+
+    tool_names: frozenset[str] | None = None
+    """Tool names the workers offer, to reject a spec naming others at once. None: no check (the run
+    would then fail in the worker, or the model would just not see the tool)."""
+
+    debounce_seconds: float = 0.2
+    """How long a change notification waits for more: a busy run changes many times a second, and
+    one status patch for a burst is enough. Small enough that status lags by well under a second."""
+
+    resync_seconds: float = 60.0
+    """Period of the safety-net sweep over unfinished linked runs (one query), for notifications lost
+    while the listener was reconnecting."""
+
+    retry_seconds: float = 5.0
+    """First delay before a handler retries when the database is unreachable; it doubles up to a minute."""
+
+    pool_size: int = 4
+    """Database connections: handlers and the status sync write little."""

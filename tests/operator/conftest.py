@@ -1,0 +1,148 @@
+"""Fixtures: an emulated Kubernetes API server and the real kopf operator running against it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import threading
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import httpx
+import kmock
+import kopf
+import pytest
+
+from agentrun.operator.handlers import run
+from agentrun.operator.kube import KubeApi
+from agentrun.operator.settings import OperatorSettings
+from tests.helpers import eventually
+from tests.operator.emulator import AGENTRUNS, ApiServer
+
+NAMESPACE = "default"
+PATH = f"/apis/agentrun.dev/v1alpha1/namespaces/{NAMESPACE}/agentruns"
+
+
+@dataclasses.dataclass
+class Cluster:
+    """The emulated API server, spoken to over HTTP the way kubectl would."""
+
+    server: ApiServer
+    url: str
+    http: httpx.AsyncClient
+
+    async def create(self, name: str, **spec: Any) -> dict[str, Any]:
+        body = {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun",
+                "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
+        r = await self.http.post(PATH, json=body)
+        assert r.status_code == 201, r.text
+        return r.json()  # type: ignore[no-any-return]
+
+    async def get(self, name: str) -> dict[str, Any] | None:
+        r = await self.http.get(f"{PATH}/{name}")
+        if r.status_code == 404:
+            return None
+        assert r.status_code == 200, r.text
+        return r.json()  # type: ignore[no-any-return]
+
+    async def patch_spec(self, name: str, **spec: Any) -> None:
+        r = await self.http.patch(f"{PATH}/{name}", json={"spec": spec},
+                                  headers={"Content-Type": "application/merge-patch+json"})
+        assert r.status_code == 200, r.text
+
+    async def delete(self, name: str) -> None:
+        r = await self.http.delete(f"{PATH}/{name}")
+        assert r.status_code == 200, r.text
+
+    async def status_of(self, name: str) -> dict[str, Any]:
+        obj = await self.get(name)
+        return (obj or {}).get("status") or {}
+
+    async def wait_status(self, name: str, what: str, check: Callable[[dict[str, Any]], bool],
+                          timeout: float = 10.0) -> dict[str, Any]:
+        async def ok() -> bool:
+            return check(await self.status_of(name))
+
+        await eventually(ok, timeout, f"{name}: {what} (last status: {{}})")
+        return await self.status_of(name)
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        found = []
+        for (resource, _, _), obj in list(self.server.objects.items()):
+            if resource.plural == "events" and not obj.deleted:
+                raw = obj.raw
+                if raw.get("involvedObject", {}).get("name") == name:
+                    found.append(raw)
+        return found
+
+
+@pytest.fixture
+async def cluster() -> AsyncIterator[Cluster]:
+    async with ApiServer() as server, kmock.Server(server) as srv:
+        url = str(srv.url).rstrip("/")
+        async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+            yield Cluster(server, url, http)
+
+
+def settings_for(database_url: str, **kw: Any) -> OperatorSettings:
+    fields: dict[str, Any] = dict(
+        database_url=database_url, namespaces=(), tool_names=frozenset({"lookup"}),
+        debounce_seconds=0.05, retry_seconds=0.2,
+    )
+    fields.update(kw)
+    return OperatorSettings(**fields)
+
+
+@contextlib.asynccontextmanager
+async def operator_running(cluster: Cluster, settings: OperatorSettings) -> AsyncIterator[None]:
+    """The real operator: kopf, the handlers, the listener and the status sync, until the block ends.
+
+    It runs in a thread with its own event loop, as kopf's own test runner does: on exit kopf cancels
+    every task its loop started after it, which would include the test's own.
+    """
+
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kopf.ConnectionInfo(server=cluster.url, insecure=True)
+
+    stop, ready = threading.Event(), threading.Event()
+    failure: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            asyncio.run(run(settings, kube=KubeApi.for_host(cluster.url), login=login, stop_flag=stop,
+                            ready_flag=ready))
+        except BaseException as e:  # reported to the test below
+            failure.append(e)
+
+    thread = threading.Thread(target=serve, name="operator", daemon=True)
+    thread.start()
+    try:
+        async def started() -> bool:
+            if failure:
+                raise failure[0]
+            return ready.is_set()
+
+        await eventually(started, 15, "the operator to start")
+        yield
+    finally:
+        stop.set()
+        await asyncio.to_thread(thread.join, 15)
+        assert not thread.is_alive(), "the operator did not stop"
+        if failure:
+            raise failure[0]
+
+
+@pytest.fixture
+async def operator(cluster: Cluster, database_url: str) -> AsyncIterator[None]:
+    async with operator_running(cluster, settings_for(database_url)):
+        yield
+
+
+def uid_of(obj: dict[str, Any]) -> uuid.UUID:
+    return uuid.UUID(obj["metadata"]["uid"])
+
+
+Waiter = Callable[[], Awaitable[bool]]
+__all__ = ["AGENTRUNS", "Cluster", "settings_for", "operator_running", "uid_of"]

@@ -1,0 +1,235 @@
+"""kmock's KubernetesEmulator with the API-server behaviour kopf relies on, which it lacks (kmock 0.8).
+
+- the core and CRD resources kopf discovers are declared (it waits for them forever otherwise);
+- objects get uid, resourceVersion, generation and creationTimestamp, and every write a new version;
+- JSON patches are applied, and a failing `test` op answers 422 (kopf's finalizer patches rely on it);
+- writes to the `status` subresource change only the status, other writes never change it;
+- a watch resumes after `?resourceVersion=` and never loses events written while it starts;
+- POST answers 201, names `generateName` objects, and namespaces namespaced ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import copy
+import datetime
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import attrs
+import jsonpatch
+import kmock
+from kmock._internal import aiobus, enums, rendering
+
+AGENTRUNS = "agentrun.dev/v1alpha1/agentruns"
+
+
+@attrs.mutable(weakref_slot=True)
+class RecordingBus(aiobus.Bus[Any]):
+    """A bus that remembers every event with its resourceVersion, for watches that resume."""
+
+    stamp: Callable[[], str] = attrs.field(default=lambda: "0")
+    history: list[tuple[int, Any]] = attrs.field(factory=list)
+
+    async def put(self, item: Any) -> None:
+        if item.get("type") == "DELETED":
+            # A deletion is a change of its own: it gets a version newer than the object's last one.
+            item = copy.deepcopy(item)
+            item["object"].setdefault("metadata", {})["resourceVersion"] = self.stamp()
+        self.history.append((int(item["object"]["metadata"]["resourceVersion"]), item))
+        await super().put(item)
+
+
+@attrs.define(kw_only=True)
+class ApiServer(kmock.KubernetesEmulator):
+    _version: int = attrs.field(default=0, init=False)
+    _writes: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
+    _buses: dict[Any, RecordingBus] = attrs.field(
+        init=False,
+        default=attrs.Factory(lambda self: collections.defaultdict(lambda: RecordingBus(stamp=self._stamp)), takes_self=True),
+    )
+
+    def __attrs_post_init__(self) -> None:
+        super().__attrs_post_init__()
+        self.resources["v1/namespaces"] = kmock.ResourceInfo(kind="Namespace", namespaced=False, verbs=_VERBS)
+        self.resources["v1/events"] = kmock.ResourceInfo(kind="Event", namespaced=True, verbs=_VERBS)
+        self.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = kmock.ResourceInfo(
+            kind="CustomResourceDefinition", namespaced=False, verbs=_VERBS
+        )
+        self.resources[AGENTRUNS] = kmock.ResourceInfo(
+            kind="AgentRun", singular="agentrun", namespaced=True, verbs=_VERBS, shortnames={"ar"},
+            subresources={"status"},
+        )
+
+    def _stamp(self) -> str:
+        self._version += 1
+        return str(self._version)
+
+    # -- writes --------------------------------------------------------------------------------------
+
+    async def _handle(self, request: rendering.Request) -> Any:
+        if request.resource is None or request.action not in _WRITES:
+            return await super()._handle(request)
+        # One write at a time, from reading the object to publishing its event, like etcd's revisions.
+        async with self._writes:
+            if request.action == enums.action.CREATE:
+                request = self._creating(request)
+            elif request.action == enums.action.UPDATE:
+                request = self._patching(request)
+            elif request.action == enums.action.DELETE:
+                await self._deleting(request)
+            return await super()._handle(request)
+
+    def _creating(self, request: rendering.Request) -> rendering.Request:
+        body = copy.deepcopy(request.data or {})
+        meta = body.setdefault("metadata", {})
+        if not meta.get("name") and meta.get("generateName"):
+            meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
+        if request.namespace and not meta.get("namespace"):
+            meta["namespace"] = request.namespace
+        meta.update(
+            uid=str(uuid.uuid4()), resourceVersion=self._stamp(), generation=1,
+            creationTimestamp=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )
+        if self._has_status(request):
+            body.pop("status", None)
+        return _with_data(request, body)
+
+    def _patching(self, request: rendering.Request) -> rendering.Request:
+        obj = self._find(request)
+        if obj is None:
+            return request  # the emulator answers 404
+        old = copy.deepcopy(obj.raw)
+        if isinstance(request.data, list):
+            try:
+                new = jsonpatch.apply_patch(old, request.data)
+            except jsonpatch.JsonPatchTestFailed as e:
+                raise kmock.KubernetesError(422, "Invalid", f"the patch test failed: {e}") from None
+            except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as e:
+                raise kmock.KubernetesError(422, "Invalid", f"bad JSON patch: {e}") from None
+        else:
+            new = _merged(old, request.data or {})
+        if self._has_status(request):
+            if request.subresource == "status":
+                new = {**old, "status": new.get("status")} if "status" in new else {k: v for k, v in old.items() if k != "status"}
+            elif "status" in old:
+                new["status"] = old["status"]
+            else:
+                new.pop("status", None)
+        meta = new.setdefault("metadata", {})
+        meta["resourceVersion"] = self._stamp()
+        if new.get("spec") != old.get("spec"):
+            meta["generation"] = int(old.get("metadata", {}).get("generation") or 1) + 1
+        return _with_data(request, _diff(old, new))
+
+    async def _deleting(self, request: rendering.Request) -> None:
+        obj = self._find(request)
+        if obj is None or obj.get("metadata", {}).get("deletionTimestamp"):
+            return
+        if obj.get("metadata", {}).get("finalizers"):
+            # Marked, not deleted: the finalizers' owners get a MODIFIED event with a new version.
+            async with self._lock:
+                obj.patch({"metadata": {
+                    "deletionTimestamp": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "resourceVersion": self._stamp(),
+                }})
+                assert request.resource is not None
+                await self._buses[request.resource].put({"type": "MODIFIED", "object": obj.raw})
+
+    def _find(self, request: rendering.Request) -> Any:
+        key = (request.resource, request.namespace, request.name)
+        if key not in self.objects:
+            return None
+        obj = self.objects[key]
+        return None if obj.deleted else obj
+
+    def _has_status(self, request: rendering.Request) -> bool:
+        info = self.resources.get(request.resource)  # type: ignore[call-overload]
+        return info is not None and "status" in info.subresources
+
+    async def _serve_create(self, request: rendering.Request) -> Any:
+        return rendering.Response(status=201, payload=await super()._serve_create(request))
+
+    # -- reads ---------------------------------------------------------------------------------------
+
+    async def _serve_list(self, request: rendering.Request) -> Any:
+        version = str(self._version)  # taken first: a later write is then replayed, never missed
+        listing = await super()._serve_list(request)
+        listing["metadata"]["resourceVersion"] = version
+        return listing
+
+    async def _serve_watch(self, request: rendering.Request) -> AsyncIterator[Any]:
+        yield b""  # send the headers now
+        assert request.resource is not None
+        bus = self._buses[request.resource]
+        since = _int(request.params.get("resourceVersion"))
+        async with self._lock:  # writes publish under it: the backlog and the live stream meet exactly
+            mark = await bus.mark()
+            if since is None:
+                backlog = [{"type": "ADDED", "object": copy.deepcopy(o.raw)} for key, o in self.objects.items()
+                           if key[0] == request.resource and not o.deleted]
+            else:
+                backlog = [event for version, event in bus.history if version > since]
+        try:
+            for event in backlog:
+                if _matches(request, event):
+                    yield event
+            async for event in bus.stream(since=mark):
+                if _matches(request, event):
+                    yield event
+        finally:
+            await bus.unmark(mark)
+
+
+_VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
+_WRITES = {enums.action.CREATE, enums.action.UPDATE, enums.action.DELETE}
+
+
+def _with_data(request: rendering.Request, data: Any) -> rendering.Request:
+    # Requests are frozen, and a copy (attrs.evolve) no longer matches kmock's fallback reactions.
+    object.__setattr__(request, "data", data)
+    return request
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None
+
+
+def _matches(request: rendering.Request, event: Any) -> bool:
+    meta = event.get("object", {}).get("metadata", {})
+    return (request.namespace is None or meta.get("namespace") == request.namespace) and (
+        request.name is None or meta.get("name") == request.name
+    )
+
+
+def _merged(old: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """RFC 7386 merge patch."""
+    out = dict(old)
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        elif isinstance(value, dict):
+            out[key] = _merged({}, value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _diff(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The merge patch from `old` to `new`, for the emulator's own (merge-only) storage."""
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        if isinstance(value, dict) and isinstance(old.get(key), dict):
+            sub = _diff(old[key], value)
+            if sub:
+                patch[key] = sub
+        elif key not in old or old[key] != value:
+            patch[key] = value
+    return patch

@@ -1,0 +1,103 @@
+"""AgentRun ⇄ run mapping: pure functions, no I/O."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import uuid
+from decimal import Decimal
+
+import pytest
+
+from agentrun.operator import mapping
+from agentrun.worker.records import Run, RunStatus
+
+UID = "6f1c0a52-1111-2222-3333-444455556666"
+NOW = datetime.datetime(2025, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
+
+
+def _run(**kw: object) -> Run:
+    fields: dict[str, object] = dict(
+        id=uuid.UUID(UID), status=RunStatus.QUEUED, input="x", model="m", system=None, tools=None,
+        token_budget=100, tokens_used=0, cost_budget_usd=None, cost_usd=Decimal("0"), max_steps=10,
+        timeout_seconds=60, deadline_at=NOW, cancel_requested=False, error=None, locked_by=None,
+        locked_until=None, created_at=NOW, started_at=None, finished_at=None, steps=0,
+        k8s_namespace="ns", k8s_name="a",
+    )
+    fields.update(kw)
+    return Run(**fields)  # type: ignore[arg-type]
+
+
+def test_minimal_spec_takes_the_defaults() -> None:
+    new = mapping.new_run({"input": "hi"}, UID, "ns", "a")
+    assert (new.id, new.k8s_namespace, new.k8s_name) == (uuid.UUID(UID), "ns", "a")
+    assert (new.model, new.token_budget, new.timeout_seconds, new.max_steps) == (
+        "claude-sonnet-4-5", mapping.DEFAULT_TOKEN_BUDGET, mapping.DEFAULT_TIMEOUT_SECONDS, 100)
+    assert new.tools is None and new.cost_budget_usd is None
+
+
+def test_cost_budget_keeps_its_decimal_value() -> None:
+    assert mapping.new_run({"input": "hi", "costBudgetUsd": 0.1}, UID, "ns", "a").cost_budget_usd == Decimal("0.1")
+
+
+@pytest.mark.parametrize("spec, words", [
+    ({"input": ""}, "input"),
+    ({"input": "x", "tokenBudget": -1}, "tokenBudget"),
+    ({"input": "x", "maxSteps": True}, "maxSteps"),
+    ({"input": "x", "costBudgetUsd": "free"}, "costBudgetUsd"),
+    ({"input": "x", "costBudgetUsd": 0}, "costBudgetUsd"),
+    ({"input": "x", "tools": ["lookup", "teleport"]}, "teleport"),
+])
+def test_specs_the_runtime_cannot_run(spec: dict[str, object], words: str) -> None:
+    with pytest.raises(mapping.InvalidSpec, match=words):
+        mapping.new_run(spec, UID, "ns", "a", known_tools={"lookup"})
+
+
+def test_unknown_tools_pass_when_the_workers_tools_are_not_known() -> None:
+    assert mapping.new_run({"input": "x", "tools": ["teleport"]}, UID, "ns", "a").tools == ("teleport",)
+
+
+@pytest.mark.parametrize("status, phase", list(mapping.PHASES.items()))
+def test_every_run_status_has_a_phase(status: RunStatus, phase: str) -> None:
+    assert mapping.run_status(_run(status=status), 1, None, NOW)["phase"] == phase
+
+
+def test_status_of_a_finished_run() -> None:
+    run = _run(status=RunStatus.FAILED, error="model said no", tokens_used=42, cost_usd=Decimal("0.0123"),
+               steps=3, locked_by="w", started_at=NOW, finished_at=NOW)
+    status = mapping.run_status(run, 2, None, NOW)
+    assert status["costUsd"] == "0.012300" and status["tokensUsed"] == 42 and status["steps"] == 3
+    assert status["message"] == "model said no" and status["finishedAt"] == "2025-01-02T03:04:05Z"
+    assert status["observedGeneration"] == 2
+    succeeded = {c["type"]: c for c in status["conditions"]}["Succeeded"]
+    assert (succeeded["status"], succeeded["reason"]) == ("False", "Failed")
+
+
+def test_conditions_keep_their_transition_time_while_unchanged() -> None:
+    first = mapping.run_status(_run(), 1, None, NOW)
+    later = NOW + datetime.timedelta(minutes=5)
+    running = mapping.run_status(_run(status=RunStatus.RUNNING, locked_by="w"), 1, first, later)
+    by_type = {c["type"]: c for c in running["conditions"]}
+    assert by_type["Ready"]["lastTransitionTime"] == "2025-01-02T03:04:05Z"  # still True
+    assert by_type["Succeeded"]["lastTransitionTime"] == "2025-01-02T03:04:05Z"  # still Unknown
+    assert not mapping.visible_change(first, mapping.run_status(_run(), 1, first, later))
+    assert mapping.visible_change(first, running)
+
+
+def test_status_patch_removes_fields_that_went_away() -> None:
+    assert mapping.status_patch({"phase": "Failed", "message": "m", "x": 1}, {"phase": "Queued", "message": "m"}) \
+        == {"phase": "Queued", "message": "m", "x": None}
+
+
+def test_events_for_phases() -> None:
+    assert mapping.event_for("Failed", "boom") == ("Warning", "Failed", "boom")
+    assert mapping.event_for("Queued", "")[:2] == ("Normal", "Queued")  # type: ignore[index]
+    assert mapping.event_for("Pending", "") is None
+
+
+def test_ttl_expiry() -> None:
+    ref = mapping.Ref(uuid.UUID(UID), "ns", "a", 1, {}, ttl_seconds=30)
+    done = {"phase": "Succeeded", "finishedAt": "2025-01-02T03:04:05Z"}
+    assert mapping.expires_at(ref, done) == NOW + datetime.timedelta(seconds=30)
+    assert mapping.expires_at(ref, {"phase": "Running"}) is None
+    assert mapping.expires_at(dataclasses.replace(ref, ttl_seconds=None), done) is None

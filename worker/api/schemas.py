@@ -1,0 +1,210 @@
+"""The JSON shapes of the REST API: what a client sends and what it gets back, in camelCase."""
+
+from __future__ import annotations
+
+import datetime
+import uuid
+from decimal import Decimal
+from typing import Annotated
+
+from agentrun.worker.records import Run, RunStatus, Step, StepKind, StepStatus
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
+MAX_STEPS = 10_000
+MAX_TOKEN_BUDGET = 10**12
+MAX_COST_BUDGET_USD = 1_000_000  # NUMERIC(14, 6) holds up to 10^8
+MAX_TOOLS = 256
+MAX_NAME_CHARS = 200
+MAX_SEQ = 2**31 - 1  # run_step.seq is an INT
+PREVIEW_CHARS = 120
+
+
+def _storable(value: str) -> str:
+    """PostgreSQL TEXT holds neither NUL characters nor unpaired surrogates: say so instead of failing."""
+    if "\x00" in value:
+        raise ValueError("must not contain NUL characters (\\u0000)")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode text (it contains an unpaired surrogate)") from None
+    return value
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must not be blank")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_storable)]
+Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS), AfterValidator(_storable), AfterValidator(_not_blank)]
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
+
+
+class RunRequest(_Camel):
+    """A run to start. Unknown fields are refused, so a misspelt budget does not pass unnoticed."""
+
+    # strict: a number must be a JSON number and text a JSON string; nothing is coerced.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True)
+
+    input: Annotated[Text, Field(description="The user's request: the first message."), AfterValidator(_not_blank)]
+    model: Name | None = Field(None, description="Model name; the server's default model when absent.")
+    token_budget: int = Field(gt=0, le=MAX_TOKEN_BUDGET, description="Tokens the run may spend, all kinds.")
+    timeout_seconds: int = Field(gt=0, le=MAX_TIMEOUT_SECONDS, description="Wall-clock limit (at most 7 days).")
+    max_steps: int = Field(100, gt=0, le=MAX_STEPS, description="Most steps (model and tool) the run may take.")
+    tools: list[Name] | None = Field(
+        None, max_length=MAX_TOOLS, description="Tools the model may call; every tool of the worker when absent."
+    )
+    system: Text | None = Field(None, description="System prompt.")
+    cost_budget_usd: float | None = Field(
+        None, gt=0, le=MAX_COST_BUDGET_USD, description="Optional spending limit in USD."
+    )
+
+    def cost_budget(self) -> Decimal | None:
+        # Through str: the decimal the client wrote, not the binary float nearest to it.
+        return Decimal(str(self.cost_budget_usd)) if self.cost_budget_usd is not None else None
+
+
+class RunCreated(_Camel):
+    id: uuid.UUID
+    status: RunStatus
+
+
+def _usd(value: Decimal | None) -> float | None:
+    return float(value) if value is not None else None
+
+
+class RunView(_Camel):
+    """A run as it is now."""
+
+    id: uuid.UUID
+    status: RunStatus
+    input: str
+    model: str
+    system: str | None
+    tools: list[str] | None
+    token_budget: int
+    tokens_used: int
+    cost_budget_usd: float | None
+    cost_usd: float
+    max_steps: int
+    timeout_seconds: int
+    deadline_at: datetime.datetime
+    cancel_requested: bool
+    steps: int = Field(description="The highest step seq written so far.")
+    error: str | None
+    locked_by: str | None = Field(description="The worker holding the run, or the one that finished it.")
+    created_at: datetime.datetime
+    started_at: datetime.datetime | None
+    finished_at: datetime.datetime | None
+    k8s_namespace: str | None = None
+    k8s_name: str | None = None
+
+    @classmethod
+    def of(cls, run: Run) -> RunView:
+        return cls(
+            id=run.id, status=run.status, input=run.input, model=run.model, system=run.system,
+            tools=list(run.tools) if run.tools is not None else None, token_budget=run.token_budget,
+            tokens_used=run.tokens_used, cost_budget_usd=_usd(run.cost_budget_usd), cost_usd=float(run.cost_usd),
+            max_steps=run.max_steps, timeout_seconds=run.timeout_seconds, deadline_at=run.deadline_at,
+            cancel_requested=run.cancel_requested, steps=run.steps, error=run.error, locked_by=run.locked_by,
+            created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
+            k8s_namespace=run.k8s_namespace, k8s_name=run.k8s_name,
+        )
+
+
+class RunSummary(_Camel):
+    """A run in a list: its counters and the start of its input (GET /api/runs/{id} has all of it)."""
+
+    id: uuid.UUID
+    status: RunStatus
+    input_preview: str
+    model: str
+    tokens_used: int
+    cost_usd: float
+    steps: int
+    error: str | None
+    locked_by: str | None
+    created_at: datetime.datetime
+    finished_at: datetime.datetime | None
+
+    @classmethod
+    def of(cls, run: Run) -> RunSummary:
+        preview = run.input if len(run.input) <= PREVIEW_CHARS else run.input[: PREVIEW_CHARS - 1] + "…"
+        return cls(
+            id=run.id, status=run.status, input_preview=preview, model=run.model, tokens_used=run.tokens_used,
+            cost_usd=float(run.cost_usd), steps=run.steps, error=run.error, locked_by=run.locked_by,
+            created_at=run.created_at, finished_at=run.finished_at,
+        )
+
+
+class RunPage(_Camel):
+    """One page of runs, newest first. `next` is the cursor of the following page: pass it as `after`.
+    It is null on the last page."""
+
+    items: list[RunSummary]
+    next: uuid.UUID | None
+
+
+class TimelineStep(_Camel):
+    """A step without its request and response bodies."""
+
+    seq: int
+    kind: StepKind
+    tool_name: str | None
+    tool_use_id: str | None
+    status: StepStatus
+    stop_reason: str | None
+    input_tokens: int
+    output_tokens: int
+    cache_creation_input_tokens: int
+    cache_read_input_tokens: int
+    cost_usd: float | None
+    latency_ms: int | None
+    attempts: int
+    started_at: datetime.datetime | None
+    finished_at: datetime.datetime | None
+    worker: str | None
+
+    @classmethod
+    def fields_of(cls, step: Step) -> dict[str, object]:
+        return dict(
+            seq=step.seq, kind=step.kind, tool_name=step.tool_name, tool_use_id=step.tool_use_id,
+            status=step.status, stop_reason=step.stop_reason, input_tokens=step.input_tokens,
+            output_tokens=step.output_tokens, cache_creation_input_tokens=step.cache_creation_input_tokens,
+            cache_read_input_tokens=step.cache_read_input_tokens, cost_usd=_usd(step.cost_usd),
+            latency_ms=step.latency_ms, attempts=step.attempts, started_at=step.started_at,
+            finished_at=step.finished_at, worker=step.worker,
+        )
+
+    @classmethod
+    def of(cls, step: Step) -> TimelineStep:
+        return cls(**cls.fields_of(step))  # type: ignore[arg-type]
+
+
+class StepDetail(TimelineStep):
+    """A step with its bodies: MODEL request summary and content blocks, TOOL input and output (JSON text)."""
+
+    request: str | None
+    response: str | None
+
+    @classmethod
+    def of(cls, step: Step) -> StepDetail:
+        return cls(**cls.fields_of(step), request=step.request, response=step.response)  # type: ignore[arg-type]
+
+
+class FieldProblem(BaseModel):
+    field: str = Field(description="Where: a body field (`tokenBudget`, `tools[1]`), a path or query parameter.")
+    problem: str
+
+
+class ErrorBody(BaseModel):
+    """Every error answer: a one-line message, and for bad input the fields at fault."""
+
+    error: str
+    fields: list[FieldProblem] = []

@@ -1,0 +1,176 @@
+"""The HTTP client behind `agentrun runs …`: calls the REST API and formats its answers for people."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TextIO
+
+import httpx
+
+DEFAULT_URL = "http://localhost:8080"
+TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"})
+
+
+class ApiError(Exception):
+    """The server refused a request (its message), or could not be reached (status 0)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{message} (HTTP {status})" if status else message)
+        self.status = status
+        self.message = message
+
+
+class RunsClient:
+    def __init__(self, url: str = DEFAULT_URL, token: str | None = None, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> RunsClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.HTTPError as e:
+            raise ApiError(0, f"cannot reach {self.url}: {e}") from None
+        if r.status_code >= 400:
+            raise ApiError(r.status_code, _error_message(r))
+        return r.json()
+
+    def submit(self, body: Mapping[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._call("POST", "/api/runs", json=dict(body), headers=headers)  # type: ignore[no-any-return]
+
+    def get(self, run_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/api/runs/{run_id}")  # type: ignore[no-any-return]
+
+    def timeline(self, run_id: str) -> list[dict[str, Any]]:
+        return self._call("GET", f"/api/runs/{run_id}/timeline")  # type: ignore[no-any-return]
+
+    def cancel(self, run_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/api/runs/{run_id}/cancel")  # type: ignore[no-any-return]
+
+    def list(self, status: str | None = None, limit: int | None = None, after: str | None = None) -> dict[str, Any]:
+        params = {k: v for k, v in {"status": status, "limit": limit, "after": after}.items() if v is not None}
+        return self._call("GET", "/api/runs", params=params)  # type: ignore[no-any-return]
+
+    def watch(
+        self, run_id: str, on_step: Callable[[dict[str, Any]], None], interval: float = 1.0,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> dict[str, Any]:
+        """Poll until the run ends, calling `on_step` for each step when it appears and when it changes
+        status (a tool step is seen STARTED, then DONE); returns the finished run."""
+        seen: dict[int, str] = {}
+        while True:
+            run = self.get(run_id)  # before the timeline: once it is terminal, the timeline is complete
+            for step in self.timeline(run_id):
+                if seen.get(step["seq"]) != step["status"]:
+                    seen[step["seq"]] = step["status"]
+                    on_step(step)
+            if run["status"] in TERMINAL:
+                return run
+            sleep(interval)
+
+
+def _error_message(r: httpx.Response) -> str:
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        return str(body["error"])
+    text = r.text.strip()
+    return text[:300] or r.reason_phrase
+
+
+# -- formatting ----------------------------------------------------------------------------------
+
+STEP_COLUMNS: tuple[tuple[str, int], ...] = (
+    ("SEQ", 4), ("KIND", 5), ("TOOL", 16), ("STATUS", 7), ("STOP", 10), ("IN", 7), ("OUT", 7),
+    ("CACHE W/R", 13), ("LATENCY", 9), ("WORKER", 0),
+)
+
+
+def _cells(step: Mapping[str, Any]) -> list[str]:
+    latency = step.get("latencyMs")
+    return [
+        str(step["seq"]), step["kind"], step.get("toolName") or "-", step["status"], step.get("stopReason") or "-",
+        str(step.get("inputTokens", 0)), str(step.get("outputTokens", 0)),
+        f"{step.get('cacheCreationInputTokens', 0)}/{step.get('cacheReadInputTokens', 0)}",
+        f"{latency}ms" if latency is not None else "-", step.get("worker") or "-",
+    ]
+
+
+def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
+    numeric = {0, 5, 6, 7, 8}  # right-aligned so digits line up
+    parts = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+    return "  ".join(parts).rstrip()
+
+
+def step_header(widths: Sequence[int] | None = None) -> str:
+    widths = widths or [w for _, w in STEP_COLUMNS]
+    return _line([name for name, _ in STEP_COLUMNS], widths)
+
+
+def step_row(step: Mapping[str, Any], widths: Sequence[int] | None = None) -> str:
+    return _line(_cells(step), widths or [w for _, w in STEP_COLUMNS])
+
+
+def timeline_table(steps: Sequence[Mapping[str, Any]]) -> str:
+    rows = [_cells(s) for s in steps]
+    widths = [max([w, len(name), *(len(r[i]) for r in rows)]) for i, (name, w) in enumerate(STEP_COLUMNS)]
+    widths[-1] = 0
+    return "\n".join([step_header(widths), *(_line(r, widths) for r in rows)])
+
+
+def run_details(run: Mapping[str, Any]) -> str:
+    cost = f"${run['costUsd']:.4f}" + (f" of ${run['costBudgetUsd']:.4f}" if run.get("costBudgetUsd") else "")
+    fields = [
+        ("id", run["id"]), ("status", run["status"]), ("model", run["model"]),
+        ("tokens", f"{run['tokensUsed']} of {run['tokenBudget']}"), ("cost", cost),
+        ("steps", f"{run['steps']} (at most {run['maxSteps']})"), ("timeout", f"{run['timeoutSeconds']}s"),
+        ("tools", ", ".join(run["tools"]) if run.get("tools") is not None else "all"),
+        ("worker", run.get("lockedBy") or "-"), ("created", run["createdAt"]),
+        ("started", run.get("startedAt") or "-"), ("finished", run.get("finishedAt") or "-"),
+    ]
+    if run.get("cancelRequested") and run["status"] not in TERMINAL:
+        fields.append(("cancel", "requested"))
+    if run.get("error"):
+        fields.append(("error", run["error"]))
+    width = max(len(k) for k, _ in fields)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in fields]
+    lines.append(f"{'input'.ljust(width)}  {run['input']}")
+    return "\n".join(lines)
+
+
+def runs_table(page: Mapping[str, Any]) -> str:
+    header = ["ID", "STATUS", "CREATED", "STEPS", "TOKENS", "COST", "INPUT"]
+    rows = [
+        [r["id"], r["status"], r["createdAt"][:19].replace("T", " "), str(r["steps"]), str(r["tokensUsed"]),
+         f"${r['costUsd']:.4f}", r["inputPreview"].replace("\n", " ")[:60]]
+        for r in page["items"]
+    ]
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) if rows else len(header[i]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    if page.get("next"):
+        lines.append(f"more: --after {page['next']}")
+    return "\n".join(lines)
+
+
+def finished_line(run: Mapping[str, Any]) -> str:
+    why = f" error={run['error']}" if run.get("error") else ""
+    return f"run {run['id']} {run['status']} tokens={run['tokensUsed']} cost=${run['costUsd']:.4f}{why}"
+
+
+def emit(out: TextIO, text: str) -> None:
+    out.write(text + "\n")
+    out.flush()

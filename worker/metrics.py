@@ -1,0 +1,148 @@
+"""Prometheus metrics of a worker, in its own registry: tokens, cost, step latency, runs by status, leases.
+
+`Metrics` implements the engine's `Observer`. The runs-by-status gauge is read from the database at
+scrape time (one GROUP BY) and cached for a few seconds, so a fleet of workers scraped together does
+not hammer PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from decimal import Decimal
+
+from agentrun.worker.llm.types import Usage
+from agentrun.worker.records import RunStatus
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+# Every series a worker exports, as Prometheus shows them. The Helm chart's tests read this list.
+METRIC_NAMES: tuple[str, ...] = (
+    "agentrun_tokens_total",
+    "agentrun_cost_usd_total",
+    "agentrun_step_latency_seconds",
+    "agentrun_runs",
+    "agentrun_claims_total",
+    "agentrun_lease_takeovers_total",
+    "agentrun_lease_lost_total",
+    "agentrun_model_retries_total",
+    "agentrun_tool_errors_total",
+    "agentrun_runs_in_flight",
+)
+
+# Model steps take seconds and tools anything from milliseconds to minutes.
+LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
+
+RunCounter = Callable[[], Awaitable[Mapping[str, int]]]
+
+
+class _RunsByStatus(Collector):
+    """`agentrun_runs{status}` from the last database count; every status is always present."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily("agentrun_runs", "Runs in the database by status", labels=["status"])
+        for status in RunStatus:
+            family.add_metric([status.value], self.counts.get(status.value, 0))
+        yield family
+
+
+class Metrics:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        count_runs: RunCounter | None = None,
+        cache_seconds: float = 5.0,
+    ) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self._count_runs = count_runs
+        self._cache_seconds = cache_seconds
+        self._counted_at: float | None = None
+        r = self.registry
+        self.tokens = Counter(
+            "agentrun_tokens", "Tokens billed by model steps", ["model", "direction"], registry=r
+        )
+        self.cost = Counter("agentrun_cost_usd", "Cost of model steps in USD", ["model"], registry=r)
+        self.latency = Histogram(
+            "agentrun_step_latency_seconds", "Duration of steps", ["kind", "outcome"], registry=r,
+            buckets=LATENCY_BUCKETS,
+        )
+        self.claims = Counter("agentrun_claims", "Runs claimed by this worker", registry=r)
+        self.takeovers = Counter(
+            "agentrun_lease_takeovers", "Claims of a running run whose holder's lease had lapsed", registry=r
+        )
+        self.lease_losses = Counter(
+            "agentrun_lease_lost", "Runs this worker was driving when another took them over", registry=r
+        )
+        self.retries = Counter("agentrun_model_retries", "Model calls retried, by HTTP status", ["status"], registry=r)
+        self.tool_errors = Counter("agentrun_tool_errors", "Tool calls that ended in an error", ["tool"], registry=r)
+        self.runs_in_flight = Gauge("agentrun_runs_in_flight", "Runs this worker drives now", registry=r)
+        self._runs = _RunsByStatus()
+        r.register(self._runs)
+        for kind in ("MODEL", "TOOL"):  # so dashboards see the series before the first step
+            for outcome in ("ok", "error"):
+                self.latency.labels(kind, outcome)
+
+    # -- the Observer seam -------------------------------------------------------------------------
+
+    def model_step(self, model: str, usage: Usage, cost_usd: Decimal | None, seconds: float, ok: bool) -> None:
+        self.latency.labels("MODEL", "ok" if ok else "error").observe(seconds)
+        for direction, n in (
+            ("input", usage.input_tokens),
+            ("output", usage.output_tokens),
+            ("cache_write", usage.cache_creation_input_tokens),
+            ("cache_read", usage.cache_read_input_tokens),
+        ):
+            self.tokens.labels(model, direction).inc(n)
+        if cost_usd is not None:
+            self.cost.labels(model).inc(float(cost_usd))
+
+    def tool_step(self, tool: str, seconds: float, ok: bool) -> None:
+        self.latency.labels("TOOL", "ok" if ok else "error").observe(seconds)
+        if not ok:
+            self.tool_errors.labels(tool).inc()
+
+    def claimed(self, takeover: bool) -> None:
+        self.claims.inc()
+        if takeover:
+            self.takeovers.inc()
+
+    def lease_lost(self) -> None:
+        self.lease_losses.inc()
+
+    def in_flight(self, runs: int) -> None:
+        self.runs_in_flight.set(runs)
+
+    def count_runs_with(self, count_runs: RunCounter) -> None:
+        """Set where the runs-by-status gauge reads from, once the database pool exists."""
+        self._count_runs = count_runs
+
+    def model_retry(self, status: int) -> None:
+        self.retries.labels(str(status)).inc()
+
+    # -- scraping ---------------------------------------------------------------------------------
+
+    async def refresh(self) -> None:
+        """Recount runs by status unless the last count is fresh; on failure keep the last count."""
+        now = time.monotonic()
+        if self._count_runs is None or (
+            self._counted_at is not None and now - self._counted_at < self._cache_seconds
+        ):
+            return
+        try:
+            self._runs.counts = dict(await self._count_runs())
+        except Exception as e:
+            log.warning("metrics: cannot count runs by status: %s", e)
+            return
+        self._counted_at = now
+
+    async def exposition(self) -> bytes:
+        """The text a scrape of /metrics returns."""
+        await self.refresh()
+        return generate_latest(self.registry)

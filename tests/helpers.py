@@ -6,6 +6,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from decimal import Decimal
+from typing import Any
 
 from agentrun.worker.llm.types import LlmClient
 from agentrun.worker.observer import Observer
@@ -60,3 +61,11 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0
 
 def dec(x: str) -> Decimal:
     return Decimal(x)
+
+
+def http_app(store: RunStore) -> Any:
+    """The worker's HTTP app over `store`, for tests that only need its health endpoints."""
+    from agentrun.worker.api.app import create_app
+    from agentrun.worker.metrics import Metrics
+
+    return create_app(store, ToolBox(), WorkerSettings(database_url="unused"), Metrics())

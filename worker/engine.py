@@ -22,6 +22,7 @@ from agentrun.worker.pricing import PriceTable
 from agentrun.worker.records import Progress, Run, RunStatus, Step, StepKind, StepStatus
 from agentrun.worker.replay import Conversation
 from agentrun.worker.store import LeaseLost, RunStore
+from agentrun.worker.text import clean, clean_json
 from agentrun.worker.tools import ToolBox, ToolContext
 
 log = logging.getLogger("agentrun.worker.engine")
@@ -185,14 +186,18 @@ class RunDriver:
             "message_count": len(request.messages),
             "new_messages": _since_last_assistant(request.messages),
         }
-        content = _json(response.content)
+        # Model output is untrusted text: ids and names in it become column values, where a NUL would
+        # make the checkpoint fail on every worker. Cleaned once, here, so the live conversation and
+        # the replayed one are the same.
+        content = _json(clean_json(response.content))
+        stop_reason = clean(response.stop_reason) if response.stop_reason is not None else None
         seq, progress = await self.store.checkpoint_model(
             run.id,
             self.me,
             self.settings.lease_seconds,
             request=_json(summary),
             response=content,
-            stop_reason=response.stop_reason,
+            stop_reason=stop_reason,
             input_tokens=usage.input_tokens,
             output_tokens=usage.output_tokens,
             cache_creation_input_tokens=usage.cache_creation_input_tokens,
@@ -202,10 +207,10 @@ class RunDriver:
         )
         logs.set_context(step_seq=seq)
         self.observer.model_step(run.model, usage, cost, seconds, ok=True)
-        conv.apply(Step(run.id, seq, StepKind.MODEL, StepStatus.DONE, response=content, stop_reason=response.stop_reason))
+        conv.apply(Step(run.id, seq, StepKind.MODEL, StepStatus.DONE, response=content, stop_reason=stop_reason))
         log.info(
             "%s run=%s seq=%d MODEL stop=%s in=%d out=%d latency=%dms",
-            self.me, run.id.hex[:8], seq, response.stop_reason, usage.input_tokens, usage.output_tokens, latency_ms,
+            self.me, run.id.hex[:8], seq, stop_reason, usage.input_tokens, usage.output_tokens, latency_ms,
         )
         return progress
 

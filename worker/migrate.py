@@ -43,6 +43,10 @@ async def migrate(conninfo: str) -> list[Migration]:
     """Apply the missing migrations; returns the ones applied. Safe to run from many processes at once."""
     applied: list[Migration] = []
     async with await psycopg.AsyncConnection.connect(conninfo) as conn:
+        # Nothing to do is found out with reads alone, so a worker connecting as a runtime role with no
+        # DDL rights (docs/database-role.sql) can start with migrations on, as long as they are applied.
+        if {m.version for m in available()} <= await applied_versions(conn):
+            return []
         async with conn.transaction():
             # Taken before anything else so that two workers starting together serialise here; the
             # loser finds everything applied. Transaction-scoped: released by COMMIT or a crash.
@@ -64,6 +68,22 @@ async def migrate(conninfo: str) -> list[Migration]:
                 )
                 applied.append(m)
     return applied
+
+
+async def applied_versions(conn: psycopg.AsyncConnection[object]) -> set[int]:
+    cur = await conn.execute(
+        "SELECT coalesce(array_agg(version), '{}') FROM schema_migration"
+        if await _has_table(conn) else "SELECT '{}'::int[]"
+    )
+    row = await cur.fetchone()
+    await conn.rollback()  # end the implicit read transaction before a migrating one begins
+    return set(row[0]) if row else set()
+
+
+async def _has_table(conn: psycopg.AsyncConnection[object]) -> bool:
+    cur = await conn.execute("SELECT to_regclass('schema_migration') IS NOT NULL")
+    row = await cur.fetchone()
+    return bool(row and row[0])
 
 
 async def current_version(conn: psycopg.AsyncConnection[object]) -> int | None:

@@ -51,6 +51,7 @@ class Worker:
             self.observer,
         )
         self.in_flight: set[asyncio.Task[RunStatus | None]] = set()
+        self.driving: dict[uuid.UUID, asyncio.Task[RunStatus | None]] = {}
 
     @property
     def id(self) -> str:
@@ -121,10 +122,12 @@ class Worker:
                 if claimed is None:
                     await self._idle(self.settings.poll_interval)
                     continue
+                await self._supersede(claimed.run.id)
                 task = asyncio.create_task(
                     self._drive(claimed.run, claimed.progress), name=f"run-{claimed.run.id}"
                 )
                 self.in_flight.add(task)
+                self.driving[claimed.run.id] = task
                 self.observer.in_flight(len(self.in_flight))
                 task.add_done_callback(self._done)
         finally:
@@ -136,8 +139,25 @@ class Worker:
 
     def _done(self, task: asyncio.Task[RunStatus | None]) -> None:
         self.in_flight.discard(task)
+        for run_id, t in list(self.driving.items()):
+            if t is task:
+                del self.driving[run_id]
         self.observer.in_flight(len(self.in_flight))
         self.wake.set()
+
+    async def _supersede(self, run_id: uuid.UUID) -> None:
+        """Stop this worker's earlier driver of a run it has just claimed again.
+
+        That happens when the lease lapsed while the driver was still at work (the database was
+        unreachable for longer than the lease, say) and no other worker took the run first. Both drivers
+        would write as this worker, which the fence cannot tell apart: the old one must go first.
+        """
+        old = self.driving.get(run_id)
+        if old is None or old.done():
+            return
+        self.keeper.give_up([run_id])
+        old.cancel("claimed again")
+        await asyncio.gather(old, return_exceptions=True)
 
     async def _wait_for_slot(self) -> None:
         stopping = asyncio.ensure_future(self.stopping.wait())
@@ -167,7 +187,11 @@ class Worker:
             return await self.driver.drive(run, progress)
         except LeaseLost:
             self.observer.lease_lost()
-            log.warning("%s run=%s lease lost: another worker has the run; stopped driving it", self.id, run.id.hex[:8])
+            # Logged here and only here, whichever way the loss was noticed (the heartbeat or a fenced write).
+            log.warning(
+                "%s run=%s lease lost (taken over, ended, or lapsed while the database was unreachable); "
+                "stopped driving it", self.id, run.id.hex[:8],
+            )
         except asyncio.CancelledError:
             # Cancelled past the shutdown grace: the in-flight step is abandoned (it will be redone),
             # and the lease is given back so another worker resumes at once.
@@ -176,6 +200,13 @@ class Worker:
             raise
         except psycopg.Error as e:
             log.warning("%s run=%s database error, left for another attempt: %s", self.id, run.id.hex[:8], e)
+            # If the database answers again (a dropped connection rather than an outage), hand the run
+            # back now: any worker resumes it from its last checkpoint without waiting out the lease.
+            # Fenced, so harmless if another worker has it already.
+            self.keeper.drop(run.id)
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(self.settings.lease_seconds):  # not past the lease: moot then
+                    await self.store.release(run.id, self.id)
         except Exception as e:
             # Not a crash of the worker but a bug or bad data in this run: end it with the reason, so it
             # does not poison every worker that claims it.

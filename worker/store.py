@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from agentrun.worker.records import NewRun, Progress, Run, RunStatus, Step, StepKind, StepStatus
+from agentrun.worker.text import clean, unstorable
 
 
 class LeaseLost(Exception):
@@ -118,8 +119,15 @@ class RunStore:
         """Insert a run; returns it and whether it is new.
 
         A run with the same id (the operator retrying) or the same idempotency key (a client retrying)
-        is returned as it is instead of a second one being made.
+        is returned as it is instead of a second one being made. Raises ValueError naming the field
+        if a text cannot be stored (a NUL character, a lone surrogate): the caller's input, refused
+        whole rather than changed.
         """
+        texts = {"input": new.input, "model": new.model, "system": new.system, "idempotency key": new.idempotency_key,
+                 **{f"tool name {t!r}": t for t in new.tools or ()}}
+        for field, text in texts.items():
+            if (why := unstorable(text)) is not None:
+                raise ValueError(f"run {field} {why}")
         params = {
             "id": new.id or uuid.uuid4(),
             "input": new.input,
@@ -373,7 +381,7 @@ class RunStore:
         row = await self._one(
             """UPDATE run SET status = %s, error = %s, finished_at = now(), locked_until = NULL
                WHERE id = %s AND locked_by = %s AND status = 'RUNNING' RETURNING tokens_used""",
-            (status.value, error, run_id, worker),
+            (status.value, clean(error) if error is not None else None, run_id, worker),
         )
         if row is None:
             raise LeaseLost(run_id, worker)

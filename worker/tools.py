@@ -17,6 +17,8 @@ from typing import Any
 
 import jsonschema
 
+from agentrun.worker.text import storable
+
 ToolFunction = Callable[[dict[str, Any], "ToolContext"], "Awaitable[str] | str"]
 
 DEFAULT_INPUT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
@@ -129,6 +131,10 @@ class ToolBox:
         Tool exceptions, timeouts, unknown or disallowed names and inputs that break the schema are
         returned, not raised. BaseExceptions (cancellation, a simulated crash) pass through untouched.
         """
+        outcome = await self._execute(name, args, ctx, allowed)
+        return ToolOutcome(outcome.ok, self._cap(outcome.output))
+
+    async def _execute(self, name: str, args: Any, ctx: ToolContext, allowed: Iterable[str] | None) -> ToolOutcome:
         t = self._tools.get(name)
         if t is None or (allowed is not None and name not in allowed):
             return ToolOutcome(False, f"error: unknown tool {name!r}")
@@ -149,10 +155,18 @@ class ToolBox:
             return ToolOutcome(False, f"error: tool {name} timed out after {t.timeout_seconds:g}s")
         except Exception as e:  # a failing tool is information for the model
             return ToolOutcome(False, f"error: {type(e).__name__}: {e}")
-        return ToolOutcome(True, self._cap(result if isinstance(result, str) else str(result)))
+        return ToolOutcome(True, result if isinstance(result, str) else str(result))
 
     def _cap(self, output: str) -> str:
-        if len(output) <= self.max_output_chars:
-            return output
-        dropped = len(output) - self.max_output_chars
-        return output[: self.max_output_chars] + f"\n[output truncated: {dropped} more characters not shown]"
+        """At most `max_output_chars`, storable, and saying so when it was changed: the model and a
+        person reading the timeline must know they do not see everything the tool said. Error
+        messages go through here too: an exception's text is tool output like any other."""
+        notes = []
+        if len(output) > self.max_output_chars:
+            dropped = len(output) - self.max_output_chars
+            output = output[: self.max_output_chars]
+            notes.append(f"[output truncated: {dropped} more characters not shown]")
+        output, replaced = storable(output)
+        if replaced:
+            notes.append(f"[{replaced} NUL or invalid characters replaced with U+FFFD]")
+        return "\n".join([output, *notes])

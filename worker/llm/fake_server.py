@@ -16,6 +16,7 @@ import collections
 import contextlib
 import dataclasses
 import json
+import re
 import signal
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -134,6 +135,47 @@ class AgentResponder:
         else:
             text = f"No {self.tool} tool was offered, so here is an answer without it."
         return Reply.text(text, usage_of(3, _tokens(text), write, cached))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptResponder:
+    """A deterministic agent whose plan is written in the run's input, e.g. "chaos run=17 turns=5 parallel=2
+    slow=1": `turns` tool turns, then a text answer. Turns 1, 3, 5… ask for `parallel` tool calls at once,
+    the others for one; the first call of the first `slow` turns asks the tool to sleep `slow_seconds`.
+
+    Stateless (the turn is the number of assistant messages so far), so a resumed run gets the same
+    answers and every request can be attributed to a (run, turn) with `key`. Tool-use ids name both.
+    """
+
+    tool: str = "chaos_step"
+    latency: float = 0.0
+    slow_seconds: float = 1.0
+
+    @staticmethod
+    def plan(body: Json) -> dict[str, str]:
+        messages = body.get("messages") or [{}]
+        return dict(re.findall(r"(\w+)=(\S+)", _as_text(messages[0].get("content"))))
+
+    @classmethod
+    def key(cls, body: Json) -> tuple[str, int]:
+        """(the plan's `run`, the turn) of a request."""
+        turn = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
+        return cls.plan(body).get("run", "?"), turn
+
+    def __call__(self, body: Json) -> Reply:
+        plan = self.plan(body)
+        tag, turn = self.key(body)
+        turns, parallel, slow = (int(plan.get(k, d)) for k, d in (("turns", 3), ("parallel", 1), ("slow", 0)))
+        usage = usage_of(100 + turn, 20)
+        if turn >= turns:
+            return Reply.text(f"run {tag} done after {turns} tool turns", usage).after(self.latency)
+        blocks = []
+        for part in range(parallel if turn % 2 == 1 else 1):
+            args: Json = {"run": tag, "turn": turn, "part": part}
+            if part == 0 and turn < slow:
+                args["sleep"] = self.slow_seconds
+            blocks.append({"type": "tool_use", "id": f"toolu_{tag}_{turn}_{part}", "name": self.tool, "input": args})
+        return Reply.message(blocks, "tool_use", usage).after(self.latency)
 
 
 def _as_text(content: Any) -> str:

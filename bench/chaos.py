@@ -1,0 +1,461 @@
+"""Chaos run: many runs through worker processes killed with SIGKILL every few seconds and a PostgreSQL
+restart in the middle; then the promises are checked against the database and the model's request log.
+
+    .venv/bin/python -m bench.chaos                      # 200 runs, 4 workers, the full run
+    .venv/bin/python -m bench.chaos --runs 20 --workers 2
+
+Prints a report and exits non-zero if an invariant fails. Needs nothing but this repository's virtualenv:
+the database is a private embedded PostgreSQL, the model a local Messages API server in this process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import os
+import random
+import signal
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import psycopg
+from psycopg.rows import dict_row
+
+from agentrun.worker import migrate
+from agentrun.worker.db import open_pool
+from agentrun.worker.llm.fake_server import FakeAnthropic, ScriptResponder
+from agentrun.worker.records import NewRun
+from agentrun.worker.store import RunStore
+from bench.chaos_tools import EXEC_TABLE
+from bench.local_postgres import LocalPostgres
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = "claude-sonnet-4-5"  # priced in the shipped table, so cost is checked too
+TIGHT_BUDGET = 250  # tokens: the ScriptResponder's turns cost 120+ each, so the guard stops before turn 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    runs: int = 200
+    workers: int = 4
+    concurrency: int = 4
+    """Runs in flight per worker."""
+    lease_seconds: float = 2.5
+    kill_every: float = 2.0
+    """Mean seconds between two SIGKILLs (uniform between half and one and a half times this)."""
+    pg_restart: bool = True
+    pg_down_seconds: float = 2.0
+    slow_seconds: float = 1.5
+    """How long a slow tool call sleeps: long enough for kills to land inside tool calls."""
+    model_latency: float = 0.05
+    seed: int = 1
+    timeout: float = 900.0
+    verbose: bool = False
+
+
+@dataclasses.dataclass
+class Plan:
+    tag: str
+    turns: int
+    parallel: int
+    slow: int
+    budget: int
+
+    @property
+    def input(self) -> str:
+        return f"chaos run={self.tag} turns={self.turns} parallel={self.parallel} slow={self.slow}"
+
+    @property
+    def expected(self) -> str:
+        return "FAILED" if self.budget == TIGHT_BUDGET else "SUCCEEDED"
+
+
+def plans(options: Options) -> list[Plan]:
+    rng = random.Random(options.seed)
+    out = []
+    for i in range(options.runs):
+        out.append(Plan(
+            tag=str(i),
+            turns=rng.randint(3, 8),
+            parallel=rng.choice([1, 1, 2, 3]),
+            slow=rng.choice([0, 0, 1, 2]),
+            budget=TIGHT_BUDGET if rng.random() < 0.05 else 1_000_000,
+        ))
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclasses.dataclass
+class WorkerProc:
+    name: str
+    port: int
+    proc: asyncio.subprocess.Process
+
+
+class Fleet:
+    """The worker processes: start, SIGKILL and restart under a new name (each life is its own worker)."""
+
+    def __init__(self, options: Options, env: dict[str, str], logdir: Path) -> None:
+        self.options, self.env, self.logdir = options, env, logdir
+        self.slots: list[WorkerProc | None] = [None] * options.workers
+        self.generation = [0] * options.workers
+        self.pids: dict[int, str] = {}
+        self.kills: list[tuple[float, str]] = []  # (epoch seconds, worker name)
+
+    async def start(self, slot: int) -> None:
+        self.generation[slot] += 1
+        name = f"w{slot}.{self.generation[slot]}"
+        port = _free_port()
+        log = open(self.logdir / f"{name}.log", "wb")  # noqa: SIM115 - the child owns it
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", name, "--port", str(port),
+            "--host", "127.0.0.1", "--concurrency", str(self.options.concurrency),
+            "--lease-seconds", f"{self.options.lease_seconds:g}", "--poll-interval", "0.2",
+            "--shutdown-grace", "2", "--no-migrate",
+            env=self.env, stdout=log, stderr=log, cwd=REPO,
+        )
+        log.close()
+        self.pids[proc.pid] = name
+        self.slots[slot] = WorkerProc(name, port, proc)
+
+    async def kill_one(self, rng: random.Random) -> str:
+        slot = rng.randrange(len(self.slots))
+        w = self.slots[slot]
+        assert w is not None
+        if w.proc.returncode is None:
+            w.proc.send_signal(signal.SIGKILL)
+        await w.proc.wait()
+        self.kills.append((time.time(), w.name))
+        await self.start(slot)
+        return w.name
+
+    async def stop(self) -> None:
+        for w in self.slots:
+            if w and w.proc.returncode is None:
+                w.proc.terminate()
+        for w in self.slots:
+            if w:
+                try:
+                    await asyncio.wait_for(w.proc.wait(), 15)
+                except TimeoutError:
+                    w.proc.kill()
+                    await w.proc.wait()
+
+    def any_port(self) -> int:
+        return next(w.port for w in self.slots if w)
+
+
+async def _readyz(port: int) -> int | None:
+    try:
+        async with httpx.AsyncClient(timeout=5) as c:
+            return (await c.get(f"http://127.0.0.1:{port}/readyz")).status_code
+    except httpx.HTTPError:
+        return None
+
+
+@dataclasses.dataclass
+class Outage:
+    started: float = 0.0
+    ended: float = 0.0
+    readyz_while_down: list[int | None] = dataclasses.field(default_factory=list)
+    readyz_after: int | None = None
+
+
+async def restart_postgres(pg: LocalPostgres, fleet: Fleet, options: Options) -> Outage:
+    out = Outage(started=time.time())
+    await asyncio.to_thread(pg.stop)
+    deadline = time.monotonic() + options.pg_down_seconds
+    while time.monotonic() < deadline:
+        out.readyz_while_down.append(await _readyz(fleet.any_port()))
+        await asyncio.sleep(0.3)
+    await asyncio.to_thread(pg.start)
+    out.ended = time.time()
+    for _ in range(100):  # the worker's pool reconnects on its own, with backoff
+        out.readyz_after = await _readyz(fleet.any_port())
+        if out.readyz_after == 200:
+            break
+        await asyncio.sleep(0.2)
+    return out
+
+
+# -- the check ------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclasses.dataclass
+class Report:
+    lines: list[str]
+    checks: list[Check]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def text(self) -> str:
+        out = [*self.lines, ""]
+        out += [f"[{'PASS' if c.ok else 'FAIL'}] {c.name}: {c.detail}" for c in self.checks]
+        out.append("")
+        out.append("chaos: all invariants hold" if self.ok else "chaos: INVARIANTS VIOLATED")
+        return "\n".join(out)
+
+
+async def _rows(conn: psycopg.AsyncConnection[Any], query: str, *params: Any) -> list[dict[str, Any]]:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(query.encode(), params)
+    return await cur.fetchall()
+
+
+def _sample(items: Sequence[Any], n: int = 5) -> str:
+    return ", ".join(map(str, items[:n])) + (" …" if len(items) > n else "")
+
+
+async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fleet, outage: Outage | None,
+                seconds: float) -> Report:
+    by_tag = {p.tag: p for p in plan_list}
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        runs = await _rows(conn, "SELECT id, input, status, error, tokens_used, cost_usd, claims FROM run")
+        steps = await _rows(conn, """SELECT run_id, seq, kind, status, tool_use_id, request, attempts, worker,
+                                            input_tokens + output_tokens + cache_creation_input_tokens
+                                              + cache_read_input_tokens AS tokens, cost_usd, finished_at,
+                                            (SELECT l.worker FROM run_lease l WHERE l.run_id = s.run_id
+                                               AND l.claimed_at <= s.finished_at
+                                             ORDER BY l.claimed_at DESC LIMIT 1) AS holder
+                                     FROM run_step s""")
+        execs = await _rows(conn, """SELECT e.idempotency_key, e.run_tag, e.pid, extract(epoch FROM e.executed_at)
+                                     AS at FROM chaos_tool_exec e ORDER BY e.executed_at""")
+        leases = (await _rows(conn, "SELECT count(*) AS n FROM run_lease"))[0]["n"]
+    tag_of = {r["id"]: ScriptResponder.plan({"messages": [{"content": r["input"]}]})["run"] for r in runs}
+    status = collections.Counter(r["status"] for r in runs)
+    checks: list[Check] = []
+
+    # 1. every run terminal, with the status its script calls for
+    wrong = [f"{tag_of[r['id']]}:{r['status']}({r['error']})" for r in runs
+             if r["status"] != by_tag[tag_of[r["id"]]].expected]
+    checks.append(Check("runs end as scripted", len(runs) == len(plan_list) and not wrong,
+                        f"{len(runs)} runs, {dict(status)}; unexpected: {len(wrong)} {_sample(wrong)}"))
+
+    # 2. MODEL steps: never two for one turn; requests repeated only across a hand-over of the run
+    model_steps = [s for s in steps if s["kind"] == "MODEL"]
+    turns_seen = collections.Counter((s["run_id"], orjson.loads(s["request"])["message_count"]) for s in model_steps)
+    doubled = [k for k, n in turns_seen.items() if n > 1]
+    requests = collections.Counter(ScriptResponder.key(body) for body in model.requests)
+    claims = {tag_of[r["id"]]: r["claims"] for r in runs}
+    extra_by_run: collections.Counter[str] = collections.Counter()
+    for (tag, _turn), n in requests.items():
+        extra_by_run[tag] += n - 1
+    over = [f"{tag}: {n} repeats, {claims.get(tag, 0) - 1} hand-overs" for tag, n in extra_by_run.items()
+            if n > claims.get(tag, 0) - 1]
+    checks.append(Check("no MODEL step repeated", not doubled,
+                        f"{len(model_steps)} MODEL steps, {len(doubled)} turns checkpointed twice"))
+    checks.append(Check(
+        "model calls repeated only by a crash in their window", not over,
+        f"{len(model.requests)} requests for {len(requests)} (run, turn) pairs; {sum(extra_by_run.values())} "
+        f"repeated, in {sum(1 for n in extra_by_run.values() if n)} runs; each run's repeats <= its hand-overs "
+        f"(violations: {len(over)} {_sample(over)})"))
+
+    # 3. tool executions: beyond the first, same key, after a crash of the previous executor
+    tool_steps = {s["tool_use_id"]: s for s in steps if s["kind"] == "TOOL"}
+    per_key: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for e in execs:
+        per_key[e["idempotency_key"]].append(e)
+    crashes = [(t, name) for t, name in fleet.kills]
+    bad_exec = []
+    for key, es in per_key.items():
+        step = tool_steps.get(key)
+        if step is None:
+            bad_exec.append(f"{key}: no step with this tool_use id")
+            continue
+        if len(es) > step["attempts"]:
+            bad_exec.append(f"{key}: {len(es)} executions but attempts={step['attempts']}")
+        for prev, nxt in zip(es, es[1:], strict=False):
+            who = fleet.pids.get(prev["pid"], "?")
+            crashed = any(prev["at"] <= t <= nxt["at"] and name == who for t, name in crashes)
+            db_down = outage is not None and prev["at"] <= outage.ended and outage.started <= nxt["at"]
+            if not (crashed or db_down):
+                bad_exec.append(f"{key}: executed again at {nxt['at']:.2f} without a crash of {who} since {prev['at']:.2f}")
+    again = sum(len(es) - 1 for es in per_key.values())
+    checks.append(Check(
+        "tool re-executions share the key and follow a crash", not bad_exec,
+        f"{len(execs)} executions of {len(per_key)} tool calls ({len(tool_steps)} tool steps); {again} re-executions "
+        f"in {sum(1 for es in per_key.values() if len(es) > 1)} calls (violations: {len(bad_exec)} {_sample(bad_exec)})"))
+
+    # 4. counters equal the sum over the steps
+    tokens: collections.Counter[Any] = collections.Counter()
+    cost: dict[Any, Any] = collections.defaultdict(int)
+    for s in steps:
+        tokens[s["run_id"]] += s["tokens"]
+        cost[s["run_id"]] += s["cost_usd"] or 0
+    mismatched = [tag_of[r["id"]] for r in runs
+                  if r["tokens_used"] != tokens[r["id"]] or r["cost_usd"] != cost[r["id"]]]
+    checks.append(Check("tokens_used and cost_usd equal the sums over the steps", not mismatched,
+                        f"{sum(r['tokens_used'] for r in runs)} tokens, ${sum(r['cost_usd'] for r in runs):.4f}; "
+                        f"{len(mismatched)} runs differ {_sample(mismatched)}"))
+
+    # 5. every step written by the lease holder of that moment
+    trespass = [f"{tag_of[s['run_id']]}#{s['seq']} by {s['worker']}, holder {s['holder']}" for s in steps
+                if s["finished_at"] is not None and s["holder"] != s["worker"]]
+    unfinished = [s for s in steps if s["status"] == "STARTED"]
+    checks.append(Check("every step written by the worker holding the lease", not trespass,
+                        f"{sum(1 for s in steps if s['finished_at'])} finished steps checked against {leases} claims; "
+                        f"{len(trespass)} outside their writer's tenure {_sample(trespass)}"))
+    checks.append(Check("no step left half-written", not unfinished,
+                        f"{len(unfinished)} tool steps still STARTED"))
+
+    if outage is not None:
+        down = [c for c in outage.readyz_while_down if c is not None]
+        checks.append(Check(
+            "readyz not ready while the database is down, ready after", bool(down) and all(c == 503 for c in down)
+            and outage.readyz_after == 200,
+            f"readyz during the {outage.ended - outage.started:.1f}s outage: {collections.Counter(outage.readyz_while_down)}; "
+            f"after: {outage.readyz_after}"))
+
+    lines = [
+        "chaos report",
+        f"  runs: {len(plan_list)} ({sum(p.turns for p in plan_list)} tool turns, "
+        f"{sum(1 for p in plan_list if p.parallel > 1)} with parallel tool_use, {sum(1 for p in plan_list if p.slow)} "
+        f"with slow tools, {sum(1 for p in plan_list if p.expected == 'FAILED')} scripted to exhaust their budget)",
+        f"  workers: {len(fleet.slots)} processes, {sum(fleet.generation)} started, {len(fleet.kills)} killed with SIGKILL",
+        f"  postgres restarts: {1 if outage else 0}"
+        + (f" (down {outage.ended - outage.started:.1f}s)" if outage else ""),
+        f"  claims: {leases} ({leases - len(runs)} hand-overs)",
+        f"  wall time: {seconds:.1f}s",
+    ]
+    return Report(lines, checks)
+
+
+# -- the run --------------------------------------------------------------------------------------
+
+
+async def chaos(options: Options) -> Report:
+    rng = random.Random(options.seed)
+    plan_list = plans(options)
+    pg = await asyncio.to_thread(LocalPostgres)
+    model = FakeAnthropic(ScriptResponder(latency=options.model_latency, slow_seconds=options.slow_seconds))
+    fleet: Fleet | None = None
+    try:
+        await migrate.migrate(pg.url)
+        async with await psycopg.AsyncConnection.connect(pg.url, autocommit=True) as conn:
+            await conn.execute(EXEC_TABLE)
+        pool = await open_pool(pg.url, max_size=4)
+        try:
+            store = RunStore(pool)
+            for p in plan_list:
+                await store.create(NewRun(input=p.input, model=MODEL, token_budget=p.budget, timeout_seconds=3600))
+        finally:
+            await pool.close()
+        await model.start()
+        env = {
+            **os.environ,
+            "AGENTRUN_DATABASE_URL": pg.url,
+            "AGENTRUN_TOOLS": "bench.chaos_tools",
+            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "ANTHROPIC_BASE_URL": model.base_url,
+            "ANTHROPIC_API_KEY": "chaos-local-key",
+            "AGENTRUN_LLM_TIMEOUT_SECONDS": "30",
+            "AGENTRUN_LOG_LEVEL": "INFO" if options.verbose else "WARNING",
+        }
+        logdir = Path(tempfile.mkdtemp(prefix="agentrun-chaos-logs-"))
+        fleet = Fleet(options, env, logdir)
+        for slot in range(options.workers):
+            await fleet.start(slot)
+        t0 = time.monotonic()
+        outage: Outage | None = None
+        next_kill = t0 + options.kill_every * rng.uniform(0.5, 1.5)
+        last_note = t0
+        async with await psycopg.AsyncConnection.connect(pg.url, autocommit=True) as conn:
+            async def terminal() -> int:
+                cur = await conn.execute("SELECT count(*) FROM run WHERE finished_at IS NOT NULL")
+                row = await cur.fetchone()
+                return int(row[0]) if row else 0
+
+            done = 0
+            while True:
+                with contextlib.suppress(psycopg.OperationalError):
+                    if conn.closed:
+                        conn = await psycopg.AsyncConnection.connect(pg.url, autocommit=True)
+                    done = await terminal()
+                if done >= len(plan_list):
+                    break
+                now = time.monotonic()
+                if now - t0 > options.timeout:
+                    print(f"chaos: timed out after {options.timeout:g}s with {done} runs finished", file=sys.stderr)
+                    break
+                if options.pg_restart and outage is None and done >= len(plan_list) * 0.4:
+                    print(f"chaos: restarting PostgreSQL ({done} of {len(plan_list)} runs finished)", file=sys.stderr)
+                    outage = await restart_postgres(pg, fleet, options)
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+                    conn = await psycopg.AsyncConnection.connect(pg.url, autocommit=True)
+                    continue
+                if now >= next_kill:
+                    name = await fleet.kill_one(rng)
+                    if options.verbose:
+                        print(f"chaos: killed {name}", file=sys.stderr)
+                    next_kill = time.monotonic() + options.kill_every * rng.uniform(0.5, 1.5)
+                if now - last_note > 10:
+                    print(f"chaos: {done} of {len(plan_list)} runs finished, {len(fleet.kills)} kills", file=sys.stderr)
+                    last_note = now
+                await asyncio.sleep(0.1)
+            await conn.close()
+        seconds = time.monotonic() - t0
+        await fleet.stop()
+        report = await check(pg.url, plan_list, model, fleet, outage, seconds)
+        report.lines.append(f"  worker logs: {logdir}")
+        return report
+    finally:
+        if fleet is not None:
+            await fleet.stop()
+        await model.stop()
+        await asyncio.to_thread(pg.close)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    d = Options()
+    p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--runs", type=int, default=d.runs)
+    p.add_argument("--workers", type=int, default=d.workers)
+    p.add_argument("--concurrency", type=int, default=d.concurrency, help="runs in flight per worker")
+    p.add_argument("--lease-seconds", type=float, default=d.lease_seconds)
+    p.add_argument("--kill-every", type=float, default=d.kill_every, help="mean seconds between SIGKILLs")
+    p.add_argument("--no-pg-restart", action="store_true", help="skip the PostgreSQL restart")
+    p.add_argument("--pg-down-seconds", type=float, default=d.pg_down_seconds)
+    p.add_argument("--slow-seconds", type=float, default=d.slow_seconds, help="sleep of a slow tool call")
+    p.add_argument("--model-latency", type=float, default=d.model_latency, help="seconds the model takes")
+    p.add_argument("--seed", type=int, default=d.seed, help="seeds the scripts and the kills")
+    p.add_argument("--timeout", type=float, default=d.timeout, help="give up after this many seconds")
+    p.add_argument("--verbose", action="store_true", help="workers log at INFO; print each kill")
+    a = p.parse_args(argv)
+    options = Options(
+        runs=a.runs, workers=a.workers, concurrency=a.concurrency, lease_seconds=a.lease_seconds,
+        kill_every=a.kill_every, pg_restart=not a.no_pg_restart, pg_down_seconds=a.pg_down_seconds,
+        slow_seconds=a.slow_seconds, model_latency=a.model_latency, seed=a.seed, timeout=a.timeout, verbose=a.verbose,
+    )
+    report = asyncio.run(chaos(options))
+    print(report.text())
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+-- Least-privilege PostgreSQL roles for agentrun (tested by tests/worker/test_database_role.py).
+--
+-- Two roles: agentrun_owner owns the schema and is used ONLY by `agentrun migrate` (a Job, an init
+-- container, or a person); agentrun_runtime is what the workers and the operator use at run time: it
+-- reads and writes the rows of runs, and can change nothing else. Neither is a superuser.
+-- Replace the database name `agentrun` if yours differs, and set the passwords with \password.
+
+-- [cluster] as a superuser, or a role with CREATEROLE and CREATEDB
+CREATE ROLE agentrun_owner LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE;
+CREATE ROLE agentrun_runtime LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT;
+CREATE DATABASE agentrun OWNER agentrun_owner;
+REVOKE ALL ON DATABASE agentrun FROM PUBLIC;
+GRANT CONNECT ON DATABASE agentrun TO agentrun_runtime;
+
+-- [database] connected to the agentrun database, as a superuser or agentrun_owner
+REVOKE ALL ON SCHEMA public FROM PUBLIC;
+GRANT USAGE ON SCHEMA public TO agentrun_runtime;
+
+-- [after migrate] as agentrun_owner, after `agentrun migrate` (repeat when a migration adds a table)
+-- No DELETE, TRUNCATE or DDL: runs and steps are never deleted by the runtime.
+GRANT SELECT, INSERT, UPDATE ON run, run_step TO agentrun_runtime;
+-- Written by the claim trigger, which runs with the rights of the claiming role; never read at run time.
+GRANT INSERT ON run_lease TO agentrun_runtime;
+-- /readyz and `agentrun worker` (without --no-migrate) read the applied versions.
+GRANT SELECT ON schema_migration TO agentrun_runtime;

@@ -1,0 +1,99 @@
+"""docs/database-role.sql is enough: a worker connected as the runtime role drives a run to its end, and
+that role can neither change the schema nor delete anything."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from psycopg import errors, sql
+from psycopg.conninfo import make_conninfo
+
+from agentrun.worker import migrate
+from agentrun.worker.db import open_pool
+from agentrun.worker.llm.scripted import ScriptedLlm
+from agentrun.worker.records import RunStatus
+from agentrun.worker.store import RunStore
+from agentrun.worker.tools import ToolContext, tool
+from tests.helpers import http_app, new_run, worker
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "database-role.sql"
+
+
+def sections(names: dict[str, str]) -> dict[str, str]:
+    """The file's sections by their [tag], with the role and database names replaced by this test's."""
+    text = DOC.read_text()
+    for old, new in names.items():
+        text = re.sub(rf"\b{old}\b", new, text)
+    parts = re.split(r"^-- \[([a-z ]+)\].*$", text, flags=re.MULTILINE)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
+
+
+@pytest.fixture
+def roles(postgres_url: str) -> Iterator[dict[str, str]]:
+    suffix = uuid.uuid4().hex[:8]
+    names = {"agentrun_owner": f"ar_owner_{suffix}", "agentrun_runtime": f"ar_runtime_{suffix}",
+             "agentrun": f"ar_db_{suffix}"}
+    try:
+        yield names
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(names["agentrun"])))
+            for role in (names["agentrun_runtime"], names["agentrun_owner"]):
+                admin.execute(sql.SQL("DROP ROLE IF EXISTS {}").format(sql.Identifier(role)))
+
+
+def run_section(url: str, script: str) -> None:
+    code = "\n".join(ln.split("--")[0] for ln in script.splitlines())
+    with psycopg.connect(url, autocommit=True) as conn:
+        for statement in (s.strip() for s in code.split(";")):
+            if statement:
+                conn.execute(statement.encode())
+
+
+async def test_a_worker_runs_as_the_least_privileged_role(postgres_url: str, roles: dict[str, str]) -> None:
+    parts = sections(roles)
+    assert set(parts) == {"cluster", "database", "after migrate"}
+    run_section(postgres_url, parts["cluster"])
+    db_url = make_conninfo(postgres_url, dbname=roles["agentrun"])
+    run_section(db_url, parts["database"])
+    owner_url = make_conninfo(db_url, user=roles["agentrun_owner"])
+    runtime_url = make_conninfo(db_url, user=roles["agentrun_runtime"])
+    await migrate.migrate(owner_url)
+    run_section(owner_url, parts["after migrate"])
+
+    # A worker that migrates at start finds nothing to do and needs no DDL for that.
+    assert await migrate.migrate(runtime_url) == []
+    pool = await open_pool(runtime_url, max_size=4)
+    try:
+        store = RunStore(pool)
+
+        @tool(name="lookup")
+        async def lookup(args: dict[str, Any], ctx: ToolContext) -> str:
+            return "found"
+
+        llm = ScriptedLlm().then_tool_use("t1", "lookup", {}, 10, 5).then_text("done", 10, 5)
+        run, _ = await store.create(new_run())
+        assert await worker(store, llm, [lookup]).run_once() == run.id
+        after = await store.get(run.id)
+        assert after is not None and after.status is RunStatus.SUCCEEDED
+        second, _ = await store.create(new_run())
+        assert (await store.cancel(second.id)).status is RunStatus.CANCELLED  # type: ignore[union-attr]
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=http_app(store)), base_url="http://w") as c:
+            assert (await c.get("/readyz")).status_code == 200
+    finally:
+        await pool.close()
+
+    with psycopg.connect(runtime_url, autocommit=True) as conn:
+        for forbidden in ("CREATE TABLE sneaky (x int)", "DELETE FROM run_step", "TRUNCATE run_lease",
+                          "DROP TABLE run_step", "ALTER TABLE run ADD COLUMN x int", "SELECT * FROM run_lease"):
+            with pytest.raises(errors.InsufficientPrivilege):
+                conn.execute(forbidden.encode())
+        row = conn.execute("SELECT rolsuper, rolcreaterole, rolcreatedb FROM pg_roles WHERE rolname = current_user").fetchone()
+        assert row == (False, False, False)

@@ -1,0 +1,304 @@
+"""Faults against real PostgreSQL and the real worker loop: dropped connections, a database restart,
+a stolen lease, a model that stays overloaded, tools that hang or say too much."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from agentrun.worker import migrate
+from agentrun.worker.db import open_pool
+from agentrun.worker.llm.factory import LlmSettings, build_llm
+from agentrun.worker.llm.fake_server import FakeAnthropic, Reply
+from agentrun.worker.llm.retry import Retrying
+from agentrun.worker.llm.scripted import ScriptedLlm
+from agentrun.worker.llm.timeout import TimeLimited
+from agentrun.worker.llm.anthropic_client import AnthropicClient
+from agentrun.worker.records import Run, RunStatus, StepStatus
+from agentrun.worker.runner import Worker
+from agentrun.worker.store import RunStore
+from agentrun.worker.tools import ToolContext, tool
+from bench.local_postgres import LocalPostgres
+from tests.helpers import http_app, eventually, new_run, worker
+
+
+@contextlib.asynccontextmanager
+async def serving(w: Worker) -> AsyncIterator[Worker]:
+    task = asyncio.create_task(w.run())
+    try:
+        yield w
+    finally:
+        w.stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def finished(store: RunStore, run_id: uuid.UUID, timeout: float = 30) -> Run:
+    async def done() -> bool:
+        with contextlib.suppress(psycopg.OperationalError):
+            r = await store.get(run_id)
+            return r is not None and r.status.terminal
+        return False
+
+    await eventually(done, timeout, "the run to finish")
+    run = await store.get(run_id)
+    assert run is not None
+    return run
+
+
+async def assert_whole(store: RunStore, run_id: uuid.UUID) -> None:
+    """Never half-written: no step left STARTED, and the counters are the sum of the steps."""
+    run = await store.get(run_id)
+    steps = await store.steps(run_id)
+    assert run is not None
+    assert [s.seq for s in steps] == list(range(1, len(steps) + 1))
+    assert all(s.status is not StepStatus.STARTED for s in steps)
+    assert run.tokens_used == sum(
+        s.input_tokens + s.output_tokens + s.cache_creation_input_tokens + s.cache_read_input_tokens for s in steps
+    )
+
+
+# -- the database goes away ----------------------------------------------------------------------
+
+
+async def test_dropped_connections_mid_step_hand_the_run_back_and_it_finishes(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    llm = ScriptedLlm().then_tool_use("toolu_1", "lookup", {}, 10, 5).then_text("done", 10, 5)
+    keys: list[str] = []
+
+    @tool(name="lookup")
+    async def lookup(args: dict[str, Any], ctx: ToolContext) -> str:
+        keys.append(ctx.idempotency_key)
+        if len(keys) == 1:  # every connection of the worker's pool dies while the tool runs
+            await db.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        return "found"
+
+    run, _ = await store.create(new_run())
+    async with serving(worker(store, llm, [lookup], lease=1.0)):
+        after = await finished(store, run.id)
+    assert after.status is RunStatus.SUCCEEDED, after.error
+    await assert_whole(store, run.id)
+    assert len(llm.seen) == 2  # the model step before the fault was not repeated
+    # The tool's finish could not be written: the step was redone under the same key, counted.
+    tool_step = [s for s in await store.steps(run.id) if s.tool_use_id == "toolu_1"]
+    assert len(tool_step) == 1 and tool_step[0].attempts == len(keys) and set(keys) == {"toolu_1"}
+
+
+async def test_database_restart_mid_step_readyz_and_recovery() -> None:
+    pg = await asyncio.to_thread(LocalPostgres)
+    try:
+        await migrate.migrate(pg.url)
+        pool = await open_pool(pg.url, max_size=6, timeout=5)
+        store = RunStore(pool)
+        app = http_app(store)
+        started, go_on = asyncio.Event(), asyncio.Event()
+        keys: list[str] = []
+
+        @tool(name="slow")
+        async def slow(args: dict[str, Any], ctx: ToolContext) -> str:
+            keys.append(ctx.idempotency_key)
+            started.set()
+            await go_on.wait()
+            return "slow result"
+
+        async def readyz() -> int:
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://w") as c:
+                return (await c.get("/readyz")).status_code
+
+        llm = ScriptedLlm().then_tool_use("toolu_s", "slow", {}, 10, 5).then_text("done", 10, 5)
+        run, _ = await store.create(new_run())
+        assert await readyz() == 200
+        async with serving(worker(store, llm, [slow], lease=1.5)):
+            await asyncio.wait_for(started.wait(), 20)
+            await asyncio.to_thread(pg.stop)  # the database crashes while the tool runs
+            assert await readyz() == 503
+            await asyncio.to_thread(pg.start)
+            go_on.set()
+
+            async def ready() -> bool:
+                return await readyz() == 200
+
+            await eventually(ready, 30, "readyz to be ready again")
+            after = await finished(store, run.id)
+        assert after.status is RunStatus.SUCCEEDED, after.error
+        await assert_whole(store, run.id)
+        assert len(llm.seen) == 2
+        steps = await store.steps(run.id)
+        assert [s.tool_use_id for s in steps if s.tool_use_id] == ["toolu_s"]
+        assert set(keys) == {"toolu_s"} and steps[1].attempts >= len(keys)
+        await pool.close()
+    finally:
+        await asyncio.to_thread(pg.close)
+
+
+# -- the lease is taken while a slow tool runs ---------------------------------------------------
+
+
+async def steal(db: psycopg.AsyncConnection[Any], run_id: uuid.UUID) -> None:
+    """What a claim by worker-B does to the row, with a lease that will not lapse during the test."""
+    await db.execute(
+        "UPDATE run SET locked_by = 'worker-B', locked_until = now() + interval '1 hour', claims = claims + 1 "
+        "WHERE id = %s",
+        (run_id,),
+    )
+
+
+def lease_lost_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if "lease lost" in r.getMessage()]
+
+
+async def test_stale_worker_finish_is_fenced_and_logged_once(
+    store: RunStore, db: psycopg.AsyncConnection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    started, go_on = asyncio.Event(), asyncio.Event()
+
+    @tool(name="slow")
+    async def slow(args: dict[str, Any], ctx: ToolContext) -> str:
+        started.set()
+        await go_on.wait()
+        return "late result"
+
+    llm = ScriptedLlm().then_tool_use("toolu_1", "slow", {}, 10, 5).then_text("never asked")
+    run, _ = await store.create(new_run())
+    # A 30 s lease: the heartbeat does not beat during the test, so the fenced write is what notices.
+    a = worker(store, llm, [slow], name="worker-A", lease=30.0)
+    async with serving(a):
+        await asyncio.wait_for(started.wait(), 10)
+        await steal(db, run.id)
+        go_on.set()
+
+        async def a_let_go() -> bool:
+            return not a.in_flight
+
+        await eventually(a_let_go, 10, "worker-A to stop driving the run")
+    assert len(lease_lost_lines(caplog)) == 1
+    steps = await store.steps(run.id)
+    # The finish was refused: the step is as worker-A started it, and worker-A asked the model nothing more.
+    assert steps[-1].status is StepStatus.STARTED and steps[-1].response is None
+    assert len(llm.seen) == 1
+    after = await store.get(run.id)
+    assert after is not None and after.status is RunStatus.RUNNING and after.locked_by == "worker-B"
+
+
+async def test_heartbeat_notices_the_stolen_lease_and_cancels_the_tool(
+    store: RunStore, db: psycopg.AsyncConnection[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    started, cancelled = asyncio.Event(), asyncio.Event()
+
+    @tool(name="slow")
+    async def slow(args: dict[str, Any], ctx: ToolContext) -> str:
+        started.set()
+        try:
+            await asyncio.Event().wait()  # never ends by itself
+        except asyncio.CancelledError:
+            cancelled.set()
+            raise
+        return "unreachable"
+
+    llm = ScriptedLlm().then_tool_use("toolu_1", "slow", {}, 10, 5)
+    run, _ = await store.create(new_run())
+    a = worker(store, llm, [slow], name="worker-A", lease=0.9)  # beats every 0.3 s
+    async with serving(a):
+        await asyncio.wait_for(started.wait(), 10)
+        await steal(db, run.id)
+        await asyncio.wait_for(cancelled.wait(), 10)
+
+        async def a_let_go() -> bool:
+            return not a.in_flight
+
+        await eventually(a_let_go, 10, "worker-A to stop driving the run")
+    assert len(lease_lost_lines(caplog)) == 1
+    assert (await store.steps(run.id))[-1].status is StepStatus.STARTED
+
+
+# -- the model API stays down ---------------------------------------------------------------------
+
+
+async def test_model_overloaded_for_long_fails_after_its_attempts(store: RunStore) -> None:
+    async with FakeAnthropic(lambda body: Reply.overloaded()) as api:
+        llm = build_llm(LlmSettings(max_attempts=4, backoff_base_seconds=0.01, backoff_cap_seconds=0.02),
+                        api_key="test-key", base_url=api.base_url)
+        run, _ = await store.create(new_run())
+        async with serving(worker(store, llm, [])):
+            after = await finished(store, run.id)
+        assert after.status is RunStatus.FAILED
+        assert after.error is not None and "529" in after.error and "Overloaded" in after.error
+        assert len(api.requests) == 4  # its attempts, then no more: no hot loop
+        assert after.tokens_used == 0 and await store.steps(run.id) == []
+
+
+async def test_model_overloaded_past_the_deadline_times_out_backing_off(store: RunStore) -> None:
+    async with FakeAnthropic(lambda body: Reply.overloaded()) as api:
+        client = AnthropicClient(api_key="test-key", base_url=api.base_url, http_timeout=10)
+        # As good as unlimited attempts; a seeded jitter makes the waits the same every time.
+        llm = Retrying(TimeLimited(client, 5), max_attempts=1_000_000, base=0.05, cap=0.2, rng=random.Random(7))
+        run, _ = await store.create(new_run(timeout_seconds=1))
+        async with serving(worker(store, llm, [])):
+            after = await finished(store, run.id)
+        assert after.status is RunStatus.TIMED_OUT and after.error is not None and "deadline" in after.error
+        # Backing off between 0 and 0.2 s: tens of calls in a second, where a hot loop makes thousands.
+        assert 2 <= len(api.requests) < 100
+
+
+# -- tools that misbehave ---------------------------------------------------------------------------
+
+
+async def test_tools_hanging_past_their_timeout_become_errors_for_the_model(store: RunStore) -> None:
+    unblock = threading.Event()
+
+    @tool(name="hangs_async", timeout_seconds=0.2)
+    async def hangs_async(args: dict[str, Any], ctx: ToolContext) -> str:
+        await asyncio.Event().wait()
+        return "unreachable"
+
+    @tool(name="hangs_sync", timeout_seconds=0.2)
+    def hangs_sync(args: dict[str, Any], ctx: ToolContext) -> str:
+        unblock.wait(30)
+        return "too late"
+
+    llm = ScriptedLlm().then_tool_uses([("t1", "hangs_async", {}), ("t2", "hangs_sync", {})]).then_text("ok")
+    run, _ = await store.create(new_run())
+    try:
+        async with serving(worker(store, llm, [hangs_async, hangs_sync])):
+            after = await finished(store, run.id)
+    finally:
+        unblock.set()
+    assert after.status is RunStatus.SUCCEEDED
+    tools = [s for s in await store.steps(run.id) if s.tool_use_id]
+    assert [(s.status, s.response) for s in tools] == [
+        (StepStatus.ERROR, "error: tool hangs_async timed out after 0.2s"),
+        (StepStatus.ERROR, "error: tool hangs_sync timed out after 0.2s"),
+    ]
+    results = llm.seen[1].messages[-1]["content"]
+    assert all(r["is_error"] for r in results)
+
+
+async def test_huge_tool_output_is_capped_and_says_so(store: RunStore) -> None:
+    @tool(name="firehose")
+    async def firehose(args: dict[str, Any], ctx: ToolContext) -> str:
+        return "x" * 2_000_000
+
+    llm = ScriptedLlm().then_tool_use("t1", "firehose", {}).then_text("ok")
+    run, _ = await store.create(new_run())
+    async with serving(worker(store, llm, [firehose])):
+        after = await finished(store, run.id)
+    assert after.status is RunStatus.SUCCEEDED
+    step = (await store.steps(run.id))[1]
+    assert step.response is not None
+    assert step.response == "x" * 100_000 + "\n[output truncated: 1900000 more characters not shown]"
+    assert llm.seen[1].messages[-1]["content"][0]["content"] == step.response  # the model is told too

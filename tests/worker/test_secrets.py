@@ -1,0 +1,87 @@
+"""No API key, token or password leaks: a real `agentrun worker` process, whose environment holds all three,
+drives runs through a retried model error, a tool call and a failed model call; none of the secrets
+appears in run rows, step rows, the timeline, error messages or any log line (at DEBUG)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from agentrun.worker.llm.fake_server import FakeAnthropic, Reply
+from agentrun.worker.records import RunStatus
+from agentrun.worker.store import RunStore
+from bench.chaos_tools import EXEC_TABLE
+from tests.helpers import new_run
+
+REPO = Path(__file__).resolve().parents[2]
+API_KEY = "sk-ant-api03-SECRETKEY-0123456789"
+API_TOKEN = "tok-SECRETTOKEN-9876543210"
+DB_PASSWORD = "SECRETPASS-5555"
+SECRETS = (API_KEY, API_TOKEN, DB_PASSWORD)
+
+
+async def test_secrets_stay_out_of_rows_timeline_errors_and_logs(
+    store: RunStore, database_url: str, db: psycopg.AsyncConnection[Any]
+) -> None:
+    await db.execute(EXEC_TABLE)
+    # The password is part of the URL the worker gets; the embedded server trusts local connections,
+    # so it is never asked for, but it is there to be leaked.
+    url_with_password = make_conninfo(database_url, password=DB_PASSWORD)
+    assert conninfo_to_dict(url_with_password)["password"] == DB_PASSWORD
+    async with FakeAnthropic() as api:
+        api.script(
+            Reply.overloaded(),  # retried: a warning with the error is logged
+            Reply.tool_use("chaos_step", {"run": "1", "turn": 0, "part": 0}, id="toolu_secret_1"),
+            Reply.text("done"),
+            Reply.bad_request("messages.0: this request is refused"),  # the second run fails with it
+        )
+        first, _ = await store.create(new_run("run one"))
+        second, _ = await store.create(new_run("run two"))
+        env = {
+            **os.environ,
+            "ANTHROPIC_API_KEY": API_KEY,
+            "ANTHROPIC_BASE_URL": api.base_url,
+            "AGENTRUN_API_TOKEN": API_TOKEN,
+            "AGENTRUN_DATABASE_URL": url_with_password,
+            "AGENTRUN_TOOLS": "bench.chaos_tools",
+            "AGENTRUN_LOG_LEVEL": "DEBUG",
+            "AGENTRUN_LLM_BACKOFF_BASE_SECONDS": "0.01",
+            "PYTHONPATH": str(REPO),
+        }
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", "secret-worker", "--port", "0",
+            "--host", "127.0.0.1", "--concurrency", "1", "--poll-interval", "0.1",
+            env=env, cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                runs = [await store.get(first.id), await store.get(second.id)]
+                if all(r is not None and r.status.terminal for r in runs):
+                    break
+                assert proc.returncode is None, "the worker exited"
+                assert time.monotonic() < deadline, "the runs did not finish"
+                await asyncio.sleep(0.05)
+        finally:
+            proc.terminate()
+            output, _ = await asyncio.wait_for(proc.communicate(), 30)
+        bodies = repr(api.requests)
+
+    one, two = runs
+    assert one is not None and one.status is RunStatus.SUCCEEDED, one.error
+    assert two is not None and two.status is RunStatus.FAILED and "refused" in (two.error or "")
+    logs = output.decode(errors="replace")
+    assert "model call failed" in logs and "secret-worker" in logs  # the logs were really captured
+    cur = await db.execute("SELECT row_to_json(r)::text FROM run r UNION ALL SELECT row_to_json(s)::text FROM run_step s")
+    rows = " ".join(r[0] for r in await cur.fetchall())
+    timeline = repr([await store.timeline(first.id), await store.timeline(second.id)])
+    for secret in SECRETS:
+        for where, text in (("rows", rows), ("timeline", timeline), ("logs", logs), ("model request bodies", bodies)):
+            assert secret not in text, f"{secret[:8]}… leaked into the {where}"

@@ -24,7 +24,7 @@ REQUEUE = """UPDATE run SET status = 'QUEUED', locked_by = NULL, locked_until = 
 async def fill(url: str, queued: int) -> None:
     pool = await open_pool(url, max_size=1)
     async with pool.connection() as conn:
-        await conn.execute("TRUNCATE run_step, run")
+        await conn.execute("TRUNCATE run_step, run_lease, run")
         # One statement: fast, and the wake-up trigger's notifications collapse into one.
         await conn.execute(
             """INSERT INTO run (id, input, model, token_budget, timeout_seconds, deadline_at, run_at)

@@ -26,7 +26,7 @@ from agentrun.worker.llm.timeout import TimeLimited
 from agentrun.worker.llm.anthropic_client import AnthropicClient
 from agentrun.worker.records import Run, RunStatus, StepStatus
 from agentrun.worker.runner import Worker
-from agentrun.worker.store import RunStore
+from agentrun.worker.store import LIVENESS_LOCK_CLASS, RunStore
 from agentrun.worker.tools import ToolContext, tool
 from bench.local_postgres import LocalPostgres
 from tests.helpers import http_app, eventually, new_run, worker
@@ -148,7 +148,12 @@ async def test_database_restart_mid_step_readyz_and_recovery() -> None:
 
 
 async def steal(db: psycopg.AsyncConnection[Any], run_id: uuid.UUID) -> None:
-    """What a claim by worker-B does to the row, with a lease that will not lapse during the test."""
+    """What a claim by a live worker-B does to the row, with a lease that will not lapse during the test.
+
+    worker-B's liveness lock is held on `db` for the rest of the test, as a live worker holds it, so
+    worker-A cannot see worker-B as dead and claim the run straight back.
+    """
+    await db.execute("SELECT pg_advisory_lock(%s, hashtext('worker-B'))", (LIVENESS_LOCK_CLASS,))
     await db.execute(
         "UPDATE run SET locked_by = 'worker-B', locked_until = now() + interval '1 hour', claims = claims + 1 "
         "WHERE id = %s",

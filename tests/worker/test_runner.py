@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import uuid
 from typing import Any
 
 import httpx
@@ -92,3 +93,54 @@ def test_cli_without_database_says_what_to_set() -> None:
     out = subprocess.run([sys.executable, "-m", "agentrun.worker.cli", "migrate"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0
     assert "AGENTRUN_DATABASE_URL" in out.stderr and "Traceback" not in out.stderr
+
+
+async def test_reclaiming_its_own_lapsed_run_supersedes_the_old_driver(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """A lease that lapsed under a live driver (say the database was away) and is claimed again by the
+    same worker: the old driver is stopped first, and the new claim's lease is not given away."""
+    run, _ = await store.create(new_run())
+    first_started, first_cancelled = asyncio.Event(), asyncio.Event()
+    lease_alive_on_retry: list[bool] = []
+
+    @tool(name="slow")
+    async def slow(args: dict[str, Any], ctx: ToolContext) -> str:
+        if not first_started.is_set():
+            first_started.set()
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                first_cancelled.set()
+                raise
+        cur = await db.execute("SELECT locked_until > now() FROM run WHERE id = %s", (ctx.run_id,))
+        lease_alive_on_retry.append(bool((await cur.fetchone())[0]))  # type: ignore[index]
+        return "second time lucky"
+
+    class RecordingStore(RunStore):
+        released: list[uuid.UUID] = []
+
+        async def release(self, run_id: uuid.UUID, worker: str) -> bool:
+            self.released.append(run_id)
+            return await super().release(run_id, worker)
+
+    llm = ScriptedLlm().then_tool_use("t1", "slow").then_text("done")
+    recording = RecordingStore(store.pool)
+    a = worker(recording, llm, [slow], "worker-A")
+    serving = asyncio.create_task(a.run())
+    try:
+        await asyncio.wait_for(first_started.wait(), 10)
+        await db.execute("UPDATE run SET locked_until = now() - interval '1 second' WHERE id = %s", (run.id,))
+
+        async def succeeded() -> bool:
+            after = await store.get(run.id)
+            return after is not None and after.status is RunStatus.SUCCEEDED
+
+        await eventually(succeeded, what="the run to finish under its second claim")
+    finally:
+        a.stop()
+        await asyncio.wait_for(serving, 10)
+    assert first_cancelled.is_set() and lease_alive_on_retry == [True]
+    assert recording.released == []  # the superseded driver did not hand back the new claim's lease
+    steps = await store.timeline(run.id)
+    assert steps[1].attempts == 2 and len(llm.seen) == 2

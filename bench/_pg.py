@@ -122,3 +122,16 @@ def emit(figures: dict[str, Any]) -> None:
     """The machine-readable result: one JSON object, always the last line printed."""
     sys.stdout.flush()
     print(json.dumps(figures, default=str), flush=True)
+
+
+def pyplot() -> Any | None:
+    """matplotlib's pyplot on the file-only Agg backend, or None (with a hint) without the bench extra."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("  (matplotlib not installed: pip install -e '.[bench]' for the plot)")
+        return None
+    return plt

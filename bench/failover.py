@@ -109,13 +109,8 @@ def scenario(
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("  (matplotlib not installed: pip install -e '.[bench]' for the plot)")
+    plt = _pg.pyplot()
+    if plt is None:
         return False
     fig, ax = plt.subplots(figsize=(9, 3.2))
     for y, r in enumerate(results):

@@ -43,13 +43,8 @@ async def bench(url: str, steps: int) -> list[tuple[int, float]]:
 
 
 def plot(per_step: list[tuple[int, float]], path: Path) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("  (matplotlib not installed: pip install -e '.[bench]' for the plot)")
+    plt = _pg.pyplot()
+    if plt is None:
         return False
     seqs, ms = zip(*per_step)
     fig, ax = plt.subplots(figsize=(9, 3.5))

@@ -80,7 +80,7 @@ class RunDriver:
         """
         task = asyncio.current_task()
         assert task is not None
-        self.keeper.hold(run.id, task)  # type: ignore[arg-type]
+        self.keeper.hold(run.id, task)
         try:
             with logs.step_context(run_id=str(run.id)):
                 return await self._resume(run, progress)

@@ -146,7 +146,7 @@ class ToolBox:
         try:
             async with asyncio.timeout(t.timeout_seconds):
                 if inspect.iscoroutinefunction(t.fn):
-                    result = await t.fn(args, ctx)  # type: ignore[misc]
+                    result = await t.fn(args, ctx)
                 else:
                     # A plain function runs off the event loop. A thread cannot be killed: on timeout we
                     # stop waiting for it, and it finishes (or not) on its own.

@@ -349,7 +349,7 @@ async def test_database_unavailable_is_503(store: RunStore, toolbox: ToolBox, se
 
 
 class _BrokenStore(RunStore):
-    async def list(self, status: RunStatus | None = None, limit: int = 50, after: uuid.UUID | None = None) -> Any:
+    async def list_runs(self, status: RunStatus | None = None, limit: int = 50, after: uuid.UUID | None = None) -> Any:
         raise RuntimeError("a bug, with a secret in its message: hunter2")
 
 

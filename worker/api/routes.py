@@ -155,7 +155,7 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         if after is not None and await store.get(after) is None:
             problem = "names no run; pass the `next` of a previous page"
             raise ApiError(422, f"after: {problem}", [FieldProblem(field="after", problem=problem)])
-        runs = await store.list(status, limit + 1, after)
+        runs = await store.list_runs(status, limit + 1, after)
         page = runs[:limit]
         return RunPage(items=[RunSummary.of(r) for r in page], next=page[-1].id if len(runs) > limit else None)
 

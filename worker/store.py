@@ -140,7 +140,7 @@ class RunStore:
             "name": new.k8s_name,
         }
         row = await self._one(
-            f"""WITH ins AS (
+            """WITH ins AS (
                     INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd,
                                      max_steps, timeout_seconds, deadline_at, idempotency_key,
                                      k8s_namespace, k8s_name)

@@ -125,7 +125,9 @@ class ToolBox:
         names = self.names if allowed is None else [n for n in allowed if n in self._tools]
         return [self._tools[n].definition() for n in names]
 
-    async def execute(self, name: str, args: Any, ctx: ToolContext, allowed: Iterable[str] | None = None) -> ToolOutcome:
+    async def execute(
+        self, name: str, args: Any, ctx: ToolContext, allowed: Iterable[str] | None = None
+    ) -> ToolOutcome:
         """Run one call. Every failure the model can learn from becomes an error outcome.
 
         Tool exceptions, timeouts, unknown or disallowed names and inputs that break the schema are

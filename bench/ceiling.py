@@ -13,9 +13,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import _pg  # noqa: E402
 from agentrun.worker.db import open_pool  # noqa: E402
 from agentrun.worker.store import RunStore  # noqa: E402
+from bench import _pg  # noqa: E402
 
 
 async def bench(url: str, clients: int, seconds: float) -> dict[str, object]:

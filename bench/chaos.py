@@ -293,12 +293,15 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
             crashed = any(prev["at"] <= t <= nxt["at"] and name == who for t, name in crashes)
             db_down = outage is not None and prev["at"] <= outage.ended and outage.started <= nxt["at"]
             if not (crashed or db_down):
-                bad_exec.append(f"{key}: executed again at {nxt['at']:.2f} without a crash of {who} since {prev['at']:.2f}")
+                bad_exec.append(
+                    f"{key}: executed again at {nxt['at']:.2f} without a crash of {who} since {prev['at']:.2f}"
+                )
     again = sum(len(es) - 1 for es in per_key.values())
     checks.append(Check(
         "tool re-executions share the key and follow a crash", not bad_exec,
         f"{len(execs)} executions of {len(per_key)} tool calls ({len(tool_steps)} tool steps); {again} re-executions "
-        f"in {sum(1 for es in per_key.values() if len(es) > 1)} calls (violations: {len(bad_exec)} {_sample(bad_exec)})"))
+        f"in {sum(1 for es in per_key.values() if len(es) > 1)} calls "
+        f"(violations: {len(bad_exec)} {_sample(bad_exec)})"))
 
     # 4. counters equal the sum over the steps
     tokens: collections.Counter[Any] = collections.Counter()
@@ -327,7 +330,8 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
         checks.append(Check(
             "readyz not ready while the database is down, ready after", bool(down) and all(c == 503 for c in down)
             and outage.readyz_after == 200,
-            f"readyz during the {outage.ended - outage.started:.1f}s outage: {collections.Counter(outage.readyz_while_down)}; "
+            f"readyz during the {outage.ended - outage.started:.1f}s outage: "
+            f"{collections.Counter(outage.readyz_while_down)}; "
             f"after: {outage.readyz_after}"))
 
     lines = [
@@ -335,7 +339,8 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
         f"  runs: {len(plan_list)} ({sum(p.turns for p in plan_list)} tool turns, "
         f"{sum(1 for p in plan_list if p.parallel > 1)} with parallel tool_use, {sum(1 for p in plan_list if p.slow)} "
         f"with slow tools, {sum(1 for p in plan_list if p.expected == 'FAILED')} scripted to exhaust their budget)",
-        f"  workers: {len(fleet.slots)} processes, {sum(fleet.generation)} started, {len(fleet.kills)} killed with SIGKILL",
+        f"  workers: {len(fleet.slots)} processes, {sum(fleet.generation)} started, "
+        f"{len(fleet.kills)} killed with SIGKILL",
         f"  postgres restarts: {1 if outage else 0}"
         + (f" (down {outage.ended - outage.started:.1f}s)" if outage else ""),
         f"  claims: {leases} ({leases - len(runs)} hand-overs)",

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import psycopg  # noqa: E402
 
-from bench import _pg  # noqa: E402
 from agentrun.worker.store import RunStore  # noqa: E402
+from bench import _pg  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 

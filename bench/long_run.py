@@ -13,10 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import _pg  # noqa: E402
 from agentrun.worker.db import open_pool  # noqa: E402
 from agentrun.worker.llm.scripted import TurnBasedLlm  # noqa: E402
 from agentrun.worker.store import RunStore  # noqa: E402
+from bench import _pg  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 
@@ -46,7 +46,7 @@ def plot(per_step: list[tuple[int, float]], path: Path) -> bool:
     plt = _pg.pyplot()
     if plt is None:
         return False
-    seqs, ms = zip(*per_step)
+    seqs, ms = zip(*per_step, strict=True)
     fig, ax = plt.subplots(figsize=(9, 3.5))
     ax.plot(seqs, ms, lw=0.6, color="#4c72b0", label="time per step")
     window = 25

@@ -13,11 +13,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench import _pg  # noqa: E402
 from agentrun.worker import logs  # noqa: E402
 from agentrun.worker.db import open_pool  # noqa: E402
 from agentrun.worker.llm.scripted import TurnBasedLlm  # noqa: E402
 from agentrun.worker.store import RunStore  # noqa: E402
+from bench import _pg  # noqa: E402
 
 
 async def bench(url: str, runs: int, turns: int, concurrency: int, liveness: bool = True) -> dict[str, object]:

@@ -61,7 +61,9 @@ class KubeApi:
     async def delete(self, namespace: str, name: str) -> bool:
         return await self._call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
 
-    async def event(self, namespace: str, name: str, uid: uuid.UUID | str, type_: str, reason: str, message: str) -> None:
+    async def event(
+        self, namespace: str, name: str, uid: uuid.UUID | str, type_: str, reason: str, message: str
+    ) -> None:
         """Post a core/v1 Event about an AgentRun. Losing one is not worth failing for: logged, not raised."""
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         body = {

@@ -121,9 +121,9 @@ class StatusSync:
         if ids:
             runs.update({r.id: r for r in await self.store.get_many(list(ids))})
         for run in runs.values():
-            ref = self.lookup(run.id)
-            if ref is not None:  # not ours (another namespace), or deleted meanwhile
-                await self.publish(run, ref)
+            linked = self.lookup(run.id)
+            if linked is not None:  # not ours (another namespace), or deleted meanwhile
+                await self.publish(run, linked)
 
     async def _publish(self, run: Run, ref: Ref) -> None:
         old = self._shown(ref)

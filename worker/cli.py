@@ -98,8 +98,8 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     from agentrun.worker.api.server import HttpServer
     from agentrun.worker.db import open_pool
     from agentrun.worker.llm.factory import llm_from_env
-    from agentrun.worker.pricing import PriceTable
     from agentrun.worker.metrics import Metrics
+    from agentrun.worker.pricing import PriceTable
     from agentrun.worker.runner import Worker
     from agentrun.worker.store import RunStore
     from agentrun.worker.tools import ToolBox, load_tool_modules
@@ -137,7 +137,8 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         loop.add_signal_handler(sig, stop)
     log.info(
         "%s serving on :%d with %d slots, lease %gs, tools: %s",
-        settings.worker_id, settings.port, settings.concurrency, settings.lease_seconds, ", ".join(tools.names) or "none",
+        settings.worker_id, settings.port, settings.concurrency, settings.lease_seconds,
+        ", ".join(tools.names) or "none",
     )
     http = asyncio.create_task(server.serve())
     try:
@@ -193,6 +194,7 @@ CLIENT_ENV = (
 
 def cmd_runs(args: argparse.Namespace) -> int:
     import orjson
+
     from agentrun.worker import client
 
     def show(value: object, text: str) -> None:
@@ -217,7 +219,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 show(steps, client.timeline_table(steps))
             elif args.runs_command == "cancel":
                 run = api.cancel(args.id)
-                show(run, f"{run['id']} {run['status']}" + (" (cancel requested)" if run["status"] == "RUNNING" else ""))
+                requested = " (cancel requested)" if run["status"] == "RUNNING" else ""
+                show(run, f"{run['id']} {run['status']}{requested}")
             elif args.runs_command == "list":
                 page = api.list(args.status, args.limit, args.after)
                 show(page, client.runs_table(page))
@@ -400,7 +403,8 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_demo(args: argparse.Namespace) -> int:
     from agentrun.worker.demo import story
 
-    return story.run(story.Options(keep=args.keep, live=args.live, lease_seconds=args.lease_seconds, verbose=args.verbose))
+    options = story.Options(keep=args.keep, live=args.live, lease_seconds=args.lease_seconds, verbose=args.verbose)
+    return story.run(options)
 
 
 def _positive_int(text: str) -> int:

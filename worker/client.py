@@ -112,7 +112,7 @@ def _cells(step: Mapping[str, Any]) -> list[str]:
 
 def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
     numeric = {0, 5, 6, 7, 8}  # right-aligned so digits line up
-    parts = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths))]
+    parts = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
     return "  ".join(parts).rstrip()
 
 
@@ -160,7 +160,7 @@ def runs_table(page: Mapping[str, Any]) -> str:
         for r in page["items"]
     ]
     widths = [max(len(header[i]), *(len(r[i]) for r in rows)) if rows else len(header[i]) for i in range(len(header))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in [header, *rows]]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
     if page.get("next"):
         lines.append(f"more: --after {page['next']}")
     return "\n".join(lines)

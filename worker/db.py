@@ -7,7 +7,9 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 
-async def open_pool(conninfo: str, max_size: int = 10, min_size: int = 1, timeout: float = 30.0) -> AsyncConnectionPool[Any]:
+async def open_pool(
+    conninfo: str, max_size: int = 10, min_size: int = 1, timeout: float = 30.0
+) -> AsyncConnectionPool[Any]:
     """Autocommit connections: every write of the store is a single statement, atomic by itself."""
     pool: AsyncConnectionPool[Any] = AsyncConnectionPool(
         conninfo,

@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 import orjson
+
 from agentrun.worker import logs
 from agentrun.worker.guard import Stop, deadline_passed, guard, remaining
 from agentrun.worker.lease import LeaseKeeper
@@ -80,7 +81,7 @@ class RunDriver:
         """
         task = asyncio.current_task()
         assert task is not None
-        self.keeper.hold(run.id, task)  # type: ignore[arg-type]
+        self.keeper.hold(run.id, task)
         try:
             with logs.step_context(run_id=str(run.id)):
                 return await self._resume(run, progress)
@@ -233,7 +234,9 @@ class RunDriver:
         )
         self.observer.tool_step(name, seconds, outcome.ok)
         status = StepStatus.DONE if outcome.ok else StepStatus.ERROR
-        conv.apply(Step(run.id, seq, StepKind.TOOL, status, tool_name=name, tool_use_id=tool_use_id, response=outcome.output))
+        conv.apply(
+            Step(run.id, seq, StepKind.TOOL, status, tool_name=name, tool_use_id=tool_use_id, response=outcome.output)
+        )
         log.info(
             "%s run=%s seq=%d TOOL %s id=%s %s %dms",
             self.me, run.id.hex[:8], seq, name, tool_use_id, "done" if outcome.ok else "error", latency_ms,

@@ -12,10 +12,14 @@ import contextvars
 import logging
 import re
 import sys
+import types
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-_context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("agentrun_log_context", default={})
+# Read-only: each block sets a new mapping, so one task's fields never leak into another's.
+_context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
+    "agentrun_log_context", default=types.MappingProxyType({})
+)
 
 # Fields every record gets, so JSON lines have a stable shape (null outside a run or step).
 CONTEXT_FIELDS = ("run_id", "step_seq")

@@ -12,11 +12,12 @@ import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from decimal import Decimal
 
-from agentrun.worker.llm.types import Usage
-from agentrun.worker.records import RunStatus
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from agentrun.worker.llm.types import Usage
+from agentrun.worker.records import RunStatus
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,7 @@ import importlib.resources
 import re
 
 import psycopg
+from psycopg.rows import TupleRow
 
 # Any constant both sides agree on; it only has to differ from other advisory locks in the database.
 MIGRATION_LOCK_KEY = 0x61676E7452756E  # "agntRun"
@@ -62,7 +63,7 @@ async def migrate(conninfo: str) -> list[Migration]:
             for m in available():
                 if m.version in done:
                     continue
-                await conn.execute(m.sql.encode())  # type: ignore[arg-type]
+                await conn.execute(m.sql.encode())
                 await conn.execute(
                     "INSERT INTO schema_migration (version, name) VALUES (%s, %s)", (m.version, m.name)
                 )
@@ -70,7 +71,7 @@ async def migrate(conninfo: str) -> list[Migration]:
     return applied
 
 
-async def applied_versions(conn: psycopg.AsyncConnection[object]) -> set[int]:
+async def applied_versions(conn: psycopg.AsyncConnection[TupleRow]) -> set[int]:
     cur = await conn.execute(
         "SELECT coalesce(array_agg(version), '{}') FROM schema_migration"
         if await _has_table(conn) else "SELECT '{}'::int[]"
@@ -80,13 +81,13 @@ async def applied_versions(conn: psycopg.AsyncConnection[object]) -> set[int]:
     return set(row[0]) if row else set()
 
 
-async def _has_table(conn: psycopg.AsyncConnection[object]) -> bool:
+async def _has_table(conn: psycopg.AsyncConnection[TupleRow]) -> bool:
     cur = await conn.execute("SELECT to_regclass('schema_migration') IS NOT NULL")
     row = await cur.fetchone()
     return bool(row and row[0])
 
 
-async def current_version(conn: psycopg.AsyncConnection[object]) -> int | None:
+async def current_version(conn: psycopg.AsyncConnection[TupleRow]) -> int | None:
     """The newest applied version, or None on a database never migrated."""
     cur = await conn.execute("SELECT to_regclass('schema_migration') IS NOT NULL")
     row = await cur.fetchone()

@@ -175,7 +175,9 @@ class Worker:
     async def _drain(self) -> None:
         if not self.in_flight:
             return
-        log.info("%s waiting up to %.0fs for %d in-flight runs", self.id, self.settings.shutdown_grace, len(self.in_flight))
+        log.info(
+            "%s waiting up to %.0fs for %d in-flight runs", self.id, self.settings.shutdown_grace, len(self.in_flight)
+        )
         _, late = await asyncio.wait(set(self.in_flight), timeout=self.settings.shutdown_grace)
         for task in late:
             task.cancel()

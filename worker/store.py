@@ -8,7 +8,6 @@ and costs one round trip; it renews the lease and returns the run's counters for
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import uuid
 from collections.abc import Sequence
 from decimal import Decimal
@@ -85,19 +84,17 @@ def _progress(row: dict[str, Any]) -> Progress:
 
 
 class RunStore:
-    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+    def __init__(self, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]) -> None:
         self.pool = pool
 
     async def dedicated_connection(self) -> psycopg.AsyncConnection[Any]:
         """A connection of its own, with the pool's settings, for a session that outlives any one query."""
-        conninfo, kwargs = self.pool.conninfo, self.pool.kwargs
-        if callable(conninfo):
-            conninfo = conninfo()
-        if inspect.isawaitable(conninfo):
+        conninfo_source, kwargs_source = self.pool.conninfo, self.pool.kwargs
+        conninfo = conninfo_source() if callable(conninfo_source) else conninfo_source
+        if not isinstance(conninfo, str):
             conninfo = await conninfo
-        if callable(kwargs):
-            kwargs = kwargs()
-        if inspect.isawaitable(kwargs):
+        kwargs = kwargs_source() if callable(kwargs_source) else kwargs_source
+        if kwargs is not None and not isinstance(kwargs, dict):
             kwargs = await kwargs
         return await psycopg.AsyncConnection.connect(conninfo, **{**(kwargs or {}), "autocommit": True})
 
@@ -143,7 +140,7 @@ class RunStore:
             "name": new.k8s_name,
         }
         row = await self._one(
-            f"""WITH ins AS (
+            """WITH ins AS (
                     INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd,
                                      max_steps, timeout_seconds, deadline_at, idempotency_key,
                                      k8s_namespace, k8s_name)
@@ -174,7 +171,7 @@ class RunStore:
         row = await self._one(f"SELECT {RUN_COLUMNS} FROM run r WHERE r.id = %s", (run_id,))
         return _run(row) if row else None
 
-    async def list(
+    async def list_runs(
         self, status: RunStatus | None = None, limit: int = 50, after: uuid.UUID | None = None
     ) -> list[Run]:
         """Newest first; `after` is the id of the last run of the previous page (keyset pagination)."""

@@ -125,7 +125,9 @@ class ToolBox:
         names = self.names if allowed is None else [n for n in allowed if n in self._tools]
         return [self._tools[n].definition() for n in names]
 
-    async def execute(self, name: str, args: Any, ctx: ToolContext, allowed: Iterable[str] | None = None) -> ToolOutcome:
+    async def execute(
+        self, name: str, args: Any, ctx: ToolContext, allowed: Iterable[str] | None = None
+    ) -> ToolOutcome:
         """Run one call. Every failure the model can learn from becomes an error outcome.
 
         Tool exceptions, timeouts, unknown or disallowed names and inputs that break the schema are
@@ -146,7 +148,7 @@ class ToolBox:
         try:
             async with asyncio.timeout(t.timeout_seconds):
                 if inspect.iscoroutinefunction(t.fn):
-                    result = await t.fn(args, ctx)  # type: ignore[misc]
+                    result = await t.fn(args, ctx)
                 else:
                     # A plain function runs off the event loop. A thread cannot be killed: on timeout we
                     # stop waiting for it, and it finishes (or not) on its own.

@@ -12,13 +12,13 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from fastapi import FastAPI
+
 from agentrun.worker.api.app import create_app
 from agentrun.worker.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox, ToolContext, tool
-from fastapi import FastAPI
-
 from tests.helpers import MODEL, eventually
 
 

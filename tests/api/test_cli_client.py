@@ -8,11 +8,11 @@ import uuid
 from collections.abc import AsyncIterator
 
 import pytest
+
 from agentrun.worker import cli
 from agentrun.worker.llm.scripted import TurnBasedLlm
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
-
 from tests.helpers import worker
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
@@ -108,7 +108,6 @@ async def test_token_from_the_environment(store: RunStore, toolbox: ToolBox, cap
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from agentrun.worker.metrics import Metrics
     from agentrun.worker.settings import WorkerSettings
-
     from tests.api.conftest import make_app, serving
 
     app = make_app(store, toolbox, WorkerSettings(database_url="unused", api_token="t0ken-abc"), Metrics())

@@ -8,11 +8,11 @@ import logging
 from collections.abc import Iterator
 
 import pytest
+
 from agentrun.worker import logs
 from agentrun.worker.llm.scripted import ScriptedLlm
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
-
 from tests.helpers import new_run, worker
 
 

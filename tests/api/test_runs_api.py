@@ -8,13 +8,13 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
+from fastapi import FastAPI
+
 from agentrun.worker.metrics import Metrics
 from agentrun.worker.records import RunStatus
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
-from fastapi import FastAPI
-
 from tests.api.conftest import asgi_client, make_app
 from tests.helpers import MODEL
 
@@ -202,7 +202,6 @@ async def test_cancel_unknown_and_malformed(client: httpx.AsyncClient) -> None:
 
 async def test_timeline_and_step_of_a_finished_run(client: httpx.AsyncClient, store: RunStore, toolbox: ToolBox) -> None:
     from agentrun.worker.llm.scripted import ScriptedLlm
-
     from tests.helpers import worker
 
     created = await submit(client, tools=["lookup"])
@@ -349,7 +348,7 @@ async def test_database_unavailable_is_503(store: RunStore, toolbox: ToolBox, se
 
 
 class _BrokenStore(RunStore):
-    async def list(self, status: RunStatus | None = None, limit: int = 50, after: uuid.UUID | None = None) -> Any:
+    async def list_runs(self, status: RunStatus | None = None, limit: int = 50, after: uuid.UUID | None = None) -> Any:
         raise RuntimeError("a bug, with a secret in its message: hunter2")
 
 

@@ -18,18 +18,18 @@ import pytest
 
 from agentrun.worker import migrate
 from agentrun.worker.db import open_pool
+from agentrun.worker.llm.anthropic_client import AnthropicClient
 from agentrun.worker.llm.factory import LlmSettings, build_llm
 from agentrun.worker.llm.fake_server import FakeAnthropic, Reply
 from agentrun.worker.llm.retry import Retrying
 from agentrun.worker.llm.scripted import ScriptedLlm
 from agentrun.worker.llm.timeout import TimeLimited
-from agentrun.worker.llm.anthropic_client import AnthropicClient
 from agentrun.worker.records import Run, RunStatus, StepStatus
 from agentrun.worker.runner import Worker
 from agentrun.worker.store import LIVENESS_LOCK_CLASS, RunStore
 from agentrun.worker.tools import ToolContext, tool
 from bench.local_postgres import LocalPostgres
-from tests.helpers import http_app, eventually, new_run, worker
+from tests.helpers import eventually, http_app, new_run, worker
 
 
 @contextlib.asynccontextmanager

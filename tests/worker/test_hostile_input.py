@@ -27,7 +27,7 @@ async def test_input_that_cannot_be_stored_is_refused_with_a_reason(store: RunSt
         await store.create(new_run(text))
     with pytest.raises(ValueError, match=f"run system contains a {why}"):
         await store.create(new_run("fine", system=text))
-    assert await store.list() == []
+    assert await store.list_runs() == []
 
 
 async def test_odd_unicode_and_long_input_round_trip(store: RunStore) -> None:

@@ -104,7 +104,7 @@ def test_replayed_messages_alternate_and_answer_every_tool_use_once(steps: list[
     c = Conversation.replay("input", steps)
     roles = [m["role"] for m in c.messages]
     assert roles[0] == "user"
-    assert all(a != b for a, b in zip(roles, roles[1:])), roles
+    assert all(a != b for a, b in zip(roles, roles[1:], strict=False)), roles
     for i, m in enumerate(c.messages):
         if m["role"] != "assistant":
             continue

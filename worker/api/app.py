@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
 from agentrun.worker import migrate
 from agentrun.worker.api import errors
 from agentrun.worker.api.guards import BearerAuth, BodyLimit
@@ -10,9 +14,6 @@ from agentrun.worker.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST
 
 DESCRIPTION = """Submit agent runs, follow them step by step, and cancel them.
 

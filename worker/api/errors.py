@@ -12,12 +12,13 @@ from typing import Any
 
 import psycopg
 import psycopg_pool
-from agentrun.worker.api.schemas import ErrorBody, FieldProblem
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agentrun.worker.api.schemas import ErrorBody, FieldProblem
 
 log = logging.getLogger("agentrun.worker.api")
 

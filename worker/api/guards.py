@@ -9,8 +9,9 @@ from __future__ import annotations
 import hmac
 from collections.abc import Awaitable, Callable
 
-from agentrun.worker.api.errors import error_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from agentrun.worker.api.errors import error_response
 
 API_PREFIX = "/api"
 

@@ -6,6 +6,10 @@ import uuid
 from typing import Annotated, Any
 
 import orjson
+from fastapi import APIRouter, Header, Path, Query, Request, Response, Security
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPBearer
+
 from agentrun.worker.api.errors import ApiError, summary
 from agentrun.worker.api.schemas import (
     MAX_SEQ,
@@ -23,9 +27,6 @@ from agentrun.worker.records import NewRun, Run, RunStatus
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
-from fastapi import APIRouter, Header, Path, Query, Request, Response, Security
-from fastapi.routing import APIRoute
-from fastapi.security import HTTPBearer
 
 MAX_PAGE = 200
 MAX_IDEMPOTENCY_KEY = 255
@@ -155,7 +156,7 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         if after is not None and await store.get(after) is None:
             problem = "names no run; pass the `next` of a previous page"
             raise ApiError(422, f"after: {problem}", [FieldProblem(field="after", problem=problem)])
-        runs = await store.list(status, limit + 1, after)
+        runs = await store.list_runs(status, limit + 1, after)
         page = runs[:limit]
         return RunPage(items=[RunSummary.of(r) for r in page], next=page[-1].id if len(runs) > limit else None)
 

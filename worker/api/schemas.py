@@ -7,9 +7,10 @@ import uuid
 from decimal import Decimal
 from typing import Annotated
 
-from agentrun.worker.records import Run, RunStatus, Step, StepKind, StepStatus
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
+
+from agentrun.worker.records import Run, RunStatus, Step, StepKind, StepStatus
 
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 MAX_STEPS = 10_000
@@ -39,7 +40,9 @@ def _not_blank(value: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_storable)]
-Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS), AfterValidator(_storable), AfterValidator(_not_blank)]
+Name = Annotated[
+    str, Field(min_length=1, max_length=MAX_NAME_CHARS), AfterValidator(_storable), AfterValidator(_not_blank)
+]
 
 
 class _Camel(BaseModel):

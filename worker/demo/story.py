@@ -216,7 +216,11 @@ async def tell(options: Options) -> int:
             await b.start()
             await _wait_for(
                 "waiting for worker-A to start the tool step…",
-                lambda: _query(db_url, "SELECT seq FROM run_step WHERE run_id = %s AND kind = 'TOOL' AND status = 'STARTED'", run_id),
+                lambda: _query(
+                    db_url,
+                    "SELECT seq FROM run_step WHERE run_id = %s AND kind = 'TOOL' AND status = 'STARTED'",
+                    run_id,
+                ),
                 say,
             )
             a.kill()
@@ -252,7 +256,10 @@ async def tell(options: Options) -> int:
 
 
 def _print_timeline(timeline: list[dict[str, Any]], attempts: dict[int, int]) -> None:
-    print(f"{'seq':>3}  {'kind':<5} {'what':<24} {'status':<6} {'latency':>8} {'in':>6} {'out':>5} {'cache r/w':>11}  worker")
+    print(
+        f"{'seq':>3}  {'kind':<5} {'what':<24} {'status':<6} {'latency':>8} "
+        f"{'in':>6} {'out':>5} {'cache r/w':>11}  worker"
+    )
     for s in timeline:
         what = s.get("stopReason") or ""
         if s["kind"] == "TOOL":

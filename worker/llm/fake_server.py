@@ -129,7 +129,9 @@ class AgentResponder:
         offered = any(t.get("name") == self.tool for t in body.get("tools", []))
         if not results and offered:
             turn = sum(1 for m in messages if m.get("role") == "assistant")
-            return Reply.tool_use(self.tool, self.input, id=f"toolu_{turn:02d}_{self.tool}", usage=usage_of(3, 40, write, cached))
+            return Reply.tool_use(
+                self.tool, self.input, id=f"toolu_{turn:02d}_{self.tool}", usage=usage_of(3, 40, write, cached)
+            )
         if results:
             text = f"Summary of {self.tool}: {_as_text(results[-1].get('content'))[:300]}"
         else:

@@ -45,6 +45,14 @@ class Tool:
     idempotent: bool = True
     timeout_seconds: float = 30.0
 
+    @property
+    def is_async(self) -> bool:
+        """Awaited on the event loop (an `async def`, or an object with an `async def __call__`);
+        anything else runs in a thread."""
+        return inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(
+            getattr(self.fn, "__call__", None)  # noqa: B004 - the method itself is what is inspected
+        )
+
     def definition(self) -> dict[str, Any]:
         """The tool as the Messages API wants it in a request."""
         return {"name": self.name, "description": self.description, "input_schema": dict(self.input_schema)}
@@ -147,8 +155,8 @@ class ToolBox:
             return ToolOutcome(False, f"error: invalid input for {name}: {invalid.message}")
         try:
             async with asyncio.timeout(t.timeout_seconds):
-                if inspect.iscoroutinefunction(t.fn):
-                    result = await t.fn(args, ctx)
+                if t.is_async:
+                    result = await t.fn(args, ctx)  # type: ignore[misc]
                 else:
                     # A plain function runs off the event loop. A thread cannot be killed: on timeout we
                     # stop waiting for it, and it finishes (or not) on its own.

@@ -184,3 +184,17 @@ async def test_huge_tool_output_is_capped_and_says_so(store: RunStore) -> None:
     await worker(store, llm, [flood]).run_once()
     content = llm.seen[1].messages[-1]["content"][0]["content"]
     assert len(content) < 100_100 and content.endswith("[output truncated: 150000 more characters not shown]")
+
+
+async def test_a_callable_object_with_async_call_is_awaited(store: RunStore) -> None:
+    class Lookup:
+        async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> str:
+            await asyncio.sleep(0)
+            return f"found {args['q']}"
+
+    lookup = tool(name="lookup")(Lookup())
+    assert lookup.is_async
+    run, _ = await store.create(new_run())
+    llm = ScriptedLlm().then_tool_use("t1", "lookup", {"q": "x"}).then_text("ok")
+    await worker(store, llm, [lookup]).run_once()
+    assert llm.seen[1].messages[-1]["content"][0] == {"type": "tool_result", "tool_use_id": "t1", "content": "found x"}

@@ -17,11 +17,12 @@ import socket
 import threading
 import uuid
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
+import httpx
 import psycopg
 import pytest
-import requests
 import schemathesis
 import uvicorn
 from agentrun.worker.api.app import create_app
@@ -77,6 +78,9 @@ class LiveApi:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        # The test's own reads. No keep-alive: on a socket bound here (not by uvicorn) accepted connections
+        # lack TCP_NODELAY, and each reused-connection request would stall ~40 ms on delayed ACKs.
+        self.http = httpx.Client(base_url=self.url, timeout=30, limits=httpx.Limits(max_keepalive_connections=0))
         self.auth = {"Authorization": f"Bearer {token}"} if token else {}
         self.seeded: list[uuid.UUID] = []
         self._ready = threading.Event()
@@ -95,7 +99,7 @@ class LiveApi:
         """Runs in each state with real steps (a tool error among them), so reads return full bodies."""
         done, _ = await store.create(new_run("finished with a failing tool", tools=("broken",)))
         await worker(store, TurnBasedLlm(turns=2, tool="broken"), list(TOOLS), name="fuzz-seed").run_once()
-        queued, _ = await store.create(new_run("waiting", cost_budget_usd=__import__("decimal").Decimal("1.5")))
+        queued, _ = await store.create(new_run("waiting", cost_budget_usd=Decimal("1.5")))
         cancelled, _ = await store.create(new_run("cancelled"))
         await store.cancel(cancelled.id)
         self.seeded = [done.id, queued.id, cancelled.id]
@@ -128,12 +132,12 @@ class LiveApi:
             self._server.should_exit = True
         self._thread.join(30)
         self.sock.close()
+        self.http.close()
 
 
 def _live(postgres_url: str, name: str, token: str | None) -> Iterator[LiveApi]:
     """One database for the module: what one fuzzed request leaves behind, the next ones read."""
     with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
         conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(TEMPLATE)))
     try:
         with LiveApi(make_conninfo(postgres_url, dbname=name), token) as api:
@@ -145,12 +149,12 @@ def _live(postgres_url: str, name: str, token: str | None) -> Iterator[LiveApi]:
 
 @pytest.fixture(scope="module")
 def open_server(postgres_url: str, template_url: str) -> Iterator[LiveApi]:
-    yield from _live(postgres_url, "agentrun_fuzz_open", None)
+    yield from _live(postgres_url, f"agentrun_fuzz_open_{uuid.uuid4().hex[:8]}", None)
 
 
 @pytest.fixture(scope="module")
 def guarded_server(postgres_url: str, template_url: str) -> Iterator[LiveApi]:
-    yield from _live(postgres_url, "agentrun_fuzz_guarded", TOKEN)
+    yield from _live(postgres_url, f"agentrun_fuzz_guarded_{uuid.uuid4().hex[:8]}", TOKEN)
 
 
 # Refusals that depend on what is stored, not on the request's shape: no document can rule them out,
@@ -161,7 +165,7 @@ STATE_CONFLICTS = {
 }
 
 
-def _state_conflict(response: requests.Response) -> bool:
+def _state_conflict(response: Any) -> bool:
     if response.status_code != 422:
         return False
     fields = {(f["field"], f["problem"]) for f in response.json().get("fields", [])}
@@ -184,10 +188,10 @@ def _reads_still_work(schema: Any, server: LiveApi, run_id: str) -> None:
     """What was accepted must not break a later read: the run, its timeline and the list all answer 200
     with bodies the document allows."""
     for path, params in (("/api/runs/{id}", None), ("/api/runs/{id}/timeline", None), ("/api/runs", {"limit": 200})):
-        r = requests.get(server.url + path.format(id=run_id), params=params, headers=server.auth)
+        r = server.http.get(path.format(id=run_id), params=params, headers=server.auth)
         assert r.status_code == 200, (path, r.status_code, r.text)
         schema[path]["GET"].validate_response(r)
-    listed = requests.get(server.url + "/api/runs", params={"limit": 200}, headers=server.auth).json()["items"]
+    listed = server.http.get("/api/runs", params={"limit": 200}, headers=server.auth).json()["items"]
     assert run_id in {item["id"] for item in listed} or len(listed) == 200
 
 
@@ -213,7 +217,7 @@ def test_the_token_guards_every_api_operation_and_nothing_else(guarded_server: L
         operation = op.ok()
         path = operation.path.replace("{id}", str(guarded_server.seeded[0])).replace("{seq}", "1")
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
-            r = requests.request(operation.method.upper(), guarded_server.url + path, headers=headers)
+            r = guarded_server.http.request(operation.method.upper(), path, headers=headers)
             if path.startswith("/api"):
                 assert r.status_code == 401, (operation.method, path, headers)
             else:
@@ -224,15 +228,15 @@ def test_seeded_runs_read_back_as_documented(open_server: LiveApi) -> None:
     """Real data (steps, a tool error, a cost budget, a cancelled run) through every read, validated."""
     for run_id in open_server.seeded:
         for path in ("/api/runs/{id}", "/api/runs/{id}/timeline"):
-            r = requests.get(open_server.url + path.format(id=run_id))
+            r = open_server.http.get(path.format(id=run_id))
             assert r.status_code == 200
             open_api[path]["GET"].validate_response(r)
-        for step in requests.get(f"{open_server.url}/api/runs/{run_id}/timeline").json():
-            r = requests.get(f"{open_server.url}/api/runs/{run_id}/steps/{step['seq']}")
+        for step in open_server.http.get(f"/api/runs/{run_id}/timeline").json():
+            r = open_server.http.get(f"/api/runs/{run_id}/steps/{step['seq']}")
             assert r.status_code == 200
             open_api["/api/runs/{id}/steps/{seq}"]["GET"].validate_response(r)
-    r = requests.get(open_server.url + "/api/runs", params={"limit": 1})
+    r = open_server.http.get("/api/runs", params={"limit": 1})
     open_api["/api/runs"]["GET"].validate_response(r)
     assert r.json()["next"] is not None
-    steps = requests.get(f"{open_server.url}/api/runs/{open_server.seeded[0]}/timeline").json()
+    steps = open_server.http.get(f"/api/runs/{open_server.seeded[0]}/timeline").json()
     assert any(s["kind"] == "TOOL" for s in steps) and steps[-1]["kind"] == "MODEL"

@@ -6,10 +6,11 @@ import dataclasses
 import datetime
 import uuid
 from collections.abc import Collection, Mapping
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, TypedDict
 
 from agentrun.worker.records import NewRun, Run, RunStatus
+from agentrun.worker.text import unstorable
 
 GROUP = "agentrun.dev"
 VERSION = "v1alpha1"
@@ -31,6 +32,12 @@ PHASES: dict[RunStatus, str] = {
     RunStatus.TIMED_OUT: "TimedOut",
 }
 PENDING = "Pending"
+
+# What the run table's columns hold (migrations/0001): BIGINT, INT, NUMERIC(14, 6).
+BIGINT_MAX = 2**63 - 1
+INT_MAX = 2**31 - 1
+MICRO_DOLLAR = Decimal("0.000001")
+COST_LIMIT = Decimal(10**8)
 FINISHED_PHASES = frozenset({"Succeeded", "Failed", "Cancelled", "TimedOut"})
 
 
@@ -97,13 +104,21 @@ def new_run(
     model = spec.get("model", DEFAULT_MODEL)
     if not isinstance(model, str) or not model:
         raise InvalidSpec("spec.model must be a non-empty string")
+    # The CRD cannot express these; refused here, a NUL would fail every INSERT and kopf retry for ever.
+    texts = [
+        ("input", text), ("system", system), ("model", model),
+        *((f"tools[{i}]", t) for i, t in enumerate(tools or ())),
+    ]
+    for field, value in texts:
+        if why := unstorable(value):
+            raise InvalidSpec(f"spec.{field} {why}")
     return NewRun(
         id=uuid.UUID(uid),
         input=text,
         model=model,
-        token_budget=_positive_int(spec, "tokenBudget", DEFAULT_TOKEN_BUDGET),
-        timeout_seconds=_positive_int(spec, "timeoutSeconds", DEFAULT_TIMEOUT_SECONDS),
-        max_steps=_positive_int(spec, "maxSteps", DEFAULT_MAX_STEPS),
+        token_budget=_positive_int(spec, "tokenBudget", DEFAULT_TOKEN_BUDGET, BIGINT_MAX),
+        timeout_seconds=_positive_int(spec, "timeoutSeconds", DEFAULT_TIMEOUT_SECONDS, INT_MAX),
+        max_steps=_positive_int(spec, "maxSteps", DEFAULT_MAX_STEPS, INT_MAX),
         tools=tuple(tools) if tools is not None else None,
         system=system,
         cost_budget_usd=_cost_budget(spec),
@@ -112,10 +127,10 @@ def new_run(
     )
 
 
-def _positive_int(spec: Mapping[str, Any], field: str, default: int) -> int:
+def _positive_int(spec: Mapping[str, Any], field: str, default: int, limit: int) -> int:
     value = spec.get(field, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidSpec(f"spec.{field} must be a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit:
+        raise InvalidSpec(f"spec.{field} must be a positive integer of at most {limit}, got {str(value)[:40]}")
     return value
 
 
@@ -130,6 +145,11 @@ def _cost_budget(spec: Mapping[str, Any]) -> Decimal | None:
         cost = Decimal("NaN")
     if not cost.is_finite() or cost <= 0:
         raise InvalidSpec(f"spec.costBudgetUsd must be a positive number, got {value!r}")
+    # Rounded as NUMERIC(14, 6) stores it: anything under half a micro-dollar would become 0, which the
+    # column's CHECK refuses, and anything from 10^8 up would overflow it; either failed every retry.
+    cost = cost.quantize(MICRO_DOLLAR, rounding=ROUND_HALF_UP) if cost < COST_LIMIT else cost
+    if not MICRO_DOLLAR <= cost < COST_LIMIT:
+        raise InvalidSpec(f"spec.costBudgetUsd must be from 0.000001 to under 100000000, got {value!r}")
     return cost
 
 

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import signal
 import sys
@@ -196,9 +197,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
     import orjson
 
     from agentrun.worker import client
+    from agentrun.worker.text import unstorable
 
     def show(value: object, text: str) -> None:
-        client.emit(sys.stdout, orjson.dumps(value).decode() if args.json else text)
+        client.emit(sys.stdout, orjson.dumps(value).decode() if args.json else client.terminal_safe(text))
 
     url = args.url or os.environ.get("AGENTRUN_URL") or client.DEFAULT_URL
     try:
@@ -209,6 +211,12 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 optional = {"model": args.model, "maxSteps": args.max_steps, "tools": args.tool,
                             "system": args.system, "costBudgetUsd": args.cost_budget}
                 body.update({k: v for k, v in optional.items() if v is not None})
+                texts = [("input", args.input), ("model", args.model), ("system", args.system),
+                         *((f"tools[{i}]", t) for i, t in enumerate(args.tool or ()))]
+                for field, text in texts:
+                    # Bytes that were not UTF-8 arrive as lone surrogates, which no JSON body can carry.
+                    if why := unstorable(text):
+                        raise client.ApiError(0, f"{field}: {why}")
                 created = api.submit(body, args.idempotency_key)
                 show(created, f"{created['id']} {created['status']}")
             elif args.runs_command == "get":
@@ -231,7 +239,11 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 show(run, client.finished_line(run))
                 return 0 if run["status"] == "SUCCEEDED" else 1
     except client.ApiError as e:
-        print(f"agentrun: {e}", file=sys.stderr)
+        print(f"agentrun: {client.terminal_safe(str(e))}", file=sys.stderr)
+        return 1
+    except (KeyError, TypeError) as e:  # JSON, but not the API's shapes: --url names some other server
+        print(f"agentrun: {url} answered without the expected fields ({type(e).__name__}: {e}); "
+              "is it an agentrun worker?", file=sys.stderr)
         return 1
     return 0
 
@@ -433,14 +445,14 @@ def _non_negative_int(text: str) -> int:
 
 def _positive_float(text: str) -> float:
     value = float(text)
-    if not value > 0:
+    if not 0 < value < math.inf:  # also refuses nan
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
     return value
 
 
 def _non_negative_float(text: str) -> float:
     value = float(text)
-    if not value >= 0:
+    if not 0 <= value < math.inf:
         raise argparse.ArgumentTypeError(f"must be zero or more, got {text}")
     return value
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+import unicodedata
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
@@ -13,7 +15,8 @@ TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"})
 
 
 class ApiError(Exception):
-    """The server refused a request (its message), or could not be reached (status 0)."""
+    """The server refused a request (its message), or no answer came: the request could not be sent, or
+    the server could not be reached (status 0)."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{message} (HTTP {status})" if status else message)
@@ -24,9 +27,15 @@ class ApiError(Exception):
 class RunsClient:
     def __init__(self, url: str = DEFAULT_URL, token: str | None = None, timeout: float = 30.0,
                  transport: httpx.BaseTransport | None = None) -> None:
+        if token is not None and not _header_safe(token):
+            # Never echo the token itself, not even in an encoding error.
+            raise ApiError(0, "the API token (AGENTRUN_API_TOKEN) must be printable ASCII characters")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
-        self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+        try:
+            self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+        except httpx.InvalidURL as e:
+            raise ApiError(0, f"not a usable server URL {_shown(url)}: {e}") from None
 
     def close(self) -> None:
         self.http.close()
@@ -42,24 +51,34 @@ class RunsClient:
             r = self.http.request(method, path, **kw)
         except httpx.HTTPError as e:
             raise ApiError(0, f"cannot reach {self.url}: {e}") from None
+        except (UnicodeError, ValueError, httpx.InvalidURL) as e:  # not encodable as JSON, a header or a URL
+            raise ApiError(0, f"cannot send the request: {e}") from None
         if r.status_code >= 400:
             raise ApiError(r.status_code, _error_message(r))
-        return r.json()
+        try:
+            return r.json()
+        except ValueError:
+            raise ApiError(r.status_code, f"{self.url} answered {method} {path} with something other than JSON; "
+                           "is it an agentrun worker?") from None
 
     def submit(self, body: Mapping[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        if idempotency_key is not None and not _header_safe(idempotency_key):
+            raise ApiError(0, f"the idempotency key {_shown(idempotency_key)} must be printable ASCII characters")
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return self._call("POST", "/api/runs", json=dict(body), headers=headers)  # type: ignore[no-any-return]
 
     def get(self, run_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/api/runs/{run_id}")  # type: ignore[no-any-return]
+        return self._call("GET", f"/api/runs/{_run_id(run_id)}")  # type: ignore[no-any-return]
 
     def timeline(self, run_id: str) -> list[dict[str, Any]]:
-        return self._call("GET", f"/api/runs/{run_id}/timeline")  # type: ignore[no-any-return]
+        return self._call("GET", f"/api/runs/{_run_id(run_id)}/timeline")  # type: ignore[no-any-return]
 
     def cancel(self, run_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/api/runs/{run_id}/cancel")  # type: ignore[no-any-return]
+        return self._call("POST", f"/api/runs/{_run_id(run_id)}/cancel")  # type: ignore[no-any-return]
 
     def list(self, status: str | None = None, limit: int | None = None, after: str | None = None) -> dict[str, Any]:
+        if after is not None:
+            after = _run_id(after, "cursor --after")
         params = {k: v for k, v in {"status": status, "limit": limit, "after": after}.items() if v is not None}
         return self._call("GET", "/api/runs", params=params)  # type: ignore[no-any-return]
 
@@ -79,6 +98,24 @@ class RunsClient:
             if run["status"] in TERMINAL:
                 return run
             sleep(interval)
+
+
+def _run_id(text: str, what: str = "run id") -> str:
+    """The id as the server spells it. Checked here so that no argument can steer the request elsewhere
+    (`../../metrics`, `?x=1`) or fail to encode (a NUL, bytes that were not UTF-8)."""
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise ApiError(0, f"{what} {_shown(text)} is not a valid UUID") from None
+
+
+def _header_safe(value: str) -> bool:
+    return value.isascii() and value.isprintable()
+
+
+def _shown(text: str, limit: int = 60) -> str:
+    """A value quoted for a message: escapes for anything unprintable, cut to `limit` characters."""
+    return repr(text[:limit] + ("…" if len(text) > limit else ""))
 
 
 def _error_message(r: httpx.Response) -> str:
@@ -169,6 +206,20 @@ def runs_table(page: Mapping[str, Any]) -> str:
 def finished_line(run: Mapping[str, Any]) -> str:
     why = f" error={run['error']}" if run.get("error") else ""
     return f"run {run['id']} {run['status']} tokens={run['tokensUsed']} cost=${run['costUsd']:.4f}{why}"
+
+
+# Bidirectional overrides and isolates: they reorder what a terminal shows ("Trojan Source").
+_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def terminal_safe(text: str) -> str:
+    """Text for a person's terminal: control characters (escape sequences among them) and bidi overrides
+    shown as `\\x1b`-style escapes, so run input or a model's output cannot rewrite the screen."""
+    return "".join(
+        c.encode("unicode_escape").decode("ascii")
+        if c in _BIDI or (unicodedata.category(c) in ("Cc", "Cs") and c not in "\n\t") else c
+        for c in text
+    )
 
 
 def emit(out: TextIO, text: str) -> None:

@@ -1,17 +1,24 @@
 """No API key, token or password leaks: a real `agentrun worker` process, whose environment holds all three,
-drives runs through a retried model error, a tool call and a failed model call; none of the secrets
-appears in run rows, step rows, the timeline, error messages or any log line (at DEBUG)."""
+drives runs through a retried model error, a tool call and a failed model call, runs a tool that logs
+the secrets outright (in a message and in a logged exception's traceback), and serves API calls that
+carry the token (right and wrong) in their Authorization header; none of the secrets appears in run
+rows, step rows, the timeline, error messages, API answers, metrics or any log line (at DEBUG), in
+console or JSON log format."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import socket
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
+import pytest
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from agentrun.worker.llm.fake_server import FakeAnthropic, Reply
@@ -27,8 +34,43 @@ DB_PASSWORD = "SECRETPASS-5555"
 SECRETS = (API_KEY, API_TOKEN, DB_PASSWORD)
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _use_the_api(url: str) -> str:
+    """API calls with the token in the header, right and wrong; returns everything the API answered."""
+    answers = []
+    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if (await http.get("/healthz")).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the worker's API did not come up"
+            await asyncio.sleep(0.05)
+        good = {"Authorization": f"Bearer {API_TOKEN}"}
+        for headers in (good, {"Authorization": f"Bearer {API_KEY}"}, {"Authorization": API_TOKEN},
+                        {"Authorization": f"Bearer {API_TOKEN}{DB_PASSWORD}"}):
+            for method, path, body in (("GET", "/api/runs", None), ("POST", "/api/runs", {"input": API_KEY}),
+                                       ("GET", f"/api/runs/{API_TOKEN}", None)):
+                r = await http.request(method, path, headers=headers, json=body)
+                assert r.status_code == (401 if headers is not good else {"GET": 200, "POST": 422}[method]) or (
+                    headers is good and path.endswith(API_TOKEN) and r.status_code == 422), (headers, path, r.text)
+                answers.append(r.text)
+        metrics = await http.get("/metrics")
+        assert metrics.status_code == 200 and "agentrun_tokens_total" in metrics.text
+        answers.append(metrics.text)
+    return "\n".join(answers)
+
+
+@pytest.mark.parametrize("log_format", ["console", "json"])
 async def test_secrets_stay_out_of_rows_timeline_errors_and_logs(
-    store: RunStore, database_url: str, db: psycopg.AsyncConnection[Any]
+    store: RunStore, database_url: str, db: psycopg.AsyncConnection[Any], log_format: str
 ) -> None:
     await db.execute(EXEC_TABLE)
     # The password is part of the URL the worker gets; the embedded server trusts local connections,
@@ -39,6 +81,7 @@ async def test_secrets_stay_out_of_rows_timeline_errors_and_logs(
         api.script(
             Reply.overloaded(),  # retried: a warning with the error is logged
             Reply.tool_use("chaos_step", {"run": "1", "turn": 0, "part": 0}, id="toolu_secret_1"),
+            Reply.tool_use("leaky", {}, id="toolu_secret_2"),
             Reply.text("done"),
             Reply.bad_request("messages.0: this request is refused"),  # the second run fails with it
         )
@@ -50,17 +93,20 @@ async def test_secrets_stay_out_of_rows_timeline_errors_and_logs(
             "ANTHROPIC_BASE_URL": api.base_url,
             "AGENTRUN_API_TOKEN": API_TOKEN,
             "AGENTRUN_DATABASE_URL": url_with_password,
-            "AGENTRUN_TOOLS": "bench.chaos_tools",
+            "AGENTRUN_TOOLS": "bench.chaos_tools,tests.worker.leaky_tools",
             "AGENTRUN_LOG_LEVEL": "DEBUG",
+            "AGENTRUN_LOG_FORMAT": log_format,
             "AGENTRUN_LLM_BACKOFF_BASE_SECONDS": "0.01",
             "PYTHONPATH": str(REPO),
         }
+        port = _free_port()
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", "secret-worker", "--port", "0",
+            sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", "secret-worker", "--port", str(port),
             "--host", "127.0.0.1", "--concurrency", "1", "--poll-interval", "0.1",
             env=env, cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )
         try:
+            answers = await _use_the_api(f"http://127.0.0.1:{port}")
             deadline = time.monotonic() + 60
             while True:
                 runs = [await store.get(first.id), await store.get(second.id)]
@@ -79,9 +125,19 @@ async def test_secrets_stay_out_of_rows_timeline_errors_and_logs(
     assert two is not None and two.status is RunStatus.FAILED and "refused" in (two.error or "")
     logs = output.decode(errors="replace")
     assert "model call failed" in logs and "secret-worker" in logs  # the logs were really captured
+    # The leaky tool's lines were logged, traceback and all, with the secrets taken out.
+    assert "leaky tool failed" in logs and "Authorization: Bearer [REDACTED]" in logs
+    if log_format == "json":
+        records = [json.loads(line) for line in logs.splitlines() if line.strip()]  # every line is JSON
+        leaked = next(r for r in records if r["message"].startswith("leaky tool failed"))
+        assert leaked["error"]["type"] == "ConnectionError" and "raise ConnectionError" in leaked["error"]["stack_trace"]
+        assert leaked["error"]["message"].startswith("cannot connect to") and "[REDACTED]" in leaked["error"]["message"]
+    else:
+        assert "Traceback (most recent call last)" in logs and "ConnectionError: cannot connect to" in logs
     cur = await db.execute("SELECT row_to_json(r)::text FROM run r UNION ALL SELECT row_to_json(s)::text FROM run_step s")
     rows = " ".join(r[0] for r in await cur.fetchall())
     timeline = repr([await store.timeline(first.id), await store.timeline(second.id)])
     for secret in SECRETS:
-        for where, text in (("rows", rows), ("timeline", timeline), ("logs", logs), ("model request bodies", bodies)):
+        for where, text in (("rows", rows), ("timeline", timeline), ("logs", logs), ("model request bodies", bodies),
+                            ("API answers and metrics", answers)):
             assert secret not in text, f"{secret[:8]}… leaked into the {where}"

@@ -58,4 +58,19 @@ def create_app(store: RunStore, tools: ToolBox, settings: WorkerSettings, metric
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(BearerAuth, token=settings.api_token)
     errors.install(app)
+    _document_tools(app, tools)
     return app
+
+
+def _document_tools(app: FastAPI, tools: ToolBox) -> None:
+    """Name this server's tools in the OpenAPI document, so `tools` lists only names it accepts.
+
+    FastAPI builds the document once and caches it; it is amended in that cache.
+    """
+    request = app.openapi()["components"]["schemas"]["RunRequest"]["properties"]["tools"]
+    for branch in request.get("anyOf", [request]):
+        if branch.get("type") == "array":
+            if tools.names:
+                branch["items"]["enum"] = list(tools.names)
+            else:
+                branch["maxItems"] = 0

@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentrun.worker.api.schemas import ErrorBody, FieldProblem
@@ -88,6 +89,15 @@ def summary(problems: Sequence[FieldProblem]) -> str:
     return "; ".join(f"{p.field}: {p.problem}" for p in problems)
 
 
+_METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    # Ask the router per method rather than reading routes' `methods`: included routers nest routes.
+    routes = request.app.router.routes
+    return [m for m in _METHODS if any(r.matches({**request.scope, "method": m})[0] is Match.FULL for r in routes)]
+
+
 def install(app: FastAPI) -> None:
     """Register the handlers and the last-resort middleware on an app."""
 
@@ -102,7 +112,12 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+        headers = exc.headers
+        if exc.status_code == 405:
+            # Starlette names the methods of the first route on the path only; GET and POST /api/runs
+            # are two routes, and a client told `Allow: POST` would never try GET.
+            headers = {**(headers or {}), "Allow": ", ".join(_allowed_methods(request))}
+        return error_response(exc.status_code, str(exc.detail), headers=headers)
 
     async def unavailable(request: Request, exc: Exception) -> JSONResponse:
         log.warning("database unavailable serving %s %s: %s", request.method, request.url.path, exc)

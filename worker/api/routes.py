@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Annotated, Any
 
@@ -30,6 +31,8 @@ from agentrun.worker.tools import ToolBox
 
 MAX_PAGE = 200
 MAX_IDEMPOTENCY_KEY = 255
+# Printable ASCII: what every HTTP stack carries unchanged (other bytes arrive as Latin-1 guesses).
+IDEMPOTENCY_KEY = re.compile(rf"[\x20-\x7e]{{1,{MAX_IDEMPOTENCY_KEY}}}")
 
 RunId = Annotated[uuid.UUID, Path(alias="id", description="The run's id (a UUID).")]
 
@@ -76,18 +79,20 @@ def _same_request(run: Run, new: NewRun) -> bool:
 def _idempotency_key(value: str | None) -> str | None:
     if value is None:
         return None
-    if not value or len(value) > MAX_IDEMPOTENCY_KEY or not value.isprintable():
-        problem = f"must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters"
+    if not IDEMPOTENCY_KEY.fullmatch(value):
+        problem = f"must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters"
         raise ApiError(422, f"Idempotency-Key: {problem}", [FieldProblem(field="Idempotency-Key", problem=problem)])
     return value
 
 
 def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> APIRouter:
     # The scheme only documents the token in OpenAPI; guards.BearerAuth enforces it before any parsing.
-    bearer = HTTPBearer(auto_error=False, description="Required when the server sets AGENTRUN_API_TOKEN.")
+    # Documented only when the server has a token: an open server that advertised one would be lying.
+    bearer = HTTPBearer(auto_error=False, description="The server's AGENTRUN_API_TOKEN.")
     router = APIRouter(
-        prefix="/api/runs", tags=["runs"], route_class=OrjsonRoute, responses=ERRORS,
-        dependencies=[Security(bearer)],
+        prefix="/api/runs", tags=["runs"], route_class=OrjsonRoute,
+        responses=ERRORS if settings.api_token else {k: v for k, v in ERRORS.items() if k != 401},
+        dependencies=[Security(bearer)] if settings.api_token else [],
     )
 
     async def get_run(run_id: uuid.UUID) -> Run:
@@ -106,6 +111,7 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
             alias="Idempotency-Key",
             description="Retrying with the same key returns the run the first request made (201 again, "
             "with `Idempotent-Replayed: true`); reusing it for a different request is a 422.",
+            json_schema_extra={"minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY, "pattern": "^[\\x20-\\x7e]*$"},
         )] = None,
     ) -> RunCreated:
         """Queue a run. The next free worker claims it."""

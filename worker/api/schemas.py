@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import datetime
 import uuid
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from agentrun.worker.records import Run, RunStatus, Step, StepKind, StepStatus
+from agentrun.worker.text import unstorable
 
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 MAX_STEPS = 10_000
 MAX_TOKEN_BUDGET = 10**12
 MAX_COST_BUDGET_USD = 1_000_000  # NUMERIC(14, 6) holds up to 10^8
+MIN_COST_BUDGET_USD = Decimal("0.000001")  # NUMERIC(14, 6) rounds anything smaller to 0, which its CHECK refuses
 MAX_TOOLS = 256
 MAX_NAME_CHARS = 200
 MAX_SEQ = 2**31 - 1  # run_step.seq is an INT
@@ -24,12 +26,8 @@ PREVIEW_CHARS = 120
 
 def _storable(value: str) -> str:
     """PostgreSQL TEXT holds neither NUL characters nor unpaired surrogates: say so instead of failing."""
-    if "\x00" in value:
-        raise ValueError("must not contain NUL characters (\\u0000)")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("must be valid Unicode text (it contains an unpaired surrogate)") from None
+    if why := unstorable(value):
+        raise ValueError(why)
     return value
 
 
@@ -39,9 +37,24 @@ def _not_blank(value: str) -> str:
     return value
 
 
-Text = Annotated[str, AfterValidator(_storable)]
+# The same rules, stated in the OpenAPI document so that clients (and the schema fuzzer) know them.
+# Unpaired surrogates need no pattern: JSON text cannot carry them (a body with one is a 400).
+NO_NUL = r"^[^\u0000]*$"
+NOT_BLANK = r"^[^\u0000]*[^\s\u0000][^\u0000]*$"
+
+def _whole(value: object) -> object:
+    """JSON has one number type: 300.0 is the integer 300 (JSON Schema agrees); 300.5 stays a float and
+    is refused by the strict int that follows."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# An integer as JSON Schema has it: a number without a fractional part; never a string or a bool.
+Whole = Annotated[int, BeforeValidator(_whole)]
+
+Text = Annotated[str, AfterValidator(_storable), Field(json_schema_extra={"pattern": NO_NUL})]
 Name = Annotated[
-    str, Field(min_length=1, max_length=MAX_NAME_CHARS), AfterValidator(_storable), AfterValidator(_not_blank)
+    str, Field(min_length=1, max_length=MAX_NAME_CHARS, json_schema_extra={"pattern": NOT_BLANK}),
+    AfterValidator(_storable), AfterValidator(_not_blank),
 ]
 
 
@@ -52,25 +65,33 @@ class _Camel(BaseModel):
 class RunRequest(_Camel):
     """A run to start. Unknown fields are refused, so a misspelt budget does not pass unnoticed."""
 
-    # strict: a number must be a JSON number and text a JSON string; nothing is coerced.
+    # strict: a number must be a JSON number and text a JSON string; nothing is coerced (but see Whole).
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True)
 
-    input: Annotated[Text, Field(description="The user's request: the first message."), AfterValidator(_not_blank)]
+    input: Annotated[
+        str, Field(min_length=1, description="The user's request: the first message.",
+                   json_schema_extra={"pattern": NOT_BLANK}),
+        AfterValidator(_storable), AfterValidator(_not_blank),
+    ]
     model: Name | None = Field(None, description="Model name; the server's default model when absent.")
-    token_budget: int = Field(gt=0, le=MAX_TOKEN_BUDGET, description="Tokens the run may spend, all kinds.")
-    timeout_seconds: int = Field(gt=0, le=MAX_TIMEOUT_SECONDS, description="Wall-clock limit (at most 7 days).")
-    max_steps: int = Field(100, gt=0, le=MAX_STEPS, description="Most steps (model and tool) the run may take.")
+    token_budget: Whole = Field(gt=0, le=MAX_TOKEN_BUDGET, description="Tokens the run may spend, all kinds.")
+    timeout_seconds: Whole = Field(gt=0, le=MAX_TIMEOUT_SECONDS, description="Wall-clock limit (at most 7 days).")
+    max_steps: Whole = Field(100, gt=0, le=MAX_STEPS, description="Most steps (model and tool) the run may take.")
     tools: list[Name] | None = Field(
         None, max_length=MAX_TOOLS, description="Tools the model may call; every tool of the worker when absent."
     )
     system: Text | None = Field(None, description="System prompt.")
     cost_budget_usd: float | None = Field(
-        None, gt=0, le=MAX_COST_BUDGET_USD, description="Optional spending limit in USD."
+        None, ge=float(MIN_COST_BUDGET_USD), le=MAX_COST_BUDGET_USD,
+        description="Optional spending limit in USD, kept to the micro-dollar (6 decimal places).",
     )
 
     def cost_budget(self) -> Decimal | None:
-        # Through str: the decimal the client wrote, not the binary float nearest to it.
-        return Decimal(str(self.cost_budget_usd)) if self.cost_budget_usd is not None else None
+        # Through str: the decimal the client wrote, not the binary float nearest to it; then rounded as
+        # the NUMERIC(14, 6) column will store it, so an idempotent retry compares equal to what was stored.
+        if self.cost_budget_usd is None:
+            return None
+        return Decimal(str(self.cost_budget_usd)).quantize(MIN_COST_BUDGET_USD, rounding=ROUND_HALF_UP)
 
 
 class RunCreated(_Camel):

@@ -18,7 +18,7 @@ from agentrun.worker.tools import ToolBox
 DESCRIPTION = """Submit agent runs, follow them step by step, and cancel them.
 
 Errors are JSON: `{"error": "<message>", "fields": [{"field": "tokenBudget", "problem": "..."}]}`.
-A body that is not JSON is a 400, invalid fields a 422, a body over the size limit a 413.
+A body that is not JSON is a 400, invalid fields a 422, a body over the size limit a 400 too.
 
 When the server sets `AGENTRUN_API_TOKEN`, every `/api` request needs `Authorization: Bearer <token>`;
 `/healthz`, `/readyz`, `/metrics` and this document stay open.

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentrun.worker.api.errors import error_response
+from agentrun.worker.api.schemas import FieldProblem
 
 API_PREFIX = "/api"
 
@@ -46,15 +47,19 @@ class BearerAuth:
 
 
 class BodyLimit:
-    """Refuses a body over `limit` bytes with 413, reading at most `limit` + one chunk of it."""
+    """Refuses a body over `limit` bytes with a 400 naming the limit, reading at most `limit` + one chunk.
+
+    400 rather than 413 because the API's contract answers every bad body with 400/422 and a JSON
+    message; the message says what 413 would."""
 
     def __init__(self, app: ASGIApp, limit: int) -> None:
         self.app = app
         self.limit = limit
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
-        message = f"request body is larger than the limit of {self.limit} bytes"
-        await error_response(413, message)(scope, receive, send)
+        message = f"request body is too large: the limit is {self.limit} bytes"
+        problem = FieldProblem(field="body", problem=f"larger than {self.limit} bytes")
+        await error_response(400, message, [problem])(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -102,8 +102,7 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         return run
 
     @router.post("", status_code=201, response_model=RunCreated,
-                 responses={400: {"model": ErrorBody, "description": "The body is not JSON"},
-                            413: {"model": ErrorBody, "description": "The body is over the size limit"}})
+                 responses={400: {"model": ErrorBody, "description": "The body is not JSON, or over the size limit"}})
     async def submit(
         body: RunRequest,
         response: Response,

@@ -37,7 +37,10 @@ def create_app(store: RunStore, tools: ToolBox, settings: WorkerSettings, metric
         """The process is alive."""
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"])
+    @app.get("/readyz", tags=["health"], responses={
+        200: {"description": "Ready: the database answers and is migrated"},
+        503: {"description": "Not ready: the database is unreachable or not migrated; the body says which"},
+    })
     async def readyz() -> JSONResponse:
         """The database answers and is migrated to the version this code expects."""
         try:

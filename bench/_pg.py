@@ -15,6 +15,7 @@ import platform
 import sys
 import tempfile
 import uuid
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -30,6 +31,9 @@ from agentrun.worker.runner import Worker
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import Tool, ToolBox, ToolContext, tool
+
+# pgserver's platformdirs warns on every start when XDG_RUNTIME_DIR is unset; it says nothing useful here.
+warnings.filterwarnings("ignore", module="platformdirs")
 
 MODEL = "claude-sonnet-4-5"
 

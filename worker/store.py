@@ -303,10 +303,11 @@ class RunStore:
                 step AS (
                     INSERT INTO run_step (run_id, seq, kind, status, request, response, stop_reason,
                         input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens,
-                        cost_usd, latency_ms, worker, finished_at)
+                        cost_usd, latency_ms, worker, started_at, finished_at)
                     SELECT id, (SELECT coalesce(max(seq), 0) + 1 FROM run_step WHERE run_id = %(id)s),
                         'MODEL', 'DONE', %(request)s, %(response)s, %(stop)s, %(in)s, %(out)s,
-                        %(cw)s, %(cr)s, %(cost)s, %(ms)s, %(worker)s, now()
+                        %(cw)s, %(cr)s, %(cost)s, %(ms)s, %(worker)s,
+                        now() - make_interval(secs => %(ms)s / 1000.0), now()
                     FROM owned
                     RETURNING seq)
                 SELECT step.seq, {PROGRESS} FROM owned, step""",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -10,13 +11,14 @@ import psycopg
 import pytest
 from fastapi import FastAPI
 
+from agentrun.worker.llm.scripted import ScriptedLlm
 from agentrun.worker.metrics import Metrics
 from agentrun.worker.records import RunStatus
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
 from tests.api.conftest import asgi_client, make_app
-from tests.helpers import MODEL
+from tests.helpers import MODEL, new_run, worker
 
 RUN = {"input": "Which acme tickets are overdue?", "tokenBudget": 50_000, "timeoutSeconds": 300}
 
@@ -371,3 +373,22 @@ async def test_through_a_real_uvicorn_socket(server_url: str) -> None:
         r = await client.post("/api/runs", json={**RUN, "input": "x" * (2 * 1024 * 1024)})
         assert r.status_code == 400
         assert (await client.get("/api/runs/zzz")).status_code == 422
+
+
+async def test_run_names_its_kubernetes_link_in_camel_case(client: httpx.AsyncClient, store: RunStore) -> None:
+    run, _ = await store.create(new_run(k8s_namespace="team-a", k8s_name="triage"))
+    body = (await client.get(f"/api/runs/{run.id}")).json()
+    assert body["k8sNamespace"] == "team-a" and body["k8sName"] == "triage"
+
+
+async def test_a_model_step_started_when_its_call_did(store: RunStore) -> None:
+    class Slow(ScriptedLlm):
+        async def send(self, request: Any) -> Any:
+            await asyncio.sleep(0.2)
+            return await super().send(request)
+
+    run, _ = await store.create(new_run())
+    await worker(store, Slow().then_text("done"), []).run_once()
+    step = (await store.timeline(run.id))[0]
+    assert step.started_at is not None and step.finished_at is not None and step.latency_ms is not None
+    assert (step.finished_at - step.started_at).total_seconds() * 1000 == pytest.approx(step.latency_ms, abs=2)

@@ -126,8 +126,11 @@ class RunView(_Camel):
     created_at: datetime.datetime
     started_at: datetime.datetime | None
     finished_at: datetime.datetime | None
-    k8s_namespace: str | None = None
-    k8s_name: str | None = None
+    k8s_namespace: str | None = Field(
+        default=None, serialization_alias="k8sNamespace",
+        description="The namespace of the AgentRun this run mirrors, if any.",
+    )
+    k8s_name: str | None = Field(default=None, serialization_alias="k8sName", description="The name of that AgentRun.")
 
     @classmethod
     def of(cls, run: Run) -> RunView:

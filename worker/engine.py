@@ -91,7 +91,7 @@ class RunDriver:
                 raise LeaseLost(run.id, self.me) from None
             raise
         finally:
-            self.keeper.drop(run.id)
+            self.keeper.forget(run.id)
 
     async def _resume(self, run: Run, progress: Progress) -> RunStatus | None:
         steps = await self.store.steps(run.id)

@@ -35,6 +35,11 @@ class LeaseKeeper:
         """Stop renewing: the run is about to be finished or released by its driver."""
         self._held.pop(run_id, None)
 
+    def forget(self, run_id: uuid.UUID) -> None:
+        """The run's driver has ended: stop renewing and drop the record of a loss, once it was read."""
+        self._held.pop(run_id, None)
+        self._lost.discard(run_id)
+
     def lost(self, run_id: uuid.UUID) -> bool:
         return run_id in self._lost
 

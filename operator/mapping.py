@@ -169,7 +169,13 @@ def run_status(
 ) -> dict[str, Any]:
     """The status an AgentRun shows for its run. `previous` keeps the conditions' transition times."""
     phase = PHASES[run.status]
-    status: dict[str, Any] = {
+    if run.status is RunStatus.SUCCEEDED:
+        succeeded = ("True", "Succeeded", "the run finished")
+    elif run.status.terminal:
+        succeeded = ("False", phase, run.error or phase.lower())
+    else:
+        succeeded = ("Unknown", phase, _phase_message(run))
+    fields = {
         "phase": phase,
         "runId": str(run.id),
         "tokensUsed": run.tokens_used,
@@ -180,52 +186,40 @@ def run_status(
         "message": run.error or _phase_message(run),
         "lockedBy": run.locked_by,
     }
-    if generation is not None:
-        status["observedGeneration"] = generation
-    if run.status is RunStatus.SUCCEEDED:
-        succeeded = ("True", "Succeeded", "the run finished")
-    elif run.status.terminal:
-        succeeded = ("False", phase, run.error or phase.lower())
-    else:
-        succeeded = ("Unknown", phase, _phase_message(run))
-    status["conditions"] = conditions(
-        [("Ready", "True", "Accepted", "the run is recorded in the database"), ("Succeeded", *succeeded)],
-        generation,
-        previous,
-        now,
-    )
-    return status
+    ready = ("Ready", "True", "Accepted", "the run is recorded in the database")
+    return _status(fields, [ready, ("Succeeded", *succeeded)], generation, previous, now)
 
 
 def rejected_status(
     message: str, generation: int | None, previous: Mapping[str, Any] | None, now: datetime.datetime
 ) -> dict[str, Any]:
     """The status of an AgentRun whose spec the runtime cannot run: no run is made."""
-    status: dict[str, Any] = {"phase": "Failed", "message": message, "finishedAt": timestamp(now)}
-    if generation is not None:
-        status["observedGeneration"] = generation
-    status["conditions"] = conditions(
-        [("Ready", "False", "InvalidSpec", message), ("Succeeded", "False", "InvalidSpec", message)],
-        generation,
-        previous,
-        now,
-    )
-    return status
+    fields = {"phase": "Failed", "message": message, "finishedAt": timestamp(now)}
+    wanted = [("Ready", "False", "InvalidSpec", message), ("Succeeded", "False", "InvalidSpec", message)]
+    return _status(fields, wanted, generation, previous, now)
 
 
 def pending_status(
     message: str, generation: int | None, previous: Mapping[str, Any] | None, now: datetime.datetime
 ) -> dict[str, Any]:
     """Not in the database yet (it is unreachable): the operator keeps retrying."""
-    status: dict[str, Any] = {"phase": PENDING, "message": message}
+    fields = {"phase": PENDING, "message": message}
+    wanted = [("Ready", "False", "DatabaseUnavailable", message), ("Succeeded", "Unknown", PENDING, message)]
+    return _status(fields, wanted, generation, previous, now)
+
+
+def _status(
+    fields: Mapping[str, Any],
+    wanted: list[tuple[str, str, str, str]],
+    generation: int | None,
+    previous: Mapping[str, Any] | None,
+    now: datetime.datetime,
+) -> dict[str, Any]:
+    """`fields`, then the observedGeneration (if known) and the `wanted` conditions: every status's tail."""
+    status = dict(fields)
     if generation is not None:
         status["observedGeneration"] = generation
-    status["conditions"] = conditions(
-        [("Ready", "False", "DatabaseUnavailable", message), ("Succeeded", "Unknown", PENDING, message)],
-        generation,
-        previous,
-        now,
-    )
+    status["conditions"] = conditions(wanted, generation, previous, now)
     return status
 
 

@@ -38,7 +38,9 @@ BIGINT_MAX = 2**63 - 1
 INT_MAX = 2**31 - 1
 MICRO_DOLLAR = Decimal("0.000001")
 COST_LIMIT = Decimal(10**8)
-FINISHED_PHASES = frozenset({"Succeeded", "Failed", "Cancelled", "TimedOut"})
+FINISHED_PHASES = frozenset(phase for status, phase in PHASES.items() if status.terminal)
+# How Kubernetes writes times: RFC 3339 in UTC, to the second.
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
 class Condition(TypedDict, total=False):
@@ -158,7 +160,7 @@ def _cost_budget(spec: Mapping[str, Any]) -> Decimal | None:
 
 def timestamp(t: datetime.datetime) -> str:
     """RFC 3339 in UTC with seconds, the way Kubernetes writes times."""
-    return t.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return t.astimezone(datetime.UTC).strftime(TIME_FORMAT)
 
 
 def run_status(
@@ -246,7 +248,7 @@ def conditions(
 
 
 def _money(value: Decimal) -> str:
-    return f"{value.quantize(Decimal('0.000001')):f}"
+    return f"{value.quantize(MICRO_DOLLAR):f}"
 
 
 def _phase_message(run: Run) -> str:
@@ -287,5 +289,5 @@ def expires_at(ref: Ref, status: Mapping[str, Any]) -> datetime.datetime | None:
     finished = status.get("finishedAt")
     if ref.ttl_seconds is None or status.get("phase") not in FINISHED_PHASES or not finished:
         return None
-    at = datetime.datetime.strptime(finished, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    at = datetime.datetime.strptime(finished, TIME_FORMAT).replace(tzinfo=datetime.UTC)
     return at + datetime.timedelta(seconds=ref.ttl_seconds)

@@ -20,6 +20,7 @@ from agentrun.operator.mapping import GROUP, PLURAL, VERSION, Ref
 from agentrun.operator.notify import listen
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.status import StatusSync
+from agentrun.worker.records import Run
 from agentrun.worker.store import RunStore
 
 log = logging.getLogger("agentrun.operator")
@@ -43,6 +44,13 @@ class Operator:
 
     def retry_in(self, retry: int) -> float:
         return float(min(self.settings.retry_seconds * 2**retry, 60.0))
+
+    async def cancel(self, uid: uuid.UUID, retry: int) -> Run | None:
+        """Ask for the run to stop; while the database is unreachable, a TemporaryError kopf retries."""
+        try:
+            return await self.store.cancel(uid)
+        except DATABASE_DOWN as e:
+            raise kopf.TemporaryError(f"cannot cancel, database unreachable: {e}", delay=self.retry_in(retry)) from e
 
 
 def _index_ref(index: Any, uid: uuid.UUID) -> Ref | None:
@@ -113,10 +121,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         if not new:
             return  # un-cancelling means nothing: a cancel request cannot be taken back
         ref = Ref.of(body)
-        try:
-            run = await op.store.cancel(ref.uid)
-        except DATABASE_DOWN as e:
-            raise kopf.TemporaryError(f"cannot cancel, database unreachable: {e}", delay=op.retry_in(retry)) from e
+        run = await op.cancel(ref.uid, retry)
         if run is not None and op.sync is not None:
             await op.sync.publish(run, ref)
 
@@ -124,10 +129,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     async def delete(body: kopf.Body, retry: int, **_: Any) -> None:
         """Cancel an unfinished run before the AgentRun goes; the run and its steps stay for audit."""
         ref = Ref.of(body)
-        try:
-            run = await op.store.cancel(ref.uid)
-        except DATABASE_DOWN as e:
-            raise kopf.TemporaryError(f"cannot cancel, database unreachable: {e}", delay=op.retry_in(retry)) from e
+        run = await op.cancel(ref.uid, retry)
         if run is not None and run.cancel_requested:
             log.info("%s/%s deleted: run %s cancel requested (%s)", ref.namespace, ref.name, run.id, run.status.value)
         if op.sync is not None:

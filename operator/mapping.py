@@ -38,7 +38,9 @@ BIGINT_MAX = 2**63 - 1
 INT_MAX = 2**31 - 1
 MICRO_DOLLAR = Decimal("0.000001")
 COST_LIMIT = Decimal(10**8)
-FINISHED_PHASES = frozenset({"Succeeded", "Failed", "Cancelled", "TimedOut"})
+FINISHED_PHASES = frozenset(phase for status, phase in PHASES.items() if status.terminal)
+# How Kubernetes writes times: RFC 3339 in UTC, to the second.
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
 
 
 class Condition(TypedDict, total=False):
@@ -158,7 +160,7 @@ def _cost_budget(spec: Mapping[str, Any]) -> Decimal | None:
 
 def timestamp(t: datetime.datetime) -> str:
     """RFC 3339 in UTC with seconds, the way Kubernetes writes times."""
-    return t.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return t.astimezone(datetime.UTC).strftime(TIME_FORMAT)
 
 
 def run_status(
@@ -169,7 +171,13 @@ def run_status(
 ) -> dict[str, Any]:
     """The status an AgentRun shows for its run. `previous` keeps the conditions' transition times."""
     phase = PHASES[run.status]
-    status: dict[str, Any] = {
+    if run.status is RunStatus.SUCCEEDED:
+        succeeded = ("True", "Succeeded", "the run finished")
+    elif run.status.terminal:
+        succeeded = ("False", phase, run.error or phase.lower())
+    else:
+        succeeded = ("Unknown", phase, _phase_message(run))
+    fields = {
         "phase": phase,
         "runId": str(run.id),
         "tokensUsed": run.tokens_used,
@@ -180,52 +188,40 @@ def run_status(
         "message": run.error or _phase_message(run),
         "lockedBy": run.locked_by,
     }
-    if generation is not None:
-        status["observedGeneration"] = generation
-    if run.status is RunStatus.SUCCEEDED:
-        succeeded = ("True", "Succeeded", "the run finished")
-    elif run.status.terminal:
-        succeeded = ("False", phase, run.error or phase.lower())
-    else:
-        succeeded = ("Unknown", phase, _phase_message(run))
-    status["conditions"] = conditions(
-        [("Ready", "True", "Accepted", "the run is recorded in the database"), ("Succeeded", *succeeded)],
-        generation,
-        previous,
-        now,
-    )
-    return status
+    ready = ("Ready", "True", "Accepted", "the run is recorded in the database")
+    return _status(fields, [ready, ("Succeeded", *succeeded)], generation, previous, now)
 
 
 def rejected_status(
     message: str, generation: int | None, previous: Mapping[str, Any] | None, now: datetime.datetime
 ) -> dict[str, Any]:
     """The status of an AgentRun whose spec the runtime cannot run: no run is made."""
-    status: dict[str, Any] = {"phase": "Failed", "message": message, "finishedAt": timestamp(now)}
-    if generation is not None:
-        status["observedGeneration"] = generation
-    status["conditions"] = conditions(
-        [("Ready", "False", "InvalidSpec", message), ("Succeeded", "False", "InvalidSpec", message)],
-        generation,
-        previous,
-        now,
-    )
-    return status
+    fields = {"phase": "Failed", "message": message, "finishedAt": timestamp(now)}
+    wanted = [("Ready", "False", "InvalidSpec", message), ("Succeeded", "False", "InvalidSpec", message)]
+    return _status(fields, wanted, generation, previous, now)
 
 
 def pending_status(
     message: str, generation: int | None, previous: Mapping[str, Any] | None, now: datetime.datetime
 ) -> dict[str, Any]:
     """Not in the database yet (it is unreachable): the operator keeps retrying."""
-    status: dict[str, Any] = {"phase": PENDING, "message": message}
+    fields = {"phase": PENDING, "message": message}
+    wanted = [("Ready", "False", "DatabaseUnavailable", message), ("Succeeded", "Unknown", PENDING, message)]
+    return _status(fields, wanted, generation, previous, now)
+
+
+def _status(
+    fields: Mapping[str, Any],
+    wanted: list[tuple[str, str, str, str]],
+    generation: int | None,
+    previous: Mapping[str, Any] | None,
+    now: datetime.datetime,
+) -> dict[str, Any]:
+    """`fields`, then the observedGeneration (if known) and the `wanted` conditions: every status's tail."""
+    status = dict(fields)
     if generation is not None:
         status["observedGeneration"] = generation
-    status["conditions"] = conditions(
-        [("Ready", "False", "DatabaseUnavailable", message), ("Succeeded", "Unknown", PENDING, message)],
-        generation,
-        previous,
-        now,
-    )
+    status["conditions"] = conditions(wanted, generation, previous, now)
     return status
 
 
@@ -252,7 +248,7 @@ def conditions(
 
 
 def _money(value: Decimal) -> str:
-    return f"{value.quantize(Decimal('0.000001')):f}"
+    return f"{value.quantize(MICRO_DOLLAR):f}"
 
 
 def _phase_message(run: Run) -> str:
@@ -293,5 +289,5 @@ def expires_at(ref: Ref, status: Mapping[str, Any]) -> datetime.datetime | None:
     finished = status.get("finishedAt")
     if ref.ttl_seconds is None or status.get("phase") not in FINISHED_PHASES or not finished:
         return None
-    at = datetime.datetime.strptime(finished, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=datetime.UTC)
+    at = datetime.datetime.strptime(finished, TIME_FORMAT).replace(tzinfo=datetime.UTC)
     return at + datetime.timedelta(seconds=ref.ttl_seconds)

@@ -109,13 +109,13 @@ class StatusSync:
             # Unfinished runs, and runs whose AgentRun still shows them unfinished (a finish whose
             # notification was lost): one query each, however many AgentRuns there are.
             runs = {r.id: r for r in await self.store.unfinished_linked()}
-            stale = [
-                ref.uid for ref in self.refs()
-                if ref.uid not in runs and self._shown(ref).get("phase") not in mapping.FINISHED_PHASES
-            ]
-            ids = (ids | set(stale)) - set(runs)
+            stale: set[uuid.UUID] = set()
             for ref in self.refs():
-                self._track_expiry(ref, self._shown(ref))
+                shown = self._shown(ref)
+                if ref.uid not in runs and shown.get("phase") not in mapping.FINISHED_PHASES:
+                    stale.add(ref.uid)
+                self._track_expiry(ref, shown)
+            ids = (ids | stale) - runs.keys()
         else:
             runs = {}
         if ids:

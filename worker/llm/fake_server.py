@@ -320,8 +320,8 @@ class FakeAnthropic:
         return web.json_response(payload, status=reply.status, headers=dict(reply.headers))
 
 
-async def _serve(args: argparse.Namespace) -> None:
-    server = FakeAnthropic(AgentResponder(args.tool, json.loads(args.tool_input)), args.host, args.port)
+async def _serve(args: argparse.Namespace, tool_input: Json) -> None:
+    server = FakeAnthropic(AgentResponder(args.tool, tool_input), args.host, args.port)
     await server.start()
     print(f"fake Messages API listening on {server.base_url}", flush=True)
     stop = asyncio.Event()
@@ -352,7 +352,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--tool-input is not JSON: {e}")
     if not isinstance(tool_input, dict):
         parser.error("--tool-input must be a JSON object")
-    asyncio.run(_serve(args))
+    asyncio.run(_serve(args, tool_input))
 
 
 if __name__ == "__main__":

@@ -19,9 +19,7 @@ class ScriptedLlm:
     def then_tool_use(
         self, id: str, name: str, input: dict[str, Any] | None = None, in_: int = 0, out: int = 0
     ) -> ScriptedLlm:
-        block = {"type": "tool_use", "id": id, "name": name, "input": input or {}}
-        self._script.append(LlmResponse([block], "tool_use", Usage(in_, out)))
-        return self
+        return self.then_tool_uses([(id, name, input or {})], in_, out)
 
     def then_tool_uses(self, uses: list[tuple[str, str, dict[str, Any]]], in_: int = 0, out: int = 0) -> ScriptedLlm:
         """One turn asking for several tools at once (parallel tool use)."""

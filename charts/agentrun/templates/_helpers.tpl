@@ -142,3 +142,33 @@ checksum/postgresql: {{ include (print .Template.BasePath "/postgresql-secret.ya
 {{- randAlphaNum (int .length) }}
 {{- end }}
 {{- end }}
+
+{{/* A Deployment's pod template metadata: (dict "ctx" $ "component" NAME "values" .Values.NAME). */}}
+{{- define "agentrun.podMetadata" -}}
+labels:
+  {{- include "agentrun.componentSelectorLabels" . | nindent 2 }}
+  {{- with .values.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+annotations:
+  {{- include "agentrun.checksums" .ctx | nindent 2 }}
+  {{- with .values.podAnnotations }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- end }}
+
+{{/* Where a component's pods may run, from its values (.Values.worker or .Values.operator). */}}
+{{- define "agentrun.podPlacement" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}

@@ -158,10 +158,11 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         The answer is `{"items": [...], "next": "<uuid>" | null}`; to get the following page pass
         `next` as `after`, with the same `status`. `next` is null on the last page.
         """
-        if after is not None and await store.get(after) is None:
+        runs = await store.list_runs(status, limit + 1, after)
+        # A cursor naming no run yields an empty page; only then is it worth a query to tell the two apart.
+        if after is not None and not runs and await store.get(after) is None:
             problem = "names no run; pass the `next` of a previous page"
             raise ApiError(422, f"after: {problem}", [FieldProblem(field="after", problem=problem)])
-        runs = await store.list_runs(status, limit + 1, after)
         page = runs[:limit]
         return RunPage(items=[RunSummary.of(r) for r in page], next=page[-1].id if len(runs) > limit else None)
 

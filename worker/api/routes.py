@@ -174,8 +174,10 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
     @router.get("/{id}/timeline", response_model=list[TimelineStep])
     async def timeline(run_id: RunId) -> list[TimelineStep]:
         """The run's steps in seq order, without their request and response bodies."""
-        await get_run(run_id)
-        return [TimelineStep.of(s) for s in await store.timeline(run_id)]
+        steps = await store.timeline(run_id)
+        if not steps:  # a run without steps yet, or no run at all
+            await get_run(run_id)
+        return [TimelineStep.of(s) for s in steps]
 
     @router.get("/{id}/steps/{seq}", response_model=StepDetail)
     async def step(

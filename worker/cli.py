@@ -55,7 +55,6 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from agentrun.worker.settings import WorkerSettings, default_worker_id
 
-    tool_env = os.environ.get("AGENTRUN_TOOLS", "")
     settings = WorkerSettings(
         database_url=_database_url(args),
         worker_id=args.id or default_worker_id(),
@@ -65,7 +64,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         shutdown_grace=args.shutdown_grace,
         port=args.port,
         host=args.host,
-        tool_modules=tuple(m.strip() for m in tool_env.split(",") if m.strip()),
+        tool_modules=_module_list(os.environ.get("AGENTRUN_TOOLS", "")),
         max_tokens=args.max_tokens,
         default_model=os.environ.get("AGENTRUN_DEFAULT_MODEL", "claude-sonnet-4-5"),
         prices_file=os.environ.get("AGENTRUN_PRICES_FILE") or None,
@@ -80,6 +79,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return asyncio.run(serve_worker(settings, migrate_first=not args.no_migrate))
     except DuplicateWorker as e:
         raise SystemExit(f"agentrun: {e}") from None
+
+
+def _module_list(text: str) -> tuple[str, ...]:
+    """Modules named in a comma-separated list (AGENTRUN_TOOLS, --tools); blanks and spaces ignored."""
+    return tuple(m.strip() for m in text.split(",") if m.strip())
 
 
 def _env_flag(name: str, default: bool) -> bool:
@@ -164,7 +168,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     from agentrun.operator.settings import OperatorSettings
 
     tool_names = None
-    modules = [m.strip() for m in (args.tools or os.environ.get("AGENTRUN_TOOLS", "")).split(",") if m.strip()]
+    modules = _module_list(args.tools or os.environ.get("AGENTRUN_TOOLS", ""))
     if modules:
         from agentrun.worker.tools import load_tool_modules
 

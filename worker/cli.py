@@ -66,11 +66,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
         host=args.host,
         tool_modules=_module_list(os.environ.get("AGENTRUN_TOOLS", "")),
         max_tokens=args.max_tokens,
-        default_model=os.environ.get("AGENTRUN_DEFAULT_MODEL", "claude-sonnet-4-5"),
+        default_model=os.environ.get("AGENTRUN_DEFAULT_MODEL", WorkerSettings.default_model),
         prices_file=os.environ.get("AGENTRUN_PRICES_FILE") or None,
         pool_size=args.pool_size or min(max(args.concurrency, 1) + 2, 20),
         api_token=os.environ.get("AGENTRUN_API_TOKEN") or None,
-        max_body_bytes=args.max_body_bytes or _env_positive_int("AGENTRUN_MAX_BODY_BYTES", 1024 * 1024),
+        max_body_bytes=args.max_body_bytes
+        or _env_positive_int("AGENTRUN_MAX_BODY_BYTES", WorkerSettings.max_body_bytes),
         liveness_lock=not args.no_liveness_lock and _env_flag("AGENTRUN_LIVENESS_LOCK", True),
     )
     from agentrun.worker.presence import DuplicateWorker

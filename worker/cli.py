@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from agentrun.worker import logs
+from agentrun.worker.records import RunStatus
 
 if TYPE_CHECKING:
     from agentrun.worker.settings import WorkerSettings
@@ -304,7 +305,7 @@ def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="seconds between polls (default: 1)")
 
     p = command("list", "list runs, newest first", "List runs, newest first, a page at a time.")
-    p.add_argument("--status", choices=["QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"],
+    p.add_argument("--status", choices=[s.value for s in RunStatus],
                    help="only runs in this status")
     p.add_argument("--limit", type=_positive_int, metavar="N", help="runs per page (default: 50, at most 200)")
     p.add_argument("--after", metavar="ID", help="the cursor a previous page printed, for the next page")

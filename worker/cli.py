@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from agentrun.worker import logs
+from agentrun.worker.records import RunStatus
 
 if TYPE_CHECKING:
     from agentrun.worker.settings import WorkerSettings
@@ -55,7 +56,6 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from agentrun.worker.settings import WorkerSettings, default_worker_id
 
-    tool_env = os.environ.get("AGENTRUN_TOOLS", "")
     settings = WorkerSettings(
         database_url=_database_url(args),
         worker_id=args.id or default_worker_id(),
@@ -65,13 +65,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
         shutdown_grace=args.shutdown_grace,
         port=args.port,
         host=args.host,
-        tool_modules=tuple(m.strip() for m in tool_env.split(",") if m.strip()),
+        tool_modules=_module_list(os.environ.get("AGENTRUN_TOOLS", "")),
         max_tokens=args.max_tokens,
-        default_model=os.environ.get("AGENTRUN_DEFAULT_MODEL", "claude-sonnet-4-5"),
+        default_model=os.environ.get("AGENTRUN_DEFAULT_MODEL", WorkerSettings.default_model),
         prices_file=os.environ.get("AGENTRUN_PRICES_FILE") or None,
         pool_size=args.pool_size or min(max(args.concurrency, 1) + 2, 20),
         api_token=os.environ.get("AGENTRUN_API_TOKEN") or None,
-        max_body_bytes=args.max_body_bytes or _env_positive_int("AGENTRUN_MAX_BODY_BYTES", 1024 * 1024),
+        max_body_bytes=args.max_body_bytes
+        or _env_positive_int("AGENTRUN_MAX_BODY_BYTES", WorkerSettings.max_body_bytes),
         liveness_lock=not args.no_liveness_lock and _env_flag("AGENTRUN_LIVENESS_LOCK", True),
     )
     from agentrun.worker.presence import DuplicateWorker
@@ -80,6 +81,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return asyncio.run(serve_worker(settings, migrate_first=not args.no_migrate))
     except DuplicateWorker as e:
         raise SystemExit(f"agentrun: {e}") from None
+
+
+def _module_list(text: str) -> tuple[str, ...]:
+    """Modules named in a comma-separated list (AGENTRUN_TOOLS, --tools); blanks and spaces ignored."""
+    return tuple(m.strip() for m in text.split(",") if m.strip())
 
 
 def _env_flag(name: str, default: bool) -> bool:
@@ -164,7 +170,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
     from agentrun.operator.settings import OperatorSettings
 
     tool_names = None
-    modules = [m.strip() for m in (args.tools or os.environ.get("AGENTRUN_TOOLS", "")).split(",") if m.strip()]
+    modules = _module_list(args.tools or os.environ.get("AGENTRUN_TOOLS", ""))
     if modules:
         from agentrun.worker.tools import load_tool_modules
 
@@ -299,7 +305,7 @@ def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="seconds between polls (default: 1)")
 
     p = command("list", "list runs, newest first", "List runs, newest first, a page at a time.")
-    p.add_argument("--status", choices=["QUEUED", "RUNNING", "SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"],
+    p.add_argument("--status", choices=[s.value for s in RunStatus],
                    help="only runs in this status")
     p.add_argument("--limit", type=_positive_int, metavar="N", help="runs per page (default: 50, at most 200)")
     p.add_argument("--after", metavar="ID", help="the cursor a previous page printed, for the next page")

@@ -10,8 +10,10 @@ from typing import Any, TextIO
 
 import httpx
 
+from agentrun.worker.records import RunStatus
+
 DEFAULT_URL = "http://localhost:8080"
-TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"})
+TERMINAL = frozenset(s.value for s in RunStatus if s.terminal)
 
 
 class ApiError(Exception):

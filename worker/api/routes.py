@@ -158,10 +158,11 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         The answer is `{"items": [...], "next": "<uuid>" | null}`; to get the following page pass
         `next` as `after`, with the same `status`. `next` is null on the last page.
         """
-        if after is not None and await store.get(after) is None:
+        runs = await store.list_runs(status, limit + 1, after)
+        # A cursor naming no run yields an empty page; only then is it worth a query to tell the two apart.
+        if after is not None and not runs and await store.get(after) is None:
             problem = "names no run; pass the `next` of a previous page"
             raise ApiError(422, f"after: {problem}", [FieldProblem(field="after", problem=problem)])
-        runs = await store.list_runs(status, limit + 1, after)
         page = runs[:limit]
         return RunPage(items=[RunSummary.of(r) for r in page], next=page[-1].id if len(runs) > limit else None)
 
@@ -173,8 +174,10 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
     @router.get("/{id}/timeline", response_model=list[TimelineStep])
     async def timeline(run_id: RunId) -> list[TimelineStep]:
         """The run's steps in seq order, without their request and response bodies."""
-        await get_run(run_id)
-        return [TimelineStep.of(s) for s in await store.timeline(run_id)]
+        steps = await store.timeline(run_id)
+        if not steps:  # a run without steps yet, or no run at all
+            await get_run(run_id)
+        return [TimelineStep.of(s) for s in steps]
 
     @router.get("/{id}/steps/{seq}", response_model=StepDetail)
     async def step(

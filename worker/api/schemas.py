@@ -66,7 +66,7 @@ class RunRequest(_Camel):
     """A run to start. Unknown fields are refused, so a misspelt budget does not pass unnoticed."""
 
     # strict: a number must be a JSON number and text a JSON string; nothing is coerced (but see Whole).
-    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)  # merged with _Camel's
 
     input: Annotated[
         str, Field(min_length=1, description="The user's request: the first message.",

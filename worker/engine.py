@@ -15,7 +15,7 @@ from typing import Any
 import orjson
 
 from agentrun.worker import logs
-from agentrun.worker.guard import Stop, deadline_passed, guard, remaining
+from agentrun.worker.guard import Stop, deadline_passed, final, guard, remaining
 from agentrun.worker.lease import LeaseKeeper
 from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, Message, Usage
 from agentrun.worker.observer import NoObserver, Observer
@@ -132,7 +132,7 @@ class RunDriver:
                 with logs.step_context(step_seq=None):
                     progress = await self._tool_step(run, conv, use)
             elif conv.finished:
-                return Stop(RunStatus.SUCCEEDED, "")
+                return final(conv.last_stop, self.settings.max_tokens)
             else:
                 try:
                     # The seq is the database's to give; this is the one it gives unless the lease is lost.

@@ -40,6 +40,22 @@ def guard(run: Run, progress: Progress, steps: int, *, before_model_step: bool) 
     return None
 
 
+def final(stop_reason: str | None, max_tokens: int) -> Stop:
+    """How a run ends when the model stops without asking for a tool.
+
+    A natural end (`end_turn`, a stop sequence) succeeds. An answer cut off by `max_tokens`, a refusal
+    or a full context window is not the answer the run was for: it fails, saying why, rather than
+    passing a truncated or empty reply off as success.
+    """
+    if stop_reason == "max_tokens":
+        return Stop(RunStatus.FAILED, f"the model's answer was cut off at max_tokens={max_tokens}")
+    if stop_reason == "refusal":
+        return Stop(RunStatus.FAILED, "the model declined to answer (stop_reason refusal)")
+    if stop_reason == "model_context_window_exceeded":
+        return Stop(RunStatus.FAILED, "the conversation outgrew the model's context window")
+    return Stop(RunStatus.SUCCEEDED, "")
+
+
 def deadline_passed(run: Run) -> Stop:
     return Stop(RunStatus.TIMED_OUT, f"deadline passed: the run may take {run.timeout_seconds}s")
 

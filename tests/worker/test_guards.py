@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from agentrun.worker.llm.scripted import ScriptedLlm, TurnBasedLlm
-from agentrun.worker.llm.types import LlmError
+from agentrun.worker.llm.types import LlmError, LlmResponse, Usage
 from agentrun.worker.records import RunStatus, StepStatus
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolContext, tool
@@ -198,3 +198,22 @@ async def test_a_callable_object_with_async_call_is_awaited(store: RunStore) -> 
     llm = ScriptedLlm().then_tool_use("t1", "lookup", {"q": "x"}).then_text("ok")
     await worker(store, llm, [lookup]).run_once()
     assert llm.seen[1].messages[-1]["content"][0] == {"type": "tool_result", "tool_use_id": "t1", "content": "found x"}
+
+
+@pytest.mark.parametrize(
+    ("stop_reason", "status", "reason"),
+    [
+        ("end_turn", RunStatus.SUCCEEDED, None),
+        ("stop_sequence", RunStatus.SUCCEEDED, None),
+        ("max_tokens", RunStatus.FAILED, "the model's answer was cut off at max_tokens=4096"),
+        ("refusal", RunStatus.FAILED, "the model declined to answer (stop_reason refusal)"),
+        ("model_context_window_exceeded", RunStatus.FAILED, "the conversation outgrew the model's context window"),
+    ],
+)
+async def test_how_the_model_stops_decides_how_the_run_ends(
+    store: RunStore, stop_reason: str, status: RunStatus, reason: str | None
+) -> None:
+    run, _ = await store.create(new_run())
+    answer = LlmResponse([{"type": "text", "text": "partial"}], stop_reason, Usage(5, 5))
+    await worker(store, ScriptedLlm().then_response(answer), [noop]).run_once()
+    assert await finished(store, run.id) == (status, reason)

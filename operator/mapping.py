@@ -18,7 +18,7 @@ PLURAL = "agentruns"
 KIND = "AgentRun"
 
 # The CRD's defaults, repeated for objects that reached us without them (an API server applies them).
-DEFAULT_MODEL = "claude-sonnet-4-5"
+DEFAULT_MODEL = "claude-sonnet-4-6"
 DEFAULT_TOKEN_BUDGET = 100_000
 DEFAULT_TIMEOUT_SECONDS = 600
 DEFAULT_MAX_STEPS = 100

@@ -45,7 +45,7 @@ class WorkerSettings:
     max_tokens: int = 4096
     """`max_tokens` of every model request."""
 
-    default_model: str = "claude-sonnet-4-5"
+    default_model: str = "claude-sonnet-4-6"
     """Model for runs that name none (AGENTRUN_DEFAULT_MODEL)."""
 
     prices_file: str | None = None

@@ -80,7 +80,7 @@ def test_everything_but_cancel_is_immutable() -> None:
 
 def test_minimal_manifest_has_defaults_for_the_runtime() -> None:
     props = _version()["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-    assert props["model"]["default"] == "claude-sonnet-4-5"
+    assert props["model"]["default"] == "claude-sonnet-4-6"
     assert props["maxSteps"]["default"] == 100
     assert props["tokenBudget"]["default"] > 0 and props["timeoutSeconds"]["default"] > 0
 

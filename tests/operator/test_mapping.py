@@ -32,7 +32,7 @@ def test_minimal_spec_takes_the_defaults() -> None:
     new = mapping.new_run({"input": "hi"}, UID, "ns", "a")
     assert (new.id, new.k8s_namespace, new.k8s_name) == (uuid.UUID(UID), "ns", "a")
     assert (new.model, new.token_budget, new.timeout_seconds, new.max_steps) == (
-        "claude-sonnet-4-5", mapping.DEFAULT_TOKEN_BUDGET, mapping.DEFAULT_TIMEOUT_SECONDS, 100)
+        "claude-sonnet-4-6", mapping.DEFAULT_TOKEN_BUDGET, mapping.DEFAULT_TIMEOUT_SECONDS, 100)
     assert new.tools is None and new.cost_budget_usd is None
 
 

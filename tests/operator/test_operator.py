@@ -29,7 +29,7 @@ async def test_agentrun_becomes_a_run_and_reports_success(cluster: Cluster, stor
     obj = await cluster.create("hello", input="Say hello")
     run = await _run_row(store, obj)
     assert (run.k8s_namespace, run.k8s_name, run.input) == ("default", "hello", "Say hello")
-    assert (run.model, run.max_steps) == ("claude-sonnet-4-5", 100)  # the CRD's defaults
+    assert (run.model, run.max_steps) == ("claude-sonnet-4-6", 100)  # the CRD's defaults
     await cluster.wait_status("hello", "Queued", lambda s: s.get("phase") == "Queued")
 
     w = worker(store, ScriptedLlm().then_text("hello, hola, hallo", in_=10, out=5))

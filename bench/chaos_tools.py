@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import uuid
 from typing import Any
 
 import psycopg
@@ -13,6 +14,7 @@ import psycopg
 from agentrun.worker.tools import ToolContext, tool
 
 EXEC_TABLE = """CREATE TABLE IF NOT EXISTS chaos_tool_exec (
+    execution_id    UUID PRIMARY KEY,
     idempotency_key TEXT NOT NULL,
     run_tag         TEXT NOT NULL,
     pid             INT NOT NULL,
@@ -20,14 +22,21 @@ EXEC_TABLE = """CREATE TABLE IF NOT EXISTS chaos_tool_exec (
 
 
 async def _record(key: str, tag: str) -> None:
-    """Write the execution, riding out a database restart: an effect the tool had must not go unrecorded."""
+    """Write the execution, riding out a database restart: an effect the tool had must not go unrecorded.
+
+    An INSERT can commit and still fail on the client (the server went down before it answered), so the
+    retry is made idempotent with an id of its own per execution: one execution, one row, however many
+    tries it took to record it.
+    """
+    execution_id = uuid.uuid4()
     delay = 0.1
     for _ in range(60):
         try:
             async with await psycopg.AsyncConnection.connect(os.environ["AGENTRUN_DATABASE_URL"], autocommit=True) as c:
                 await c.execute(
-                    "INSERT INTO chaos_tool_exec (idempotency_key, run_tag, pid) VALUES (%s, %s, %s)",
-                    (key, tag, os.getpid()),
+                    "INSERT INTO chaos_tool_exec (execution_id, idempotency_key, run_tag, pid) "
+                    "VALUES (%s, %s, %s, %s) ON CONFLICT (execution_id) DO NOTHING",
+                    (execution_id, key, tag, os.getpid()),
                 )
                 return
         except psycopg.OperationalError:

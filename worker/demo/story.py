@@ -184,6 +184,13 @@ async def tell(options: Options) -> int:
     if options.live and not os.environ.get("ANTHROPIC_API_KEY"):
         print("agentrun demo: --live needs ANTHROPIC_API_KEY", file=sys.stderr)
         return 2
+    # Ctrl-C and SIGTERM (and SIGINT even when a shell started the demo in the background, which ignores
+    # it) stop the story the same way: through the cleanup below, never leaving a process behind.
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, task.cancel)
     workers: list[WorkerProcess] = []
     try:
         async with embedded_postgres(say) as db_url, local_model(options, say) as (model_url, model):
@@ -327,7 +334,7 @@ def run(options: Options) -> int:
     warnings.filterwarnings("ignore", module="platformdirs")
     try:
         return asyncio.run(tell(options))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):
         print("\ninterrupted: everything the demo started has been stopped", file=sys.stderr)
         return 130
     except RuntimeError as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import uuid
 
@@ -50,8 +51,12 @@ class Worker:
             self.stopping,
             self.observer,
         )
-        self.in_flight: set[asyncio.Task[RunStatus | None]] = set()
-        self.driving: dict[uuid.UUID, asyncio.Task[RunStatus | None]] = {}
+        self.driving: dict[uuid.UUID, asyncio.Task[RunStatus | None]] = {}  # run id → its driver task
+
+    @property
+    def in_flight(self) -> set[asyncio.Task[RunStatus | None]]:
+        """The driver tasks of the runs this worker holds now."""
+        return set(self.driving.values())
 
     @property
     def id(self) -> str:
@@ -101,7 +106,7 @@ class Worker:
         backoff = self.settings.poll_interval
         try:
             while not self.stopping.is_set():
-                if len(self.in_flight) >= self.settings.concurrency:
+                if len(self.driving) >= self.settings.concurrency:
                     await self._wait_for_slot()
                     continue
                 if self.settings.liveness_lock and not self.presence.ready.is_set():
@@ -126,10 +131,9 @@ class Worker:
                 task = asyncio.create_task(
                     self._drive(claimed.run, claimed.progress), name=f"run-{claimed.run.id}"
                 )
-                self.in_flight.add(task)
                 self.driving[claimed.run.id] = task
-                self.observer.in_flight(len(self.in_flight))
-                task.add_done_callback(self._done)
+                self.observer.in_flight(len(self.driving))
+                task.add_done_callback(functools.partial(self._done, claimed.run.id))
         finally:
             await self._drain()
             heartbeat.cancel()
@@ -137,12 +141,10 @@ class Worker:
                 await heartbeat
             await self.presence.close()  # only now: the runs it covered are finished or released
 
-    def _done(self, task: asyncio.Task[RunStatus | None]) -> None:
-        self.in_flight.discard(task)
-        for run_id, t in list(self.driving.items()):
-            if t is task:
-                del self.driving[run_id]
-        self.observer.in_flight(len(self.in_flight))
+    def _done(self, run_id: uuid.UUID, task: asyncio.Task[RunStatus | None]) -> None:
+        if self.driving.get(run_id) is task:
+            del self.driving[run_id]
+        self.observer.in_flight(len(self.driving))
         self.wake.set()
 
     async def _supersede(self, run_id: uuid.UUID) -> None:
@@ -173,12 +175,12 @@ class Worker:
                 await self.wake.wait()
 
     async def _drain(self) -> None:
-        if not self.in_flight:
+        if not self.driving:
             return
         log.info(
-            "%s waiting up to %.0fs for %d in-flight runs", self.id, self.settings.shutdown_grace, len(self.in_flight)
+            "%s waiting up to %.0fs for %d in-flight runs", self.id, self.settings.shutdown_grace, len(self.driving)
         )
-        _, late = await asyncio.wait(set(self.in_flight), timeout=self.settings.shutdown_grace)
+        _, late = await asyncio.wait(self.in_flight, timeout=self.settings.shutdown_grace)
         for task in late:
             task.cancel()
         if late:

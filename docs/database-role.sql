@@ -23,5 +23,7 @@ GRANT SELECT, INSERT, UPDATE ON run, run_step TO agentrun_runtime;
 GRANT INSERT ON run_lease TO agentrun_runtime;
 -- Liveness suspicions (presence.py): recorded by the claiming worker, deleted by the suspected one.
 GRANT SELECT, INSERT, DELETE ON worker_suspect TO agentrun_runtime;
+-- Decisions on tool calls that need a person (approvals, calls in doubt): asked by workers, made via the API.
+GRANT SELECT, INSERT, UPDATE ON run_decision TO agentrun_runtime;
 -- /readyz and `agentrun worker` (without --no-migrate) read the applied versions.
 GRANT SELECT ON schema_migration TO agentrun_runtime;

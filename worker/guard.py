@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+from typing import Any
 
 from agentrun.worker.records import Progress, Run, RunStatus
 
@@ -18,6 +19,7 @@ from agentrun.worker.records import Progress, Run, RunStatus
 class Stop:
     status: RunStatus
     reason: str
+    output: Any = None  # a SUCCEEDED run's answer: its final text, or its structured value
 
 
 def guard(run: Run, progress: Progress, steps: int, *, before_model_step: bool) -> Stop | None:

@@ -12,8 +12,12 @@ from typing import Any
 
 import orjson
 
+from agentrun.worker.answer import FINAL_ANSWER
 from agentrun.worker.llm.types import Block, Message
 from agentrun.worker.records import Step, StepKind, StepStatus
+
+CORRECTION = "correction"
+"""The `request` of a USER step the engine wrote to correct a structured answer (not a person's input)."""
 
 
 class Conversation:
@@ -27,11 +31,16 @@ class Conversation:
         self.last_stop: str | None = None
         self.steps = 0  # the highest seq applied
         self.model_steps = 0
+        self.rejected_answers = 0  # structured answers refused (a final_answer that did not validate, or none)
 
     @classmethod
     def replay(cls, input: str, steps: Iterable[Step]) -> Conversation:
+        """The run's conversation. One continued from another begins with a USER step (its parent's
+        opening message, inherited), and then `input` is a USER step of its own, further on."""
         c = cls(input)
-        for s in steps:
+        for i, s in enumerate(steps):
+            if i == 0 and s.kind is StepKind.USER:
+                c.messages = []
             c.apply(s)
         return c
 
@@ -41,12 +50,33 @@ class Conversation:
         return self.last_stop is not None and self.last_stop != "tool_use" and not self.pending
 
     @property
+    def final_text(self) -> str:
+        """The text blocks of the newest assistant message, joined: a finished run's answer."""
+        for message in reversed(self.messages):
+            if message["role"] == "assistant":
+                content = message["content"]
+                if isinstance(content, str):
+                    return content
+                return "".join(
+                    str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text"
+                )
+        return ""
+
+    @property
     def next_tool_use(self) -> Block | None:
         return next(iter(self.pending.values()), None)
 
     def apply(self, step: Step) -> None:
         self.steps = max(self.steps, step.seq)
-        if step.kind is StepKind.MODEL:
+        if step.kind is StepKind.USER:
+            if step.request == CORRECTION:
+                self.rejected_answers += 1
+            self._flush()
+            self.messages.append({"role": "user", "content": step.response or ""})
+            self.last_stop = None
+            self.pending = {}
+            self.started.clear()
+        elif step.kind is StepKind.MODEL:
             self._flush()
             content: list[Block] = orjson.loads(step.response or "[]")
             self.messages.append({"role": "assistant", "content": content})
@@ -67,6 +97,8 @@ class Conversation:
             }
             if step.status is StepStatus.ERROR:
                 result["is_error"] = True
+                if step.tool_name == FINAL_ANSWER:
+                    self.rejected_answers += 1
             self._results.append(result)
             if not self.pending:
                 self._flush()

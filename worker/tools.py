@@ -44,6 +44,7 @@ class Tool:
     fn: ToolFunction
     idempotent: bool = True
     timeout_seconds: float = 30.0
+    requires_approval: bool = False
 
     @property
     def is_async(self) -> bool:
@@ -68,11 +69,13 @@ def tool(
     input_schema: Mapping[str, Any] | None = None,
     idempotent: bool = True,
     timeout_seconds: float = 30.0,
+    requires_approval: bool = False,
 ) -> Callable[[ToolFunction], Tool]:
     """Declare a tool: `@tool(name="lookup", description="…", input_schema={…}, idempotent=True)`.
 
     `idempotent=False` says the tool cannot honour `ctx.idempotency_key`: if a worker dies while it runs,
-    the run is failed for a human to resolve instead of executing it a second time.
+    the run waits for a person to decide (retry, record what it did, or fail) instead of executing it a
+    second time. `requires_approval=True` makes every call wait for a person's approval before it runs.
     """
     if not name or not isinstance(name, str):
         raise ValueError("a tool needs a non-empty name")
@@ -82,7 +85,9 @@ def tool(
     jsonschema.Draft202012Validator.check_schema(schema)
 
     def wrap(fn: ToolFunction) -> Tool:
-        return Tool(name, description or (fn.__doc__ or "").strip(), schema, fn, idempotent, timeout_seconds)
+        return Tool(
+            name, description or (fn.__doc__ or "").strip(), schema, fn, idempotent, timeout_seconds, requires_approval
+        )
 
     return wrap
 

@@ -130,7 +130,7 @@ async def test_cancel_running_run_stops_at_next_guard(store: RunStore) -> None:
     assert len(llm.seen) == 1
 
 
-async def test_non_idempotent_tool_in_doubt_fails_for_a_human(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
+async def test_non_idempotent_tool_in_doubt_waits_for_a_human(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
     run, _ = await store.create(new_run())
     charged: list[str] = []
 
@@ -144,10 +144,14 @@ async def test_non_idempotent_tool_in_doubt_fails_for_a_human(store: RunStore, d
         await worker(store, llm, [charge_card], "worker-A").run_once()
     await db.execute("UPDATE run SET locked_until = now() - interval '1 second' WHERE id = %s", (run.id,))
     await worker(store, llm, [charge_card], "worker-B").run_once()
-    status, error = await finished(store, run.id)
-    assert status is RunStatus.FAILED
-    assert error is not None and "charge_card" in error and "toolu_pay" in error and "in doubt" in error
+    after = await store.get(run.id)
+    assert after is not None and after.status is RunStatus.WAITING and after.pending == 1
+    [call] = await store.decisions(run.id)
+    assert (call.tool_use_id, call.tool_name, call.kind.value, call.decision) == ("toolu_pay", "charge_card",
+                                                                                  "in_doubt", None)
     assert charged == ["toolu_pay"]  # not run a second time
+    steps = await store.steps(run.id)
+    assert steps[-1].status.value == "STARTED"  # the evidence stays
     steps = await store.timeline(run.id)
     assert steps[-1].status is StepStatus.STARTED  # the evidence stays
 

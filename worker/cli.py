@@ -136,7 +136,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
             worker.stop()
         stopping.set()
 
-    app = create_app(store, tools, settings, metrics)
+    app = create_app(store, tools, settings, metrics, prices)
     server = HttpServer(app, settings.host, settings.port)
 
     loop = asyncio.get_running_loop()

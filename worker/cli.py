@@ -74,6 +74,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes
         or _env_positive_int("AGENTRUN_MAX_BODY_BYTES", WorkerSettings.max_body_bytes),
         liveness_lock=not args.no_liveness_lock and _env_flag("AGENTRUN_LIVENESS_LOCK", True),
+        tool_threads=_env_positive_int("AGENTRUN_TOOL_THREADS", WorkerSettings.tool_threads),
     )
     from agentrun.worker.presence import DuplicateWorker
 
@@ -109,15 +110,16 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     from agentrun.worker.pricing import PriceTable
     from agentrun.worker.runner import Worker
     from agentrun.worker.store import RunStore
-    from agentrun.worker.tools import ToolBox, load_tool_modules
+    from agentrun.worker.tools import ToolBox, ToolThreads, load_tool_modules
 
     try:
-        tools = ToolBox(load_tool_modules(settings.tool_modules))
+        tools = ToolBox(load_tool_modules(settings.tool_modules), threads=ToolThreads(settings.tool_threads))
     except (ImportError, ValueError) as e:
         raise SystemExit(f"agentrun: cannot load tools from AGENTRUN_TOOLS: {e}") from None
     # Before any connection is opened, so a missing or bad setting exits with its message alone.
     # An API-only process (--concurrency 0) needs no model.
     metrics = Metrics(cache_seconds=settings.metrics_cache_seconds)
+    metrics.watch_tool_threads(tools.threads)
     llm = llm_from_env(settings, on_retry=metrics.model_retry) if settings.concurrency > 0 else None
     try:
         prices = PriceTable.load(settings.prices_file)

@@ -18,10 +18,10 @@ from agentrun.worker import logs
 from agentrun.worker.guard import Stop, deadline_passed, final, guard, remaining
 from agentrun.worker.lease import LeaseKeeper
 from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, Message, Usage
-from agentrun.worker.observer import NoObserver, Observer
+from agentrun.worker.observer import UNKNOWN_TOOL, NoObserver, Observer
 from agentrun.worker.pricing import PriceTable
 from agentrun.worker.records import Progress, Run, RunStatus, Step, StepKind, StepStatus
-from agentrun.worker.replay import Conversation
+from agentrun.worker.replay import Conversation, dump_content
 from agentrun.worker.store import LeaseLost, RunStore
 from agentrun.worker.text import clean, clean_json
 from agentrun.worker.tools import ToolBox, ToolContext
@@ -121,7 +121,7 @@ class RunDriver:
                 await self.store.release(run.id, self.me)
                 log.info("%s run=%s released at seq=%d", self.me, run.id.hex[:8], conv.steps)
                 return None
-            stop = guard(run, progress, conv.steps, before_model_step=not conv.pending and not conv.finished)
+            stop = self._decide(run, progress, conv)
             if stop is not None:
                 return stop
             use = conv.next_tool_use
@@ -132,7 +132,7 @@ class RunDriver:
                 with logs.step_context(step_seq=None):
                     progress = await self._tool_step(run, conv, use)
             elif conv.finished:
-                return final(conv.last_stop, self.settings.max_tokens)
+                return final(conv.last_stop, self.settings.max_tokens, conv.ignored_tool_uses)
             else:
                 try:
                     # The seq is the database's to give; this is the one it gives unless the lease is lost.
@@ -140,6 +140,15 @@ class RunDriver:
                         progress = await self._model_step(run, conv)
                 except LlmError as e:
                     return Stop(RunStatus.FAILED, str(e))
+
+    @staticmethod
+    def _decide(run: Run, progress: Progress, conv: Conversation) -> Stop | None:
+        """Why the run ends before its next step: model output it cannot act on, or the guard's reason."""
+        if conv.refused is not None:
+            # The turn is checkpointed (its tokens and cost count); acting on it is what is refused.
+            return Stop(RunStatus.FAILED, f"model output refused: {conv.refused}")
+        model_next = not conv.pending and not conv.finished
+        return guard(run, progress, conv.steps, before_model_step=model_next, owed=conv.owed)
 
     def _in_doubt(self, conv: Conversation, use: dict[str, Any]) -> Stop | None:
         """A tool that cannot honour its idempotency key is not run twice: a human decides."""
@@ -190,7 +199,9 @@ class RunDriver:
         # Model output is untrusted text: ids and names in it become column values, where a NUL would
         # make the checkpoint fail on every worker. Cleaned once, here, so the live conversation and
         # the replayed one are the same.
-        content = _json(clean_json(response.content))
+        # Written even when it will be refused (an integer beyond 64 bits, say): its tokens are billed
+        # and the turn is evidence; replay refuses it again.
+        content = dump_content(clean_json(response.content))
         stop_reason = clean(response.stop_reason) if response.stop_reason is not None else None
         seq, progress = await self.store.checkpoint_model(
             run.id,
@@ -232,7 +243,7 @@ class RunDriver:
             run.id, self.me, self.settings.lease_seconds, tool_use_id=tool_use_id, ok=outcome.ok,
             output=outcome.output, latency_ms=latency_ms,
         )
-        self.observer.tool_step(name, seconds, outcome.ok)
+        self.observer.tool_step(self.tools.label(name, UNKNOWN_TOOL), seconds, outcome.ok)
         status = StepStatus.DONE if outcome.ok else StepStatus.ERROR
         conv.apply(
             Step(run.id, seq, StepKind.TOOL, status, tool_name=name, tool_use_id=tool_use_id, response=outcome.output)

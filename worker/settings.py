@@ -71,6 +71,11 @@ class WorkerSettings:
     every worker, and keep worker ids unique: two live workers with one id would defeat it.
     """
 
+    tool_threads: int = 32
+    """Synchronous tools running at once (AGENTRUN_TOOL_THREADS). A timed-out tool's thread keeps its slot
+    until the tool returns (agentrun_tool_threads_overdue); with every slot busy a call is refused with an
+    error the model sees, rather than queued behind them."""
+
     pool_size: int = 10
     """Database connections. Steps hold a connection only while they write, so a few serve many runs."""
 

@@ -346,7 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(full-jitter backoff, defaults 1 and 30; a retry-after header is honoured); AGENTRUN_DEFAULT_MODEL; "
         "AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_API_TOKEN (bearer token the /api routes require; "
         "unset: open); AGENTRUN_MAX_BODY_BYTES; AGENTRUN_LIVENESS_LOCK; "
-        "AGENTRUN_LOG_FORMAT.",
+        "AGENTRUN_TOOL_THREADS (plain-def tools running at once, default 32; a timed-out one keeps its slot "
+        "until it returns); AGENTRUN_LOG_FORMAT.",
     )
     _add_database(p)
     p.add_argument("--id", metavar="NAME", help="worker name in leases, steps and logs (default: host-pid)")

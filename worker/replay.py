@@ -37,6 +37,8 @@ BLOCK_TYPES = frozenset({
 
 # What orjson (the step log's JSON codec) can write: a signed or unsigned 64-bit integer.
 MIN_INT, MAX_INT = -(2**63), 2**64 - 1
+MAX_DEPTH = 128
+"""Deepest nesting of a block accepted: orjson writes at most 255 levels, and no tool input needs 128."""
 _LONG_NUMBER = re.compile(r"\d{19}")
 _MAX_SHOWN = 80  # characters of a model-chosen value quoted in a reason
 
@@ -170,8 +172,9 @@ def problem(content: Any, stop_reason: str | None, used: set[str]) -> str | None
             return f"content block {i} of the model's response has no type"
         if kind not in BLOCK_TYPES:
             return f"content block {i} of the model's response has an unknown type {_shown(kind)}"
-        if _has_big_int(block):
-            return f"content block {i} ({kind}) of the model's response holds an integer beyond 64 bits"
+        value_problem = _value_problem(block)
+        if value_problem is not None:
+            return f"content block {i} ({kind}) of the model's response {value_problem}"
         if kind == "text" and not isinstance(block.get("text"), str):
             return f"content block {i} (text) of the model's response has no text"
         if kind == "text" and not block["text"] and stop_reason in CONTINUES:
@@ -203,20 +206,24 @@ def _tool_use_problem(i: int, block: Block, ids: set[str], used: set[str]) -> st
     return None
 
 
-def _has_big_int(value: Any) -> bool:
-    stack = [value]
+def _value_problem(value: Any) -> str | None:
+    """What in a JSON value the step log could not hold or replay exactly, or None. Walked without
+    recursion: the nesting is the model's to choose."""
+    stack = [(value, 0)]
     while stack:
-        v = stack.pop()
+        v, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            return f"is nested deeper than {MAX_DEPTH} levels"
         if isinstance(v, bool):
             continue
         if isinstance(v, int):
             if not MIN_INT <= v <= MAX_INT:
-                return True
+                return "holds an integer beyond 64 bits"
         elif isinstance(v, dict):
-            stack.extend(v.values())
+            stack.extend((x, depth + 1) for x in v.values())
         elif isinstance(v, list):
-            stack.extend(v)
-    return False
+            stack.extend((x, depth + 1) for x in v)
+    return None
 
 
 def _shown(value: Any) -> str:

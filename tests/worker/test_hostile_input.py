@@ -111,9 +111,17 @@ def use(id: Any = "t1", name: Any = "lookup", input: Any = None, **extra: Any) -
     return {k: v for k, v in block.items() if v is not ...}
 
 
+def deep(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
 HOSTILE_TURNS: list[tuple[str, list[Any], str | None, str]] = [
     ("an integer beyond 64 bits", [use(input={"n": 2**70})], "tool_use", "holds an integer beyond 64 bits"),
     ("a negative integer beyond 64 bits", [use(input={"n": [-(2**63) - 1]})], "tool_use", "integer beyond 64 bits"),
+    ("nesting 200 levels deep", [use(input={"a": deep(200)})], "tool_use", "is nested deeper than 128 levels"),
     ("duplicate ids in one turn", [use("t1"), use("t1")], "tool_use", "used tool_use id 't1' twice in one turn"),
     ("no content blocks", [], "end_turn", "has no content blocks"),
     ("an empty block", [{}], "end_turn", "content block 0 of the model's response is empty"),

@@ -214,6 +214,15 @@ async def test_the_pool_validates_connections_after_a_restart(store: RunStore, d
     for _ in range(3):
         await store.get(uuid.uuid4())
     await cut_every_connection(db)
+
+    async def gone() -> bool:  # the terminated sessions have ended (pg_terminate_backend only signals them)
+        cur = await db.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        row = await cur.fetchone()
+        return row is not None and row[0] == 0
+
+    await eventually(gone, 20, "the cut sessions to end")
     assert await store.get(uuid.uuid4()) is None
 
 

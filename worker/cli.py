@@ -76,6 +76,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         liveness_lock=not args.no_liveness_lock and _env_flag("AGENTRUN_LIVENESS_LOCK", True),
         max_crash_claims=args.max_crash_claims
         or _env_positive_int("AGENTRUN_MAX_CRASH_CLAIMS", WorkerSettings.max_crash_claims),
+        tool_threads=_env_positive_int("AGENTRUN_TOOL_THREADS", WorkerSettings.tool_threads),
     )
     from agentrun.worker.presence import DuplicateWorker
 
@@ -111,15 +112,16 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     from agentrun.worker.pricing import PriceTable
     from agentrun.worker.runner import Worker
     from agentrun.worker.store import RunStore
-    from agentrun.worker.tools import ToolBox, load_tool_modules
+    from agentrun.worker.tools import ToolBox, ToolThreads, load_tool_modules
 
     try:
-        tools = ToolBox(load_tool_modules(settings.tool_modules))
+        tools = ToolBox(load_tool_modules(settings.tool_modules), threads=ToolThreads(settings.tool_threads))
     except (ImportError, ValueError) as e:
         raise SystemExit(f"agentrun: cannot load tools from AGENTRUN_TOOLS: {e}") from None
     # Before any connection is opened, so a missing or bad setting exits with its message alone.
     # An API-only process (--concurrency 0) needs no model.
     metrics = Metrics(cache_seconds=settings.metrics_cache_seconds)
+    metrics.watch_tool_threads(tools.threads)
     llm = llm_from_env(settings, on_retry=metrics.model_retry) if settings.concurrency > 0 else None
     try:
         prices = PriceTable.load(settings.prices_file)
@@ -138,7 +140,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
             worker.stop()
         stopping.set()
 
-    app = create_app(store, tools, settings, metrics)
+    app = create_app(store, tools, settings, metrics, prices)
     server = HttpServer(app, settings.host, settings.port)
 
     loop = asyncio.get_running_loop()
@@ -346,7 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(full-jitter backoff, defaults 1 and 30; a retry-after header is honoured); AGENTRUN_DEFAULT_MODEL; "
         "AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_API_TOKEN (bearer token the /api routes require; "
         "unset: open); AGENTRUN_MAX_BODY_BYTES; AGENTRUN_LIVENESS_LOCK; AGENTRUN_MAX_CRASH_CLAIMS; "
-        "AGENTRUN_LOG_FORMAT.",
+        "AGENTRUN_TOOL_THREADS (plain-def tools running at once, default 32; a timed-out one keeps its slot "
+        "until it returns); AGENTRUN_LOG_FORMAT.",
     )
     _add_database(p)
     p.add_argument("--id", metavar="NAME", help="worker name in leases, steps and logs (default: host-pid)")

@@ -24,10 +24,10 @@ from agentrun.worker.decisions import Execute, Fail, Park, Settle, next_call
 from agentrun.worker.guard import Stop, deadline_passed, final, guard, remaining
 from agentrun.worker.lease import CancelRequested, LeaseKeeper
 from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, Message, Usage
-from agentrun.worker.observer import NoObserver, Observer
+from agentrun.worker.observer import UNKNOWN_TOOL, NoObserver, Observer
 from agentrun.worker.pricing import PriceTable
 from agentrun.worker.records import DecisionKind, PendingCall, Progress, Run, RunStatus, Step, StepKind, StepStatus
-from agentrun.worker.replay import CORRECTION, Conversation
+from agentrun.worker.replay import CORRECTION, Conversation, dump_content
 from agentrun.worker.store import LeaseLost, RunStore, transient
 from agentrun.worker.text import clean, clean_json
 from agentrun.worker.tools import ToolBox, ToolContext
@@ -158,8 +158,7 @@ class RunDriver:
                 return None
             if self.keeper.cancel_requested(run.id):
                 return Stop(RunStatus.CANCELLED, "cancel requested")
-            own_steps = conv.steps - run.inherited_steps  # the step cap counts what this run did, not its parent
-            stop = guard(run, progress, own_steps, before_model_step=not conv.pending and not conv.finished)
+            stop = self._decide(run, progress, conv)
             if stop is not None:
                 return stop
             if conv.pending:
@@ -171,7 +170,7 @@ class RunDriver:
                 progress = step
                 continue
             if conv.finished:
-                stop = final(conv.last_stop, self.settings.max_tokens)
+                stop = final(conv.last_stop, self.settings.max_tokens, conv.ignored_tool_uses)
                 if stop.status is not RunStatus.SUCCEEDED:
                     return stop
                 if run.output_schema is None:
@@ -304,6 +303,16 @@ class RunDriver:
                 await asyncio.sleep(self._rng.uniform(delay / 2, delay))
                 again, delay = True, min(delay * 2, 1.0)
 
+    @staticmethod
+    def _decide(run: Run, progress: Progress, conv: Conversation) -> Stop | None:
+        """Why the run ends before its next step: model output it cannot act on, or the guard's reason."""
+        if conv.refused is not None:
+            # The turn is checkpointed (its tokens and cost count); acting on it is what is refused.
+            return Stop(RunStatus.FAILED, f"model output refused: {conv.refused}")
+        model_next = not conv.pending and not conv.finished
+        own_steps = conv.steps - run.inherited_steps  # the step cap counts what this run did, not its parent
+        return guard(run, progress, own_steps, before_model_step=model_next, owed=conv.owed)
+
     async def _finish(self, run: Run, stop: Stop) -> RunStatus:
         self.keeper.drop(run.id)
         tokens = await self._durably(
@@ -346,7 +355,9 @@ class RunDriver:
         # Model output is untrusted text: ids and names in it become column values, where a NUL would
         # make the checkpoint fail on every worker. Cleaned once, here, so the live conversation and
         # the replayed one are the same.
-        content = _json(clean_json(response.content))
+        # Written even when it will be refused (an integer beyond 64 bits, say): its tokens are billed
+        # and the turn is evidence; replay refuses it again.
+        content = dump_content(clean_json(response.content))
         stop_reason = clean(response.stop_reason) if response.stop_reason is not None else None
         write_id = uuid.uuid4()
         seq, progress = await self._durably(lambda again: self.store.checkpoint_model(
@@ -393,7 +404,7 @@ class RunDriver:
                 run.id, self.me, self.settings.lease_seconds, write_id=finished_id, tool_use_id=tool_use_id,
                 ok=False, output="cancelled", latency_ms=round((time.perf_counter() - t0) * 1000),
             ))
-            self.observer.tool_step(name, time.perf_counter() - t0, False)
+            self.observer.tool_step(self.tools.label(name, UNKNOWN_TOOL), time.perf_counter() - t0, False)
             log.info("%s run=%s seq=%d TOOL %s id=%s cancelled", self.me, run.id.hex[:8], seq, name, tool_use_id)
             raise
         seconds = time.perf_counter() - t0
@@ -402,7 +413,7 @@ class RunDriver:
             run.id, self.me, self.settings.lease_seconds, write_id=finished_id, tool_use_id=tool_use_id,
             ok=outcome.ok, output=outcome.output, latency_ms=latency_ms,
         ))
-        self.observer.tool_step(name, seconds, outcome.ok)
+        self.observer.tool_step(self.tools.label(name, UNKNOWN_TOOL), seconds, outcome.ok)
         status = StepStatus.DONE if outcome.ok else StepStatus.ERROR
         conv.apply(
             Step(run.id, seq, StepKind.TOOL, status, tool_name=name, tool_use_id=tool_use_id, response=outcome.output)

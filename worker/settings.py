@@ -82,6 +82,11 @@ class WorkerSettings:
     FAILED instead of being taken again (AGENTRUN_MAX_CRASH_CLAIMS, --max-crash-claims): a step that
     kills its worker (out of memory, a segfault in a tool) must not kill every worker in turn."""
 
+    tool_threads: int = 32
+    """Synchronous tools running at once (AGENTRUN_TOOL_THREADS). A timed-out tool's thread keeps its slot
+    until the tool returns (agentrun_tool_threads_overdue); with every slot busy a call is refused with an
+    error the model sees, rather than queued behind them."""
+
     pool_size: int = 10
     """Database connections. Steps hold a connection only while they write, so a few serve many runs."""
 

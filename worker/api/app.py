@@ -11,6 +11,7 @@ from agentrun.worker.api import errors
 from agentrun.worker.api.guards import BearerAuth, BodyLimit
 from agentrun.worker.api.routes import runs_router
 from agentrun.worker.metrics import Metrics
+from agentrun.worker.pricing import PriceTable
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
@@ -28,9 +29,14 @@ as `after` to get the following page.
 """
 
 
-def create_app(store: RunStore, tools: ToolBox, settings: WorkerSettings, metrics: Metrics) -> FastAPI:
+def create_app(
+    store: RunStore, tools: ToolBox, settings: WorkerSettings, metrics: Metrics, prices: PriceTable | None = None
+) -> FastAPI:
+    """The app; `prices` (default: the table `settings.prices_file` names) refuses unenforceable cost budgets."""
     app = FastAPI(title="agentrun", version="0.1.0", description=DESCRIPTION)
-    app.include_router(runs_router(store, tools, settings))
+    app.include_router(runs_router(
+        store, tools, settings, prices if prices is not None else PriceTable.load(settings.prices_file)
+    ))
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

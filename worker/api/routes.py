@@ -24,6 +24,7 @@ from agentrun.worker.api.schemas import (
     StepDetail,
     TimelineStep,
 )
+from agentrun.worker.pricing import PriceTable, cost_budget_problem
 from agentrun.worker.records import NewRun, Run, RunStatus
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
@@ -85,7 +86,7 @@ def _idempotency_key(value: str | None) -> str | None:
     return value
 
 
-def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> APIRouter:
+def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings, prices: PriceTable) -> APIRouter:
     # The scheme only documents the token in OpenAPI; guards.BearerAuth enforces it before any parsing.
     # Documented only when the server has a token: an open server that advertised one would be lying.
     bearer = HTTPBearer(auto_error=False, description="The server's AGENTRUN_API_TOKEN.")
@@ -102,7 +103,8 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         return run
 
     @router.post("", status_code=201, response_model=RunCreated,
-                 responses={400: {"model": ErrorBody, "description": "The body is not JSON, or over the size limit"}})
+                 responses={400: {"model": ErrorBody, "description": "The body is not JSON, or over the size "
+                                  "limit, or `costBudgetUsd` is set for a model without a price"}})
     async def submit(
         body: RunRequest,
         response: Response,
@@ -122,9 +124,13 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         ]
         if problems:
             raise ApiError(422, summary(problems), problems)
+        model = body.model or settings.default_model
+        # A step of an unpriced model costs null, so its budget would never stop the run.
+        if (problem := cost_budget_problem(prices, model, body.cost_budget())) is not None:
+            raise ApiError(400, problem, [FieldProblem(field="costBudgetUsd", problem=problem)])
         new = NewRun(
             input=body.input,
-            model=body.model or settings.default_model,
+            model=model,
             token_budget=body.token_budget,
             timeout_seconds=body.timeout_seconds,
             max_steps=body.max_steps,

@@ -62,9 +62,11 @@ class KubeApi:
         return await self._call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
 
     async def event(
-        self, namespace: str, name: str, uid: uuid.UUID | str, type_: str, reason: str, message: str
+        self, namespace: str, name: str, uid: uuid.UUID | str, type_: str, reason: str, message: str,
+        *, strict: bool = False,
     ) -> None:
-        """Post a core/v1 Event about an AgentRun. Losing one is not worth failing for: logged, not raised."""
+        """Post a core/v1 Event about an AgentRun. A failure is logged, or with `strict` raised as KubeError
+        (for a caller that retries); a 404 (the namespace is gone) is neither."""
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         body = {
             "apiVersion": "v1",
@@ -89,6 +91,8 @@ class KubeApi:
         try:
             await self._call(self.core.create_namespaced_event, namespace, body)
         except KubeError as e:
+            if strict:
+                raise
             log.warning("could not post event %s for %s/%s: %s", reason, namespace, name, e)
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> bool:

@@ -38,7 +38,9 @@ class RecordingBus(aiobus.Bus[Any]):
             # A deletion is a change of its own: it gets a version newer than the object's last one.
             item = copy.deepcopy(item)
             item["object"].setdefault("metadata", {})["resourceVersion"] = self.stamp()
-        self.history.append((int(item["object"]["metadata"]["resourceVersion"]), item))
+        # A copy: the stored object changes in place with later writes, and a resumed watch must replay
+        # each version as it was.
+        self.history.append((int(item["object"]["metadata"]["resourceVersion"]), copy.deepcopy(item)))
         await super().put(item)
 
 
@@ -118,6 +120,7 @@ class ApiServer(kmock.KubernetesEmulator):
                 new["status"] = old["status"]
             else:
                 new.pop("status", None)
+        new = copy.deepcopy(new)  # it may share dicts with `old`, which the diff below compares it with
         meta = new.setdefault("metadata", {})
         meta["resourceVersion"] = self._stamp()
         if new.get("spec") != old.get("spec"):

@@ -10,7 +10,7 @@ from agentrun.worker.llm.scripted import ScriptedLlm
 from agentrun.worker.records import RunStatus
 from agentrun.worker.store import RunStore
 from tests.helpers import eventually, worker
-from tests.operator.conftest import Cluster, uid_of
+from tests.operator.conftest import Cluster, assert_events_precede_their_phase, uid_of
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -41,8 +41,10 @@ async def test_agentrun_becomes_a_run_and_reports_success(cluster: Cluster, stor
     assert status["lockedBy"] == "worker-A" and status["finishedAt"]
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Succeeded"]["status"] == "True" and conditions["Ready"]["status"] == "True"
-    reasons = [e["reason"] for e in cluster.events("hello")]
-    assert "Queued" in reasons and "Succeeded" in reasons
+    # No waiting: an Event is posted before the status shows its phase, and every phase passed through
+    # is announced once, whether or not the operator looked while the run was Running.
+    assert [e["reason"] for e in cluster.events("hello")] == ["Queued", "Running", "Succeeded"]
+    assert_events_precede_their_phase(cluster, "hello")
 
 
 async def test_failed_run_reports_its_reason(cluster: Cluster, store: RunStore) -> None:

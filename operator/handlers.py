@@ -192,6 +192,8 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
                 run = await op.store.cancel(run.id) or run
         except DATABASE_DOWN as e:
             message = f"waiting for the database: {e}"
+            if ref.status.get("phase") != mapping.PENDING and (event := mapping.event_for(mapping.PENDING, message)):
+                await op.kube.event(ref.namespace, ref.name, ref.uid, *event)  # before the phase shows
             patch.status.update(mapping.pending_status(message, ref.generation, ref.status, now))
             raise kopf.TemporaryError(message, delay=op.retry_in(retry)) from e
         log.info("%s/%s %s run %s", ref.namespace, ref.name, "created" if created else "found", run.id)
@@ -234,12 +236,14 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
 
 
 async def _cancel_all(tasks: list[asyncio.Task[None]]) -> None:
-    for task in tasks:
-        task.cancel()
-    for task in tasks:
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    tasks.clear()
+    """Cancel and await every task in `tasks`, also those a task adds while it is being stopped."""
+    while tasks:
+        batch, tasks[:] = list(tasks), []
+        for task in batch:
+            task.cancel()
+        for task in batch:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
 
 async def run(
@@ -259,7 +263,7 @@ async def run(
     """
     kube = kube or KubeApi.from_environment()
     op = Operator(settings, kube, settings.prices or PriceTable.load())
-    kopf_ready = ready_flag if ready_flag is not None else asyncio.Event()
+    kopf_ready = asyncio.Event()
     runner = None
     if settings.port is not None:
         runner = await health.serve(settings.health_host, settings.port, lambda: op.readiness(kopf_ready))
@@ -268,6 +272,15 @@ async def run(
     # The same credentials as our own client (KubeApi.from_environment): the kubernetes client's config.
     kopf.on.login(registry=registry)(login or kopf.login_via_client)
     register(registry, op)
+
+    async def ready_when_connected() -> None:
+        # Ready for the caller once kopf watches and the database is there, as /readyz says.
+        await kopf_ready.wait()
+        await op.database.wait()
+        if ready_flag is not None:
+            ready_flag.set()
+
+    op.tasks.append(asyncio.create_task(ready_when_connected(), name="agentrun ready"))
     try:
         await kopf.operator(
             registry=registry,

@@ -276,7 +276,7 @@ def event_for(phase: str, message: str) -> tuple[str, str, str] | None:
     """The Kubernetes Event (type, reason, message) announcing a phase, or None for phases not announced."""
     if phase in ("Queued", "Running", "Succeeded", "Cancelled"):
         return "Normal", phase, message or phase.lower()
-    if phase in ("Failed", "TimedOut"):
+    if phase in ("Failed", "TimedOut", PENDING):
         return "Warning", phase, message or phase.lower()
     return None
 

@@ -102,8 +102,12 @@ def settings_for(database_url: str, **kw: Any) -> OperatorSettings:
 
 
 @contextlib.asynccontextmanager
-async def operator_running(cluster: Cluster, settings: OperatorSettings) -> AsyncIterator[None]:
+async def operator_running(
+    cluster: Cluster, settings: OperatorSettings, wait_ready: bool = True
+) -> AsyncIterator[None]:
     """The real operator: kopf, the handlers, the listener and the status sync, until the block ends.
+
+    With `wait_ready` the block starts once it is ready (kopf watching, the database connected).
 
     It runs in a thread with its own event loop, as kopf's own test runner does: on exit kopf cancels
     every task its loop started after it, which would include the test's own.
@@ -128,7 +132,7 @@ async def operator_running(cluster: Cluster, settings: OperatorSettings) -> Asyn
         async def started() -> bool:
             if failure:
                 raise failure[0]
-            return ready.is_set()
+            return ready.is_set() or not wait_ready
 
         await eventually(started, 15, "the operator to start")
         yield

@@ -97,7 +97,8 @@ def test_status_patch_removes_fields_that_went_away() -> None:
 def test_events_for_phases() -> None:
     assert mapping.event_for("Failed", "boom") == ("Warning", "Failed", "boom")
     assert mapping.event_for("Queued", "")[:2] == ("Normal", "Queued")  # type: ignore[index]
-    assert mapping.event_for("Pending", "") is None
+    assert mapping.event_for("Pending", "db down") == ("Warning", "Pending", "db down")
+    assert mapping.event_for("Unheard-of", "") is None
 
 
 def test_a_fast_run_announces_every_phase_it_went_through() -> None:
@@ -121,3 +122,15 @@ def test_ttl_expiry() -> None:
     assert mapping.expires_at(ref, done) == NOW + datetime.timedelta(seconds=30)
     assert mapping.expires_at(ref, {"phase": "Running"}) is None
     assert mapping.expires_at(dataclasses.replace(ref, ttl_seconds=None), done) is None
+
+
+def test_a_cost_budget_needs_a_priced_model() -> None:
+    from agentrun.worker.pricing import PriceTable, cost_budget_problem
+
+    prices = PriceTable.load()
+    assert cost_budget_problem(prices, "claude-imaginary-9", Decimal("1")) is not None
+    assert cost_budget_problem(prices, "claude-imaginary-9", None) is None
+    assert cost_budget_problem(prices, mapping.DEFAULT_MODEL, Decimal("1")) is None
+    with pytest.raises(mapping.InvalidSpec, match="no price"):
+        mapping.new_run({"input": "x", "model": "claude-imaginary-9", "costBudgetUsd": 1}, UID, "ns", "a",
+                        prices=prices)

@@ -118,3 +118,16 @@ async def test_ttl_deletes_a_finished_agentrun(cluster: Cluster, store: RunStore
     await eventually(gone, 10, "the finished AgentRun to be deleted")
     after = await store.get(run.id)
     assert after is not None and after.status is RunStatus.SUCCEEDED
+
+
+async def test_cost_budget_on_an_unpriced_model_fails_without_a_run(cluster: Cluster, store: RunStore) -> None:
+    """No worker could enforce it (an unpriced step costs null): refused, not accepted and never stopped."""
+    obj = await cluster.create("unpriced", input="go", model="claude-imaginary-9", costBudgetUsd=0.5)
+    status = await cluster.wait_status("unpriced", "Failed", lambda s: s.get("phase") == "Failed")
+    assert "costBudgetUsd" in status["message"] and "claude-imaginary-9" in status["message"]
+    assert "no price" in status["message"]
+    assert {c["type"]: c for c in status["conditions"]}["Ready"]["reason"] == "InvalidSpec"
+    assert await store.get(uid_of(obj)) is None
+    # Without a budget the same model is fine: its cost is just unknown.
+    await cluster.create("unpriced-no-budget", input="go", model="claude-imaginary-9")
+    await cluster.wait_status("unpriced-no-budget", "Queued", lambda s: s.get("phase") == "Queued")

@@ -5,7 +5,9 @@
 - JSON patches are applied, and a failing `test` op answers 422 (kopf's finalizer patches rely on it);
 - writes to the `status` subresource change only the status, other writes never change it;
 - a watch resumes after `?resourceVersion=` and never loses events written while it starts;
-- POST answers 201, names `generateName` objects, and namespaces namespaced ones.
+- POST answers 201, names `generateName` objects, and namespaces namespaced ones;
+- the AgentRun resource is declared from crds/agentrun.yaml, and every write to one is pruned, defaulted
+  and validated against its structural schema and CEL rules (tests/operator/schema.py): 422 Invalid.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import asyncio
 import collections
 import copy
 import datetime
+import pathlib
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -21,9 +24,57 @@ from typing import Any
 import attrs
 import jsonpatch
 import kmock
+import yaml
 from kmock._internal import aiobus, enums, rendering
 
+from tests.operator.schema import Invalid, Schema
+
+CRD_FILE = pathlib.Path(__file__).resolve().parents[2] / "crds" / "agentrun.yaml"
 AGENTRUNS = "agentrun.dev/v1alpha1/agentruns"
+
+
+@attrs.frozen
+class CustomResource:
+    """A served version of a CRD: what discovery, validation and table output need of it."""
+
+    crd: dict[str, Any]
+    version: dict[str, Any]
+    schema: Schema
+
+    @classmethod
+    def load(cls, path: pathlib.Path = CRD_FILE) -> CustomResource:
+        crd = yaml.safe_load(path.read_text())
+        (version,) = [v for v in crd["spec"]["versions"] if v.get("served")]
+        return cls(crd, version, Schema(version["schema"]["openAPIV3Schema"]))
+
+    @property
+    def names(self) -> dict[str, Any]:
+        return self.crd["spec"]["names"]  # type: ignore[no-any-return]
+
+    @property
+    def key(self) -> str:
+        return f"{self.crd['spec']['group']}/{self.version['name']}/{self.names['plural']}"
+
+    def info(self) -> kmock.ResourceInfo:
+        return kmock.ResourceInfo(
+            kind=self.names["kind"], singular=self.names.get("singular"),
+            namespaced=self.crd["spec"]["scope"] == "Namespaced", verbs=_VERBS,
+            shortnames=set(self.names.get("shortNames") or ()), categories=set(self.names.get("categories") or ()),
+            subresources=set(self.version.get("subresources") or ()),
+        )
+
+    def admit(self, new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
+        try:
+            return self.schema.admit(new, old)
+        except Invalid as e:
+            name = (new.get("metadata") or {}).get("name") or ""
+            kind, group = self.names["kind"], self.crd["spec"]["group"]
+            causes = e.causes[0] if len(e.causes) == 1 else "[" + ", ".join(e.causes) + "]"
+            raise kmock.KubernetesError(422, "Invalid", f'{kind}.{group} "{name}" is invalid: {causes}', {
+                "name": name, "group": group, "kind": kind,
+                "causes": [{"reason": "FieldValueInvalid", "message": c, "field": c.split(":", 1)[0]}
+                           for c in e.causes],
+            }) from None
 
 
 @attrs.mutable(weakref_slot=True)
@@ -46,6 +97,7 @@ class RecordingBus(aiobus.Bus[Any]):
 
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesEmulator):
+    custom: tuple[CustomResource, ...] = attrs.field(factory=lambda: (CustomResource.load(),))
     _version: int = attrs.field(default=0, init=False)
     _writes: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
     _buses: dict[Any, RecordingBus] = attrs.field(
@@ -60,10 +112,8 @@ class ApiServer(kmock.KubernetesEmulator):
         self.resources["apiextensions.k8s.io/v1/customresourcedefinitions"] = kmock.ResourceInfo(
             kind="CustomResourceDefinition", namespaced=False, verbs=_VERBS
         )
-        self.resources[AGENTRUNS] = kmock.ResourceInfo(
-            kind="AgentRun", singular="agentrun", namespaced=True, verbs=_VERBS, shortnames={"ar"},
-            subresources={"status"},
-        )
+        for custom in self.custom:
+            self.resources[custom.key] = custom.info()
 
     def _stamp(self) -> str:
         self._version += 1
@@ -97,6 +147,8 @@ class ApiServer(kmock.KubernetesEmulator):
         )
         if self._has_status(request):
             body.pop("status", None)
+        if (custom := self._custom(request)) is not None:
+            body = custom.admit(body, None)
         return _with_data(request, body)
 
     def _patching(self, request: rendering.Request) -> rendering.Request:
@@ -121,6 +173,8 @@ class ApiServer(kmock.KubernetesEmulator):
             else:
                 new.pop("status", None)
         new = copy.deepcopy(new)  # it may share dicts with `old`, which the diff below compares it with
+        if (custom := self._custom(request)) is not None:
+            new = custom.admit(new, old)
         meta = new.setdefault("metadata", {})
         meta["resourceVersion"] = self._stamp()
         if new.get("spec") != old.get("spec"):
@@ -147,6 +201,12 @@ class ApiServer(kmock.KubernetesEmulator):
             return None
         obj = self.objects[key]
         return None if obj.deleted else obj
+
+    def _custom(self, request: rendering.Request) -> CustomResource | None:
+        for custom in self.custom:
+            if request.resource == kmock.resource(custom.key):
+                return custom
+        return None
 
     def _has_status(self, request: rendering.Request) -> bool:
         info = self.resources.get(request.resource)  # type: ignore[call-overload]

@@ -38,6 +38,10 @@ class Schema:
                 # A rule that does not compile is refused when the CRD is applied: here, at load.
                 self._programs[rule["rule"]] = self._env.program(self._env.compile(rule["rule"]))
 
+    def unknown_fields(self, obj: dict[str, Any]) -> list[str]:
+        """The fields the schema does not declare, which admitting `obj` would drop."""
+        return _prune(copy.deepcopy(obj), self.root, top=True)
+
     def admit(self, new: dict[str, Any], old: dict[str, Any] | None) -> dict[str, Any]:
         """The object as stored: pruned and defaulted; raises Invalid listing every problem."""
         obj = copy.deepcopy(new)
@@ -141,22 +145,25 @@ def _nodes(schema: Any) -> Iterator[dict[str, Any]]:
             yield from _nodes(schema["items"])
 
 
-def _prune(value: Any, schema: dict[str, Any], top: bool = False) -> None:
-    """Drop fields the schema does not declare, as a structural schema's API server does."""
+def _prune(value: Any, schema: dict[str, Any], top: bool = False, path: str = "") -> list[str]:
+    """Drop fields the schema does not declare, as a structural schema's API server does; returns them."""
+    dropped = []
     if isinstance(value, dict) and schema.get("type") == "object" and "properties" in schema:
         if schema.get("x-kubernetes-preserve-unknown-fields"):
-            return
+            return []
         props = schema["properties"]
         for name in list(value):
             if top and name in SERVER_OWNED:
                 continue
             if name not in props:
                 del value[name]
+                dropped.append(_join(path, name))
             else:
-                _prune(value[name], props[name])
+                dropped += _prune(value[name], props[name], path=_join(path, name))
     elif isinstance(value, list) and "items" in schema:
-        for item in value:
-            _prune(item, schema["items"])
+        for i, item in enumerate(value):
+            dropped += _prune(item, schema["items"], path=f"{path}[{i}]")
+    return dropped
 
 
 def _default(value: Any, schema: dict[str, Any]) -> None:

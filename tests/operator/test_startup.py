@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
+import pathlib
 import socket
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -73,3 +77,54 @@ async def test_starts_healthy_and_waits_for_the_database(
         finally:
             await pool.close()
         assert [e["reason"] for e in cluster.events("early")] == ["Pending", "Queued"]
+
+
+async def test_the_agentrun_operator_command_waits_out_an_unreachable_database(
+    cluster: Cluster, tmp_path: pathlib.Path
+) -> None:
+    """The real command, as a pod runs it: healthy at once, not ready, still running while it retries."""
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))  # bound, never listening: every connection is refused
+    db_port = dead.getsockname()[1]
+    port = _free_port()
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(f"""apiVersion: v1
+kind: Config
+clusters: [{{name: e, cluster: {{server: "{cluster.url}"}}}}]
+users: [{{name: u, user: {{}}}}]
+contexts: [{{name: e, context: {{cluster: e, user: u}}}}]
+current-context: e
+""")
+    env = {**os.environ, "KUBECONFIG": str(kubeconfig),
+           "AGENTRUN_DATABASE_URL": f"postgresql://nobody@127.0.0.1:{db_port}/agentrun?connect_timeout=2"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentrun.worker.cli", "operator", "--port", str(port),
+        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=5) as http:
+            async def healthy() -> bool:
+                if proc.returncode is not None:
+                    raise AssertionError(f"the operator exited ({proc.returncode})")
+                try:
+                    return (await http.get("/healthz")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            await eventually(healthy, 60, "`agentrun operator` to answer /healthz without a database")
+            failures = 0
+
+            async def retried_a_few_times() -> bool:  # a few 503s in a row, the process alive throughout
+                nonlocal failures
+                r = await http.get("/readyz")
+                assert r.status_code == 503 and "database" in r.json()["reason"], r.text
+                assert proc.returncode is None, "the operator exited"
+                failures += 1
+                return failures >= 5
+
+            await eventually(retried_a_few_times, 60, "five not-ready answers")
+    finally:
+        dead.close()
+        if proc.returncode is None:
+            proc.terminate()
+            await asyncio.wait_for(proc.wait(), 30)

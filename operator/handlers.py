@@ -16,7 +16,7 @@ import psycopg
 import psycopg_pool
 
 from agentrun.operator import health, mapping
-from agentrun.operator.kube import KubeApi
+from agentrun.operator.kube import KubeApi, KubeError
 from agentrun.operator.mapping import GROUP, PLURAL, VERSION, Ref
 from agentrun.operator.notify import listen
 from agentrun.operator.settings import OperatorSettings
@@ -71,6 +71,18 @@ class Operator:
             return await self.store.cancel(uid)
         except DATABASE_DOWN as e:
             raise kopf.TemporaryError(f"cannot cancel, database unreachable: {e}", delay=self.retry_in(retry)) from e
+
+    async def show(self, run: Run, ref: Ref) -> None:
+        """Show the run in its AgentRun now, as a handler that just changed it wants."""
+        if self.sync is None:
+            return  # the sync's first sweep, just starting, shows it
+        try:
+            await self.sync.publish(run, ref)
+        except KubeError as e:
+            # The run is changed; only showing it failed. The sync retries that with its own backoff,
+            # rather than kopf re-running the handler (and posting a handler-failed Event).
+            log.warning("%s/%s: status not shown yet (%s); the status sync retries", ref.namespace, ref.name, e)
+            self.sync.notify(run.id)
 
     async def connect(self, migrate_first: bool) -> None:
         """Reach the database, migrate it (or wait until it is migrated), then open the pool; retried with
@@ -197,8 +209,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
             patch.status.update(mapping.pending_status(message, ref.generation, ref.status, now))
             raise kopf.TemporaryError(message, delay=op.retry_in(retry)) from e
         log.info("%s/%s %s run %s", ref.namespace, ref.name, "created" if created else "found", run.id)
-        if op.sync is not None:  # else the sync's first sweep, just starting, shows it
-            await op.sync.publish(run, ref)
+        await op.show(run, ref)
 
     @kopf.on.field(GROUP, VERSION, PLURAL, field="spec.cancel", **on)  # type: ignore[arg-type]
     async def cancel(body: kopf.Body, new: Any, retry: int, **_: Any) -> None:
@@ -206,8 +217,8 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
             return  # un-cancelling means nothing: a cancel request cannot be taken back
         ref = Ref.of(body)
         run = await op.cancel(ref.uid, retry)
-        if run is not None and op.sync is not None:
-            await op.sync.publish(run, ref)
+        if run is not None:
+            await op.show(run, ref)
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, **on)  # type: ignore[arg-type]
     async def delete(body: kopf.Body, retry: int, **_: Any) -> None:

@@ -153,3 +153,18 @@ async def test_kubectl_shows_the_api_servers_refusals(kubectl: Kubectl, cluster:
         return ((await cluster.get("hello")) or {}).get("spec", {}).get("cancel") is True
 
     await eventually(cancelled, 10, "spec.cancel set through kubectl")
+
+
+@pytest.mark.parametrize("ci", ["true", ""])
+def test_make_fails_in_ci_when_helm_or_kubectl_cannot_be_had(ci: str) -> None:
+    """`make helm` (which `make test` runs first) with a fetch that fails: an error in CI, a note elsewhere."""
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    env = {**os.environ, "CI": ci}
+    # BIN points nowhere, so the fetch fails; -o skips the virtualenv stamp this test does not need.
+    result = subprocess.run(["make", "-s", "-o", ".venv/.installed", "helm", "BIN=/nonexistent"], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=60)
+    if ci == "true":
+        assert result.returncode != 0 and "CI=true: failing" in result.stderr, result
+    else:
+        assert result.returncode == 0 and "will be skipped" in result.stdout, result

@@ -405,10 +405,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tool modules to validate spec.tools against (default: $AGENTRUN_TOOLS; none: no check)")
     p.add_argument("--resync-seconds", type=_positive_float, default=60.0, metavar="S",
                    help="period of the resync over unfinished runs, under the notifications (default: 60)")
-    p.add_argument("--no-migrate", action="store_true",
-                   help="do not apply migrations (not ready until someone else has applied them)")
+    p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
     p.add_argument("--port", type=int, default=8081, metavar="PORT",
-                   help="port of /healthz and /readyz (default: 8081; 0: none)")
+                   help="port of /healthz and /readyz (default: 8081; 0: none); with --no-migrate /readyz "
+                   "says 503 until the database is migrated")
     p.set_defaults(func=cmd_operator)
 
     p = sub.add_parser(

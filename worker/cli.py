@@ -172,6 +172,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
 def cmd_operator(args: argparse.Namespace) -> int:
     from agentrun.operator.handlers import run
     from agentrun.operator.settings import OperatorSettings
+    from agentrun.worker.pricing import PriceTable
 
     tool_names = None
     modules = _module_list(args.tools or os.environ.get("AGENTRUN_TOOLS", ""))
@@ -182,6 +183,10 @@ def cmd_operator(args: argparse.Namespace) -> int:
             tool_names = frozenset(t.name for t in load_tool_modules(modules))
         except (ImportError, ValueError) as e:
             raise SystemExit(f"agentrun: cannot load tools from {', '.join(modules)}: {e}") from None
+    try:
+        prices = PriceTable.load(os.environ.get("AGENTRUN_PRICES_FILE") or None)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"agentrun: cannot read the price table (AGENTRUN_PRICES_FILE): {e}") from None
     settings = OperatorSettings(
         database_url=_database_url(args),
         namespaces=tuple(args.namespace or ()),
@@ -189,6 +194,8 @@ def cmd_operator(args: argparse.Namespace) -> int:
         peering_name=args.peering,
         tool_names=tool_names,
         resync_seconds=args.resync_seconds,
+        prices=prices,
+        port=args.port or None,
     )
     asyncio.run(run(settings, migrate_first=not args.no_migrate))
     return 0
@@ -385,9 +392,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="reconcile AgentRun resources into runs (kopf)",
         description="Watch AgentRun resources (crds/agentrun.yaml): make a run for each new one, cancel it on "
         "spec.cancel or deletion, and keep each resource's status within about a second of its run through "
-        "PostgreSQL LISTEN/NOTIFY, with a periodic resync as a safety net. Migrates the database first.",
+        "PostgreSQL LISTEN/NOTIFY, with a periodic resync as a safety net. Serves /healthz and /readyz at once; "
+        "reaches and migrates the database in the background, retrying while it is down (/readyz answers 503 "
+        "until then). A costBudgetUsd on a model the price table does not price is a Failed AgentRun.",
         epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated tool modules, as the workers "
         "load them: an AgentRun naming another tool is failed at once; without it tool names are not checked); "
+        "AGENTRUN_PRICES_FILE (the workers' price table, TOML); "
         "KUBECONFIG (outside a cluster; in a pod the service account is used); AGENTRUN_LOG_FORMAT, "
         "AGENTRUN_LOG_LEVEL.",
     )
@@ -407,6 +417,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a run taken over this many times from a worker that died mid-step ends FAILED "
                    "instead (default: $AGENTRUN_MAX_CRASH_CLAIMS or 10)")
     p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
+    p.add_argument("--port", type=int, default=8081, metavar="PORT",
+                   help="port of /healthz and /readyz (default: 8081; 0: none); with --no-migrate /readyz "
+                   "says 503 until the database is migrated")
     p.set_defaults(func=cmd_operator)
 
     p = sub.add_parser(

@@ -49,6 +49,7 @@ class NewRun:
     idempotency_key: str | None = None
     k8s_namespace: str | None = None
     k8s_name: str | None = None
+    created_by: str | None = None  # the API identity, `k8s:<namespace>/<user>`, or None on an open API
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +78,8 @@ class Run:
     idempotency_key: str | None = None
     k8s_namespace: str | None = None
     k8s_name: str | None = None
+    created_by: str | None = None
+    cancelled_by: str | None = None  # who asked first for the run to stop
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,49 +1,104 @@
-"""What every request passes before a route sees it: the bearer token, then the body size limit.
+"""What every request passes before a route sees it: the bearer token and its scope, then the body size limit.
 
-Both are plain ASGI middleware so they answer before FastAPI parses anything: an unauthenticated
-client learns nothing about validation, and an oversized body is never buffered whole.
+Both are plain ASGI middleware so they answer before FastAPI parses anything: a client without the
+right token learns nothing about validation, and an oversized body is never buffered whole.
 """
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
+from fastapi import Security
+from fastapi.security import HTTPBearer
+from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentrun.worker.api.errors import error_response
+from agentrun.worker.api.identities import Identities, Identity
+from agentrun.worker.api.identities import Scope as AccessScope
 from agentrun.worker.api.schemas import FieldProblem
 
 API_PREFIX = "/api"
+SCOPE_KEY = "x-required-scope"
+"""The OpenAPI extension naming the scope an operation requires (`none`: any valid token)."""
+IDENTITY_KEY = "agentrun.identity"
+"""Where BearerAuth leaves the caller's Identity in the ASGI scope, for the routes to record."""
+
+BEARER = HTTPBearer(
+    scheme_name="bearer", auto_error=False,
+    description="A token of an identity of AGENTRUN_API_TOKENS, or AGENTRUN_API_TOKEN (the identity "
+    "`default`, every scope). Each operation names the scope it requires.",
+)
+
+
+def access(scope: AccessScope | None, enabled: bool) -> dict[str, Any]:
+    """Route decorator arguments declaring the scope an operation requires (None: any valid token).
+
+    BearerAuth enforces it from `openapi_extra`; the Security dependency only documents it in OpenAPI,
+    and only when the server requires tokens: an open server that advertised a scheme would be lying.
+    """
+    name = scope.value if scope else "none"
+    extra: dict[str, Any] = {"openapi_extra": {SCOPE_KEY: name}}
+    if enabled:
+        extra["dependencies"] = [Security(BEARER, scopes=[scope.value] if scope else [])]
+    return extra
+
+
+def identity_of(scope: Scope) -> Identity | None:
+    """The caller, as BearerAuth found it; None when the API is open."""
+    found = scope.get(IDENTITY_KEY)
+    return found if isinstance(found, Identity) else None
 
 
 class BearerAuth:
-    """When a token is configured, /api requests must carry `Authorization: Bearer <token>`.
+    """When identities are configured, /api requests need `Authorization: Bearer <token>` of one whose
+    scopes include the operation's: no or a wrong token is a 401, a missing scope a 403 naming it.
 
     Health, readiness, metrics and the OpenAPI document stay open: probes and Prometheus hold no secret.
+    An /api operation that declares no scope requires `admin`, so a route added without one fails closed.
     """
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, identities: Identities, routes: Sequence[BaseRoute] = ()) -> None:
         self.app = app
-        self.token = token.encode() if token else None
+        self.identities = identities
+        self.routes = routes  # the app's route list itself: routes added later are seen
 
-    def _allowed(self, scope: Scope) -> bool:
-        path: str = scope.get("path", "")
-        if self.token is None or not (path == API_PREFIX or path.startswith(API_PREFIX + "/")):
-            return True
+    def _identity(self, scope: Scope) -> Identity | None:
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
                 scheme, _, given = value.partition(b" ")
-                # compare_digest: the time taken says nothing about how much of the token was right.
-                return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token)
-        return False
+                if scheme.lower() != b"bearer":
+                    return None
+                return self.identities.authenticate(given.strip())
+        return None
+
+    def _required(self, scope: Scope) -> AccessScope | None:
+        for route in self.routes:
+            if route.matches(scope)[0] is Match.FULL:
+                declared = (getattr(route, "openapi_extra", None) or {}).get(SCOPE_KEY)
+                return None if declared == "none" else AccessScope(declared or AccessScope.ADMIN.value)
+        return None  # no such operation: the router answers 404 or 405, to a caller with a valid token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self._allowed(scope):
+        path: str = scope.get("path", "")
+        if (scope["type"] != "http" or not self.identities.enabled
+                or not (path == API_PREFIX or path.startswith(API_PREFIX + "/"))):
             await self.app(scope, receive, send)
             return
-        response = error_response(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
-        await response(scope, receive, send)
+        identity = self._identity(scope)
+        if identity is None:
+            response = error_response(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+            return
+        required = self._required(scope)
+        if required is not None and not identity.allows(required):
+            message = f"identity {identity.name!r} lacks the scope {required.value!r} this operation requires"
+            await error_response(403, message, [FieldProblem(field="scope", problem=f"{required.value} is required")],
+                                 headers={"WWW-Authenticate": f'Bearer error="insufficient_scope", '
+                                          f'scope="{required.value}"'})(scope, receive, send)
+            return
+        await self.app({**scope, IDENTITY_KEY: identity}, receive, send)
 
 
 class BodyLimit:

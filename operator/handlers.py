@@ -27,6 +27,7 @@ log = logging.getLogger("agentrun.operator")
 
 FINALIZER = "agentrun.dev/finalizer"
 INDEX = "agentruns_by_uid"
+CANCEL_FIELD = ("spec", "cancel")
 
 # What an unreachable database looks like from here: retried, never a lost AgentRun.
 DATABASE_DOWN = (psycopg.OperationalError, psycopg_pool.PoolTimeout)
@@ -45,10 +46,10 @@ class Operator:
     def retry_in(self, retry: int) -> float:
         return float(min(self.settings.retry_seconds * 2**retry, 60.0))
 
-    async def cancel(self, uid: uuid.UUID, retry: int) -> Run | None:
+    async def cancel(self, uid: uuid.UUID, retry: int, by: str = "k8s") -> Run | None:
         """Ask for the run to stop; while the database is unreachable, a TemporaryError kopf retries."""
         try:
-            return await self.store.cancel(uid)
+            return await self.store.cancel(uid, by=by)
         except DATABASE_DOWN as e:
             raise kopf.TemporaryError(f"cannot cancel, database unreachable: {e}", delay=self.retry_in(retry)) from e
 
@@ -98,6 +99,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         now = datetime.datetime.now(datetime.UTC)
         try:
             new = mapping.new_run(spec, str(ref.uid), ref.namespace, ref.name, op.settings.tool_names)
+            new = dataclasses.replace(new, created_by=mapping.requester(body))
         except mapping.InvalidSpec as e:
             # Nothing a retry would fix: say so in the status, make no run.
             log.warning("%s/%s rejected: %s", ref.namespace, ref.name, e)
@@ -107,7 +109,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         try:
             run, created = await op.store.create(new)  # idempotent by id: a retry finds the same run
             if spec.get("cancel"):
-                run = await op.store.cancel(run.id) or run
+                run = await op.store.cancel(run.id, by=mapping.requester(body, CANCEL_FIELD, latest=True)) or run
         except DATABASE_DOWN as e:
             message = f"waiting for the database: {e}"
             patch.status.update(mapping.pending_status(message, ref.generation, ref.status, now))
@@ -121,7 +123,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         if not new:
             return  # un-cancelling means nothing: a cancel request cannot be taken back
         ref = Ref.of(body)
-        run = await op.cancel(ref.uid, retry)
+        run = await op.cancel(ref.uid, retry, by=mapping.requester(body, CANCEL_FIELD, latest=True))
         if run is not None and op.sync is not None:
             await op.sync.publish(run, ref)
 

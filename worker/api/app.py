@@ -71,7 +71,7 @@ def create_app(
 
     # Added last, so it runs first: the token before the body, the body before any parsing.
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    app.add_middleware(BearerAuth, identities=identities, routes=app.router.routes)
+    app.add_middleware(BearerAuth, identities=identities)
     errors.install(app)
     _document_tools(app, tools)
     return app

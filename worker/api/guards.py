@@ -6,12 +6,12 @@ right token learns nothing about validation, and an oversized body is never buff
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from fastapi import Security
+from fastapi import Request, Response, Security
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
-from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentrun.worker.api.errors import error_response
@@ -35,7 +35,7 @@ BEARER = HTTPBearer(
 def access(scope: AccessScope | None, enabled: bool) -> dict[str, Any]:
     """Route decorator arguments declaring the scope an operation requires (None: any valid token).
 
-    BearerAuth enforces it from `openapi_extra`; the Security dependency only documents it in OpenAPI,
+    ScopedRoute enforces it from `openapi_extra`; the Security dependency only documents it in OpenAPI,
     and only when the server requires tokens: an open server that advertised a scheme would be lying.
     """
     name = scope.value if scope else "none"
@@ -52,17 +52,15 @@ def identity_of(scope: Scope) -> Identity | None:
 
 
 class BearerAuth:
-    """When identities are configured, /api requests need `Authorization: Bearer <token>` of one whose
-    scopes include the operation's: no or a wrong token is a 401, a missing scope a 403 naming it.
+    """When identities are configured, /api requests need `Authorization: Bearer <token>` of one of them:
+    no or a wrong token is a 401. The caller's Identity is left in the ASGI scope for ScopedRoute.
 
     Health, readiness, metrics and the OpenAPI document stay open: probes and Prometheus hold no secret.
-    An /api operation that declares no scope requires `admin`, so a route added without one fails closed.
     """
 
-    def __init__(self, app: ASGIApp, identities: Identities, routes: Sequence[BaseRoute] = ()) -> None:
+    def __init__(self, app: ASGIApp, identities: Identities) -> None:
         self.app = app
         self.identities = identities
-        self.routes = routes  # the app's route list itself: routes added later are seen
 
     def _identity(self, scope: Scope) -> Identity | None:
         for name, value in scope.get("headers", ()):
@@ -72,13 +70,6 @@ class BearerAuth:
                     return None
                 return self.identities.authenticate(given.strip())
         return None
-
-    def _required(self, scope: Scope) -> AccessScope | None:
-        for route in self.routes:
-            if route.matches(scope)[0] is Match.FULL:
-                declared = (getattr(route, "openapi_extra", None) or {}).get(SCOPE_KEY)
-                return None if declared == "none" else AccessScope(declared or AccessScope.ADMIN.value)
-        return None  # no such operation: the router answers 404 or 405, to a caller with a valid token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")
@@ -91,14 +82,37 @@ class BearerAuth:
             response = error_response(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
             await response(scope, receive, send)
             return
-        required = self._required(scope)
-        if required is not None and not identity.allows(required):
-            message = f"identity {identity.name!r} lacks the scope {required.value!r} this operation requires"
-            await error_response(403, message, [FieldProblem(field="scope", problem=f"{required.value} is required")],
-                                 headers={"WWW-Authenticate": f'Bearer error="insufficient_scope", '
-                                          f'scope="{required.value}"'})(scope, receive, send)
-            return
-        await self.app({**scope, IDENTITY_KEY: identity}, receive, send)
+        scope[IDENTITY_KEY] = identity
+        await self.app(scope, receive, send)
+
+
+def _required(route: APIRoute) -> AccessScope | None:
+    declared = (route.openapi_extra or {}).get(SCOPE_KEY)
+    return None if declared == "none" else AccessScope(declared or AccessScope.ADMIN.value)
+
+
+class ScopedRoute(APIRoute):
+    """A route that answers 403 naming the missing scope before FastAPI reads or validates the body.
+
+    The scope is the one `access` declared; a route declaring none requires `admin`, so an operation
+    added without thought fails closed. Every /api router uses this route class (or a subclass).
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        required = _required(self)
+
+        async def route(request: Request) -> Response:
+            identity = identity_of(request.scope)  # None only when the server requires no token
+            if identity is not None and required is not None and not identity.allows(required):
+                message = f"identity {identity.name!r} lacks the scope {required.value!r} this operation requires"
+                return error_response(
+                    403, message, [FieldProblem(field="scope", problem=f"{required.value} is required")],
+                    headers={"WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{required.value}"'},
+                )
+            return await handler(request)
+
+        return route
 
 
 class BodyLimit:

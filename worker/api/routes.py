@@ -8,10 +8,9 @@ from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Header, Path, Query, Request, Response
-from fastapi.routing import APIRoute
 
 from agentrun.worker.api.errors import ApiError, summary
-from agentrun.worker.api.guards import access, identity_of
+from agentrun.worker.api.guards import ScopedRoute, access, identity_of
 from agentrun.worker.api.identities import Identities, Scope
 from agentrun.worker.api.schemas import (
     MAX_SEQ,
@@ -58,7 +57,7 @@ class _OrjsonRequest(Request):
         return self._json
 
 
-class OrjsonRoute(APIRoute):
+class OrjsonRoute(ScopedRoute):
     def get_route_handler(self) -> Any:
         handler = super().get_route_handler()
 
@@ -95,7 +94,7 @@ def _caller(request: Request) -> str | None:
 def runs_router(
     store: RunStore, tools: ToolBox, settings: WorkerSettings, identities: Identities | None = None
 ) -> APIRouter:
-    # guards.BearerAuth enforces each route's scope before any parsing; `access` declares and documents it.
+    # ScopedRoute (OrjsonRoute's base) enforces each route's scope before any parsing; `access` declares it.
     secured = identities.enabled if identities is not None else bool(settings.api_token or settings.api_tokens_file)
     router = APIRouter(
         prefix="/api/runs", tags=["runs"], route_class=OrjsonRoute,

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from agentrun.worker.api.guards import access, identity_of
+from agentrun.worker.api.guards import ScopedRoute, access, identity_of
 from agentrun.worker.api.identities import Scope
 from agentrun.worker.api.schemas import ErrorBody, WhoAmI
 
@@ -15,7 +15,7 @@ def whoami_router(secured: bool) -> APIRouter:
     responses: dict[int | str, dict[str, Any]] = (
         {401: {"model": ErrorBody, "description": "Missing or wrong bearer token"}} if secured else {}
     )
-    router = APIRouter(prefix="/api", tags=["identity"], responses=responses)
+    router = APIRouter(prefix="/api", tags=["identity"], responses=responses, route_class=ScopedRoute)
 
     @router.get("/whoami", response_model=WhoAmI, **access(None, secured))
     async def whoami(request: Request) -> WhoAmI:

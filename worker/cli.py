@@ -39,9 +39,16 @@ def _add_database(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    import psycopg
+
     from agentrun.worker import migrate
 
-    applied = asyncio.run(migrate.migrate(_database_url(args)))
+    try:
+        applied = asyncio.run(migrate.migrate(_database_url(args)))
+    except psycopg.errors.InsufficientPrivilege as e:
+        # The runtime role of docs/database-role.sql, as meant: nothing was changed (one transaction).
+        raise SystemExit(f"agentrun: this database role may not change the schema ({e.diag.message_primary}); "
+                         "run `agentrun migrate` as the owner role (the chart's database.migrationSecret)") from None
     if applied:
         for m in applied:
             print(f"applied {m.version:04d}_{m.name}")

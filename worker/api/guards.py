@@ -26,7 +26,7 @@ IDENTITY_KEY = "agentrun.identity"
 """Where BearerAuth leaves the caller's Identity in the ASGI scope, for the routes to record."""
 
 BEARER = HTTPBearer(
-    scheme_name="bearer", auto_error=False,
+    auto_error=False,
     description="A token of an identity of AGENTRUN_API_TOKENS, or AGENTRUN_API_TOKEN (the identity "
     "`default`, every scope). Each operation names the scope it requires.",
 )

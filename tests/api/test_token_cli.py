@@ -51,13 +51,14 @@ async def test_the_cli_client_acts_as_the_new_identity(
     lines = capsys.readouterr().out.splitlines()
     tokens = tmp_path / "tokens.yaml"
     tokens.write_text("identities:\n" + lines[-1] + "\n")
-    run, _ = await store.create(new_run())
+    run, _ = await store.create(new_run(created_by="ci-bot"))
     settings = WorkerSettings(database_url="unused", default_model=MODEL, api_tokens_file=str(tokens))
     async with serving(create_app(store, toolbox, settings, metrics)) as url:
         monkeypatch.setenv("AGENTRUN_API_TOKEN", lines[0])
         code = await asyncio.to_thread(cli.main, ["runs", "get", str(run.id), "--url", url])
         out, _ = capsys.readouterr()
         assert code == 0 and str(run.id) in out
+        assert any(line.split() == ["created", "by", "ci-bot"] for line in out.splitlines())
         code = await asyncio.to_thread(cli.main, ["runs", "cancel", str(run.id), "--url", url])
         _, err = capsys.readouterr()
         assert code == 1 and "identity 'alice' lacks the scope 'cancel'" in err

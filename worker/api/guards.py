@@ -51,6 +51,12 @@ def identity_of(scope: Scope) -> Identity | None:
     return found if isinstance(found, Identity) else None
 
 
+def caller_name(request: Request) -> str | None:
+    """What a route records as who did it (`createdBy`, `cancelledBy`, `decidedBy`); None on an open API."""
+    identity = identity_of(request.scope)
+    return identity.name if identity else None
+
+
 class BearerAuth:
     """When identities are configured, /api requests need `Authorization: Bearer <token>` of one of them:
     no or a wrong token is a 401. The caller's Identity is left in the ASGI scope for ScopedRoute.

@@ -10,7 +10,7 @@ import orjson
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
 from agentrun.worker.api.errors import ApiError, summary
-from agentrun.worker.api.guards import ScopedRoute, access, identity_of
+from agentrun.worker.api.guards import ScopedRoute, access, caller_name
 from agentrun.worker.api.identities import Identities, Scope
 from agentrun.worker.api.schemas import (
     MAX_SEQ,
@@ -86,11 +86,6 @@ def _idempotency_key(value: str | None) -> str | None:
     return value
 
 
-def _caller(request: Request) -> str | None:
-    identity = identity_of(request.scope)
-    return identity.name if identity else None
-
-
 def runs_router(
     store: RunStore, tools: ToolBox, settings: WorkerSettings, identities: Identities | None = None
 ) -> APIRouter:
@@ -139,7 +134,7 @@ def runs_router(
             system=body.system,
             cost_budget_usd=body.cost_budget(),
             idempotency_key=key,
-            created_by=_caller(request),
+            created_by=caller_name(request),
         )
         run, created = await store.create(new)
         if not created:
@@ -208,7 +203,7 @@ def runs_router(
         before = await get_run(run_id)
         if before.status.terminal:
             raise ApiError(409, f"run {run_id} has already finished: {before.status.value}")
-        after = await store.cancel(run_id, by=_caller(request))
+        after = await store.cancel(run_id, by=caller_name(request))
         if after is None:
             raise _not_found(run_id)
         if after.status.terminal and not after.cancel_requested:  # it finished in between

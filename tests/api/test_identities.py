@@ -153,6 +153,8 @@ async def test_who_created_and_who_cancelled_are_recorded(http: httpx.AsyncClien
     run_id = uuid.UUID(created.json()["id"])
     view = (await http.get(f"/api/runs/{run_id}", headers=auth("reader"))).json()
     assert (view["createdBy"], view["cancelledBy"]) == ("submitter", None)
+    items = (await http.get("/api/runs", headers=auth("reader"))).json()["items"]
+    assert [(i["id"], i["createdBy"]) for i in items] == [(str(run_id), "submitter")]
 
     cancelled = await http.post(f"/api/runs/{run_id}/cancel", headers=auth("canceller"))
     assert cancelled.status_code == 202

@@ -37,6 +37,7 @@ def test_migrations_run_as_the_owner_and_everything_else_as_the_runtime_role(ren
         main = pod["containers"][0]
         assert _database_secret(main) == ("agentrun-runtime", "url"), name
         assert "--no-migrate" in main["args"], name  # the runtime role could not migrate anyway
+        assert migrate["resources"] == main["resources"], name  # the pod asks for no more than it did
     # The owner's Secret is named by the init containers and nowhere else.
     elsewhere = [m for m in manifests if m["kind"] != "Deployment"] + [p["containers"] for p in pods.values()]
     assert "agentrun-owner" not in repr(elsewhere)

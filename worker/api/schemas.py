@@ -168,6 +168,7 @@ class RunSummary(_Camel):
     locked_by: str | None
     created_at: datetime.datetime
     finished_at: datetime.datetime | None
+    created_by: str | None = Field(default=None, description="Who created the run, as in the run's `createdBy`.")
 
     @classmethod
     def of(cls, run: Run) -> RunSummary:
@@ -175,7 +176,7 @@ class RunSummary(_Camel):
         return cls(
             id=run.id, status=run.status, input_preview=preview, model=run.model, tokens_used=run.tokens_used,
             cost_usd=float(run.cost_usd), steps=run.steps, error=run.error, locked_by=run.locked_by,
-            created_at=run.created_at, finished_at=run.finished_at,
+            created_at=run.created_at, finished_at=run.finished_at, created_by=run.created_by,
         )
 
 

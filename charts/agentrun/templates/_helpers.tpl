@@ -117,8 +117,11 @@ one, else the runtime URL. Workers and the operator never get the owner's. */}}
 {{- end }}
 {{- end }}
 
-{{/* `agentrun migrate` as an init container, as the owner role: shared by the worker and operator pods. */}}
+{{/* `agentrun migrate` as an init container, as the owner role, for the worker and operator pods:
+(dict "ctx" $ "resources" .Values.worker.resources). */}}
 {{- define "agentrun.migrateInitContainer" -}}
+{{- $resources := .resources }}
+{{- with .ctx }}
 - name: migrate
   image: {{ include "agentrun.image" . }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
@@ -131,10 +134,11 @@ one, else the runtime URL. Workers and the operator never get the owner's. */}}
   securityContext:
     {{- toYaml .Values.containerSecurityContext | nindent 4 }}
   resources:
-    {{- toYaml .Values.worker.resources | nindent 4 }}
+    {{- toYaml $resources | nindent 4 }}
   volumeMounts:
     - name: tmp
       mountPath: /tmp
+{{- end }}
 {{- end }}
 
 {{/* The Secret holding the API tokens file, or nothing when no identities are configured. */}}

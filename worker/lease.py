@@ -118,7 +118,9 @@ class LeaseKeeper:
             self._renewed_at = time.monotonic()
             return
         started = time.monotonic()
-        async with asyncio.timeout(self.renew_timeout):
+        # Never past the give-up mark either: a renewal still waiting then would be too late to count.
+        give_up_in = self._renewed_at + self.lease_seconds * GIVE_UP_AT - started
+        async with asyncio.timeout(max(min(self.renew_timeout, give_up_in), 0.0)):
             alive = await self.store.renew(ids, self.worker_id, self.lease_seconds)
         self._renewed_at = started
         self.give_up([run_id for run_id in ids if run_id not in alive])

@@ -168,6 +168,13 @@ async def test_who_created_and_who_cancelled_are_recorded(http: httpx.AsyncClien
         r = await http.post(f"/api/runs/{claimed.id}/cancel", headers=auth(caller))
         assert r.status_code == 202 and r.json()["status"] == "RUNNING"
         assert r.json()["cancelledBy"] == "operator-bot"
+    # Another identity reusing an idempotency key is not a retry: it is refused, not handed the run.
+    keyed = {"Idempotency-Key": "nightly-report"}
+    first = await http.post("/api/runs", json=body, headers=auth("submitter") | keyed)
+    retried = await http.post("/api/runs", json=body, headers=auth("submitter") | keyed)
+    assert first.status_code == retried.status_code == 201 and first.json()["id"] == retried.json()["id"]
+    other = await http.post("/api/runs", json=body, headers=auth("root") | keyed)
+    assert other.status_code == 422 and str(first.json()["id"]) not in other.text
     # AGENTRUN_API_TOKEN is the identity `default`.
     again = await http.post("/api/runs", json=body, headers=auth("default"))
     stored = await store.get(uuid.UUID(again.json()["id"]))

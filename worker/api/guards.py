@@ -1,7 +1,8 @@
 """What every request passes before a route sees it: the bearer token and its scope, then the body size limit.
 
-Both are plain ASGI middleware so they answer before FastAPI parses anything: a client without the
-right token learns nothing about validation, and an oversized body is never buffered whole.
+The token and the body limit are plain ASGI middleware, and the scope is checked by the route class
+before FastAPI reads the body: a client without the right token or scope learns nothing about
+validation, and an oversized body is never buffered whole.
 """
 
 from __future__ import annotations

@@ -72,9 +72,11 @@ def _not_found(run_id: uuid.UUID) -> ApiError:
 
 
 def _same_request(run: Run, new: NewRun) -> bool:
+    # The identity too: another identity reusing a key is not retrying, and must not be handed the run.
     return (run.input, run.model, run.token_budget, run.timeout_seconds, run.max_steps, run.tools, run.system,
-            run.cost_budget_usd) == (new.input, new.model, new.token_budget, new.timeout_seconds, new.max_steps,
-                                     new.tools, new.system, new.cost_budget_usd)
+            run.cost_budget_usd, run.created_by) == (new.input, new.model, new.token_budget, new.timeout_seconds,
+                                                     new.max_steps, new.tools, new.system, new.cost_budget_usd,
+                                                     new.created_by)
 
 
 def _idempotency_key(value: str | None) -> str | None:

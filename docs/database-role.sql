@@ -4,6 +4,8 @@
 -- container, or a person); agentrun_runtime is what the workers and the operator use at run time: it
 -- reads and writes the rows of runs, and can change nothing else. Neither is a superuser.
 -- Replace the database name `agentrun` if yours differs, and set the passwords with \password.
+-- In the chart, the owner's URL goes in the Secret named by `database.migrationSecret` (read only by
+-- the migrate init containers) and the runtime role's in `database.existingSecret`.
 
 -- [cluster] as a superuser, or a role with CREATEROLE and CREATEDB
 CREATE ROLE agentrun_owner LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE;

@@ -29,6 +29,7 @@ log = logging.getLogger("agentrun.operator")
 
 FINALIZER = "agentrun.dev/finalizer"
 INDEX = "agentruns_by_uid"
+CANCEL_FIELD = ("spec", "cancel")
 
 log_db = logging.getLogger("agentrun.operator.database")
 
@@ -65,10 +66,10 @@ class Operator:
     def retry_in(self, retry: int) -> float:
         return float(min(self.settings.retry_seconds * 2**retry, 60.0))
 
-    async def cancel(self, uid: uuid.UUID, retry: int) -> Run | None:
+    async def cancel(self, uid: uuid.UUID, retry: int, by: str = "k8s") -> Run | None:
         """Ask for the run to stop; while the database is unreachable, a TemporaryError kopf retries."""
         try:
-            return await self.store.cancel(uid)
+            return await self.store.cancel(uid, by=by)
         except DATABASE_DOWN as e:
             raise kopf.TemporaryError(f"cannot cancel, database unreachable: {e}", delay=self.retry_in(retry)) from e
 
@@ -192,6 +193,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         now = datetime.datetime.now(datetime.UTC)
         try:
             new = mapping.new_run(spec, str(ref.uid), ref.namespace, ref.name, op.settings.tool_names, op.prices)
+            new = dataclasses.replace(new, created_by=mapping.requester(body))
         except mapping.InvalidSpec as e:
             # Nothing a retry would fix: say so in the status, make no run.
             log.warning("%s/%s rejected: %s", ref.namespace, ref.name, e)
@@ -201,7 +203,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         try:
             run, created = await op.store.create(new)  # idempotent by id: a retry finds the same run
             if spec.get("cancel"):
-                run = await op.store.cancel(run.id) or run
+                run = await op.store.cancel(run.id, by=mapping.requester(body, CANCEL_FIELD, latest=True)) or run
         except DATABASE_DOWN as e:
             message = f"waiting for the database: {e}"
             if ref.status.get("phase") != mapping.PENDING and (event := mapping.event_for(mapping.PENDING, message)):
@@ -216,7 +218,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         if not new:
             return  # un-cancelling means nothing: a cancel request cannot be taken back
         ref = Ref.of(body)
-        run = await op.cancel(ref.uid, retry)
+        run = await op.cancel(ref.uid, retry, by=mapping.requester(body, CANCEL_FIELD, latest=True))
         if run is not None:
             await op.show(run, ref)
 

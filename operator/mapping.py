@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import re
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, TypedDict
 
@@ -316,3 +317,30 @@ def expires_at(ref: Ref, status: Mapping[str, Any]) -> datetime.datetime | None:
         return None
     at = datetime.datetime.strptime(finished, TIME_FORMAT).replace(tzinfo=datetime.UTC)
     return at + datetime.timedelta(seconds=ref.ttl_seconds)
+
+
+_MANAGER = re.compile(r"[\x21-\x7e][\x20-\x7e]{0,127}")
+
+
+def requester(body: Mapping[str, Any], path: Sequence[str] = ("spec",), latest: bool = False) -> str:
+    """Who set `path` of an AgentRun, as the API server tells it: `k8s:<namespace>/<field manager>` of
+    the managedFields entry owning that field (the earliest, or with `latest` the most recent), else `k8s`.
+
+    The field manager is what the client calls itself (`kubectl --field-manager`, a controller's name),
+    not an authenticated user: the Kubernetes audit log is the authority on who, this the best hint.
+    """
+    meta = body.get("metadata") or {}
+    owners: list[tuple[str, str]] = []
+    for entry in meta.get("managedFields") or ():
+        if not isinstance(entry, Mapping) or entry.get("subresource"):
+            continue
+        fields: Any = entry.get("fieldsV1")
+        for part in path:
+            fields = fields.get(f"f:{part}") if isinstance(fields, Mapping) else None
+        manager = entry.get("manager")
+        if fields is not None and isinstance(manager, str) and _MANAGER.fullmatch(manager):
+            owners.append((str(entry.get("time") or ""), manager))
+    if not owners:
+        return "k8s"
+    _, manager = max(owners) if latest else min(owners)
+    return f"k8s:{meta.get('namespace') or ''}/{manager}"

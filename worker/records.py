@@ -72,6 +72,7 @@ class NewRun:
     idempotency_key: str | None = None
     k8s_namespace: str | None = None
     k8s_name: str | None = None
+    created_by: str | None = None  # the API identity, `k8s:<namespace>/<user>`, or None on an open API
     require_approval: tuple[str, ...] | None = None  # tools whose calls wait for a person; "*": every tool
     output_schema: dict[str, Any] | None = None  # a JSON Schema the final answer must satisfy
     continue_from: uuid.UUID | None = None  # a SUCCEEDED run whose conversation this run goes on with
@@ -106,6 +107,8 @@ class Run:
     k8s_name: str | None = None
     crashes: int = 0  # claims after which the previous holder had not handed the run back
     model_retries: int = 0  # consecutive model steps that ran out of retries on a retryable error
+    created_by: str | None = None
+    cancelled_by: str | None = None  # who asked first for the run to stop
     require_approval: tuple[str, ...] | None = None
     output_schema: dict[str, Any] | None = None
     output: Any = None  # the answer of a SUCCEEDED run: its final text, or the JSON value of a structured one

@@ -52,8 +52,13 @@ class WorkerSettings:
     """Price table overriding the shipped one (AGENTRUN_PRICES_FILE)."""
 
     api_token: str | None = dataclasses.field(default=None, repr=False)
-    """Bearer token every /api request must carry (AGENTRUN_API_TOKEN); None leaves the API open.
-    Health, readiness and metrics stay open either way so probes and Prometheus need no secret."""
+    """Bearer token of the identity `default`, which has every scope (AGENTRUN_API_TOKEN); None with no
+    `api_tokens_file` leaves the API open. Health, readiness and metrics stay open either way so probes
+    and Prometheus need no secret."""
+
+    api_tokens_file: str | None = None
+    """YAML/JSON file of named identities with scopes (AGENTRUN_API_TOKENS), re-read when it changes so
+    tokens rotate without a restart. With it or `api_token` set, /api requires a token; see SECURITY.md."""
 
     max_body_bytes: int = 1024 * 1024
     """Largest request body the API reads (AGENTRUN_MAX_BODY_BYTES). 1 MiB holds any sensible prompt

@@ -82,7 +82,8 @@ class LeaseLost(Exception):
 RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_budget, r.tokens_used,
     r.cost_budget_usd, r.cost_usd, r.max_steps, r.timeout_seconds, r.deadline_at, r.cancel_requested,
     r.error, r.locked_by, r.locked_until, r.created_at, r.started_at, r.finished_at,
-    r.idempotency_key, r.k8s_namespace, r.k8s_name, r.crashes, r.model_retries,
+    r.idempotency_key, r.k8s_namespace, r.k8s_name, r.crashes, r.model_retries, r.created_by,
+    r.cancelled_by,
     r.require_approval, r.output_schema, r.output, r.parent_run_id, r.forked_at_seq, r.inherited_steps,
     CASE WHEN r.status = 'WAITING' THEN (SELECT count(*) FROM run_decision d
          WHERE d.run_id = r.id AND d.decision IS NULL) ELSE 0 END AS pending,
@@ -227,6 +228,7 @@ class RunStore:
             "key": new.idempotency_key,
             "ns": new.k8s_namespace,
             "name": new.k8s_name,
+            "by": new.created_by,
         }
         params.update({
             "approval": list(new.require_approval) if new.require_approval is not None else None,
@@ -241,11 +243,11 @@ class RunStore:
                         INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd,
                                          max_steps, timeout_seconds, deadline_at, idempotency_key,
                                          k8s_namespace, k8s_name, require_approval, output_schema,
-                                         parent_run_id, forked_at_seq)
+                                         parent_run_id, forked_at_seq, created_by)
                         VALUES (%(id)s, %(input)s, %(model)s, %(system)s, %(tools)s, %(token_budget)s,
                                 %(cost_budget_usd)s, %(max_steps)s, %(timeout_seconds)s,
                                 now() + make_interval(secs => %(timeout_seconds)s), %(key)s, %(ns)s, %(name)s,
-                                %(approval)s, %(schema)s, %(parent)s, %(fork_seq)s)
+                                %(approval)s, %(schema)s, %(parent)s, %(fork_seq)s, %(by)s)
                         ON CONFLICT DO NOTHING
                         RETURNING id)
                     SELECT (SELECT id FROM ins) AS inserted""",
@@ -306,14 +308,16 @@ class RunStore:
         )
         return [_step(r) for r in rows]
 
-    async def cancel(self, run_id: uuid.UUID) -> Run | None:
+    async def cancel(self, run_id: uuid.UUID, by: str | None = None) -> Run | None:
         """Ask a run to stop: a queued or waiting run ends CANCELLED at once, a running one within moments
         (the holder hears of it by notification and interrupts the step in flight).
 
         Returns the run afterwards, or None if there is no such run. A finished run is left as it is.
+        `by` is recorded as `cancelled_by` unless someone asked before.
         """
         await self._one(
             """UPDATE run SET cancel_requested = true,
+                   cancelled_by = CASE WHEN cancel_requested THEN cancelled_by ELSE %s END,
                    status = CASE WHEN status IN ('QUEUED', 'WAITING') THEN 'CANCELLED' ELSE status END,
                    finished_at = CASE WHEN status IN ('QUEUED', 'WAITING') THEN now() ELSE finished_at END,
                    error = CASE WHEN status = 'QUEUED' THEN 'cancelled before it started'
@@ -321,7 +325,7 @@ class RunStore:
                                 ELSE error END
                WHERE id = %s AND status IN ('QUEUED', 'RUNNING', 'WAITING')
                RETURNING id""",
-            (run_id,),
+            (by, run_id),
         )
         return await self.get(run_id)
 

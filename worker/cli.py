@@ -69,6 +69,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         default_model=os.environ.get("AGENTRUN_DEFAULT_MODEL", WorkerSettings.default_model),
         prices_file=os.environ.get("AGENTRUN_PRICES_FILE") or None,
+        providers_file=os.environ.get("AGENTRUN_PROVIDERS") or None,
         pool_size=args.pool_size or min(max(args.concurrency, 1) + 2, 20),
         api_token=os.environ.get("AGENTRUN_API_TOKEN") or None,
         max_body_bytes=args.max_body_bytes
@@ -104,7 +105,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     from agentrun.worker.api.app import create_app
     from agentrun.worker.api.server import HttpServer
     from agentrun.worker.db import open_pool
-    from agentrun.worker.llm.factory import llm_from_env
+    from agentrun.worker.llm.factory import llm_from_env, load_providers
     from agentrun.worker.metrics import Metrics
     from agentrun.worker.pricing import PriceTable
     from agentrun.worker.runner import Worker
@@ -118,7 +119,10 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     # Before any connection is opened, so a missing or bad setting exits with its message alone.
     # An API-only process (--concurrency 0) needs no model.
     metrics = Metrics(cache_seconds=settings.metrics_cache_seconds)
-    llm = llm_from_env(settings, on_retry=metrics.model_retry) if settings.concurrency > 0 else None
+    providers = load_providers(settings.providers_file)
+    if problem := providers.problem(settings.default_model):
+        raise SystemExit(f"agentrun: AGENTRUN_DEFAULT_MODEL: {problem}")
+    llm = llm_from_env(settings, on_retry=metrics.model_retry, providers=providers) if settings.concurrency else None
     try:
         prices = PriceTable.load(settings.prices_file)
     except (OSError, ValueError) as e:
@@ -136,7 +140,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
             worker.stop()
         stopping.set()
 
-    app = create_app(store, tools, settings, metrics)
+    app = create_app(store, tools, settings, metrics, providers)
     server = HttpServer(app, settings.host, settings.port)
 
     loop = asyncio.get_running_loop()
@@ -338,10 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Claim runs with leases, drive each from its last checkpoint, and serve /healthz, "
         "/readyz, the REST API and /metrics on --port.",
         epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated modules whose @tool "
-        "functions the worker offers); ANTHROPIC_API_KEY and/or ANTHROPIC_BASE_URL (the model API, one is "
-        "required); AGENTRUN_LLM_MAX_ATTEMPTS (calls per model step, default 5); AGENTRUN_LLM_TIMEOUT_SECONDS "
+        "functions the worker offers); ANTHROPIC_API_KEY and/or ANTHROPIC_BASE_URL (the Anthropic API, one is "
+        "required for its models); AGENTRUN_LLM_MAX_ATTEMPTS (calls per model step, default 5); "
+        "AGENTRUN_LLM_TIMEOUT_SECONDS "
         "(limit of one call, default 120); AGENTRUN_LLM_BACKOFF_BASE_SECONDS and AGENTRUN_LLM_BACKOFF_CAP_SECONDS "
-        "(full-jitter backoff, defaults 1 and 30; a retry-after header is honoured); AGENTRUN_DEFAULT_MODEL; "
+        "(full-jitter backoff, defaults 1 and 30; a retry-after header is honoured); AGENTRUN_DEFAULT_MODEL "
+        "(a prefix picks the provider: bedrock/ with AWS_REGION and the AWS credential chain, vertex/ with "
+        "CLOUD_ML_REGION and ANTHROPIC_VERTEX_PROJECT_ID, <name>/ for an endpoint of AGENTRUN_PROVIDERS, a "
+        "YAML or JSON file of OpenAI-compatible endpoints); "
         "AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_API_TOKEN (bearer token the /api routes require; "
         "unset: open); AGENTRUN_MAX_BODY_BYTES; AGENTRUN_LIVENESS_LOCK; "
         "AGENTRUN_LOG_FORMAT.",

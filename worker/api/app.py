@@ -10,6 +10,7 @@ from agentrun.worker import migrate
 from agentrun.worker.api import errors
 from agentrun.worker.api.guards import BearerAuth, BodyLimit
 from agentrun.worker.api.routes import runs_router
+from agentrun.worker.llm.providers import Providers
 from agentrun.worker.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
@@ -18,7 +19,9 @@ from agentrun.worker.tools import ToolBox
 DESCRIPTION = """Submit agent runs, follow them step by step, and cancel them.
 
 Errors are JSON: `{"error": "<message>", "fields": [{"field": "tokenBudget", "problem": "..."}]}`.
-A body that is not JSON is a 400, invalid fields a 422, a body over the size limit a 400 too.
+A body that is not JSON is a 400, invalid fields a 422, a body over the size limit a 400 too, and so is
+a `model` whose prefix names no known provider (`anthropic/`, `bedrock/`, `vertex/` or an endpoint of the
+server's providers file); the message lists the known ones.
 
 When the server sets `AGENTRUN_API_TOKEN`, every `/api` request needs `Authorization: Bearer <token>`;
 `/healthz`, `/readyz`, `/metrics` and this document stay open.
@@ -28,9 +31,12 @@ as `after` to get the following page.
 """
 
 
-def create_app(store: RunStore, tools: ToolBox, settings: WorkerSettings, metrics: Metrics) -> FastAPI:
+def create_app(
+    store: RunStore, tools: ToolBox, settings: WorkerSettings, metrics: Metrics, providers: Providers | None = None
+) -> FastAPI:
+    """`providers`: the model providers submitted runs may name; the built-in ones when None."""
     app = FastAPI(title="agentrun", version="0.1.0", description=DESCRIPTION)
-    app.include_router(runs_router(store, tools, settings))
+    app.include_router(runs_router(store, tools, settings, providers))
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

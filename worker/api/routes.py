@@ -24,6 +24,7 @@ from agentrun.worker.api.schemas import (
     StepDetail,
     TimelineStep,
 )
+from agentrun.worker.llm.providers import Providers
 from agentrun.worker.records import NewRun, Run, RunStatus
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
@@ -85,7 +86,10 @@ def _idempotency_key(value: str | None) -> str | None:
     return value
 
 
-def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> APIRouter:
+def runs_router(
+    store: RunStore, tools: ToolBox, settings: WorkerSettings, providers: Providers | None = None
+) -> APIRouter:
+    providers = providers or Providers()
     # The scheme only documents the token in OpenAPI; guards.BearerAuth enforces it before any parsing.
     # Documented only when the server has a token: an open server that advertised one would be lying.
     bearer = HTTPBearer(auto_error=False, description="The server's AGENTRUN_API_TOKEN.")
@@ -102,7 +106,8 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         return run
 
     @router.post("", status_code=201, response_model=RunCreated,
-                 responses={400: {"model": ErrorBody, "description": "The body is not JSON, or over the size limit"}})
+                 responses={400: {"model": ErrorBody, "description": "The body is not JSON, or over the size limit, "
+                                                   "or the model names an unknown provider"}})
     async def submit(
         body: RunRequest,
         response: Response,
@@ -122,9 +127,12 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         ]
         if problems:
             raise ApiError(422, summary(problems), problems)
+        model = body.model or settings.default_model
+        if problem := providers.problem(model):
+            raise ApiError(400, f"model: {problem}", [FieldProblem(field="model", problem=problem)])
         new = NewRun(
             input=body.input,
-            model=body.model or settings.default_model,
+            model=model,
             token_budget=body.token_budget,
             timeout_seconds=body.timeout_seconds,
             max_steps=body.max_steps,

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 Json = dict[str, Any]
 MAX_CACHE_BREAKPOINTS = 4
@@ -241,7 +242,7 @@ Responder = Callable[[Json], Reply]
 
 @dataclasses.dataclass(frozen=True)
 class Received:
-    """One request as it arrived: its path, headers and JSON body (None if it was not JSON)."""
+    """One request as it arrived: its path, headers (case-insensitive) and JSON body (None if not JSON)."""
 
     path: str
     headers: Mapping[str, str]
@@ -324,9 +325,10 @@ class FakeApi:
             body = await request.json()
         except ValueError:
             body = None
-        if isinstance(body, dict):
-            self.requests.append(body)
-        self.received.append(Received(request.path, dict(request.headers), body if isinstance(body, dict) else None))
+        json_body = body if isinstance(body, dict) else None
+        if json_body is not None:
+            self.requests.append(json_body)
+        self.received.append(Received(request.path, CIMultiDict(request.headers), json_body))
         problem = self.check(body, request)
         if problem is not None:
             reply = self.refuse(problem)
@@ -394,7 +396,7 @@ class FakeAnthropic(FakeApi):
         payload.setdefault("model", self.as_messages(body, request).get("model"))
 
     async def _token(self, request: web.Request) -> web.Response:
-        self.received.append(Received(request.path, dict(request.headers), None))
+        self.received.append(Received(request.path, CIMultiDict(request.headers), None))
         return web.json_response({"access_token": "ya29.fake-token", "expires_in": 3600, "token_type": "Bearer"})
 
 

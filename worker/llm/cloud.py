@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 
-from agentrun.worker.llm.anthropic_client import _truncate
-from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, LlmResponse
+from agentrun.worker.llm.anthropic_client import AnthropicClient, _truncate
+from agentrun.worker.llm.types import LlmError, LlmRequest, LlmResponse
 
 NOT_CONFIGURED = 400
 """The status of a provider that cannot be reached as configured (no region, no project, no SDK): like a
@@ -32,9 +32,12 @@ class Credentialed:
     """An `LlmClient` decorator for a cloud SDK, whose credential chain runs inside the request: its
     errors, which are not the SDK's API errors, become `LlmError`s by `classify` (None: not ours, raised)."""
 
-    def __init__(self, delegate: LlmClient, classify: Classify) -> None:
+    def __init__(self, delegate: AnthropicClient, classify: Classify) -> None:
         self.delegate = delegate
         self.classify = classify
+
+    async def aclose(self) -> None:
+        await self.delegate.aclose()
 
     async def send(self, request: LlmRequest) -> LlmResponse:
         try:

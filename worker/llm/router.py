@@ -43,6 +43,14 @@ class ProviderRouter:
         log.info("model provider %s ready", provider)
         return client
 
+    async def aclose(self) -> None:
+        """Close the clients built so far (their HTTP connection pools)."""
+        clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            close = getattr(client, "aclose", None)
+            if close is not None:
+                await close()
+
     async def send(self, request: LlmRequest) -> LlmResponse:
         model = split(request.model)
         if not model.id.strip():

@@ -9,6 +9,7 @@ Service Connect endpoint, a local server in tests).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import anthropic
 
@@ -24,6 +25,7 @@ from agentrun.worker.llm.cloud import (
 from agentrun.worker.llm.types import LlmError
 
 NAME = "vertex"
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
 
 
 def vertex_client(env: Mapping[str, str], http_timeout: float) -> Credentialed:
@@ -33,14 +35,34 @@ def vertex_client(env: Mapping[str, str], http_timeout: float) -> Credentialed:
     if not region:
         raise ProviderUnavailable(f"{NAME}: no region: set CLOUD_ML_REGION (us-east5, europe-west1, global, ...)")
     project = env.get("ANTHROPIC_VERTEX_PROJECT_ID") or None
+    credentials = None
+    if project is None:
+        # The SDK builds the request's URL, which holds the project, before it loads credentials: so the
+        # project of the credentials (a key file's, GOOGLE_CLOUD_PROJECT, the GKE metadata server's) is
+        # looked up here, once. The credentials found are kept for the requests.
+        credentials, project = _default_credentials()
     sdk = anthropic.AsyncAnthropicVertex(
         region=region,
-        project_id=project or anthropic.NOT_GIVEN,  # NOT_GIVEN: from the credentials
+        project_id=project,
+        credentials=credentials,
         base_url=env.get("ANTHROPIC_VERTEX_BASE_URL") or None,
         timeout=http_timeout,
         max_retries=0,
     )
     return Credentialed(AnthropicClient(sdk=sdk), classify)
+
+
+def _default_credentials() -> tuple[Any, str]:
+    import google.auth
+    import google.auth.exceptions as gauth
+
+    try:
+        credentials, project = google.auth.default(scopes=[CLOUD_PLATFORM])
+    except gauth.GoogleAuthError as e:
+        raise ProviderUnavailable(f"{NAME}: no credentials: {e}") from None
+    if not project:
+        raise ProviderUnavailable(f"{NAME}: no project: set ANTHROPIC_VERTEX_PROJECT_ID")
+    return credentials, str(project)
 
 
 def classify(e: Exception) -> LlmError | None:

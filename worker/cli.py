@@ -282,7 +282,9 @@ def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="wall-clock limit in seconds (default: 300)")
     p.add_argument("--tool", action="append", metavar="NAME",
                    help="a tool the model may call (repeatable; default: every tool of the worker)")
-    p.add_argument("--model", help="model name (default: the server's AGENTRUN_DEFAULT_MODEL)")
+    p.add_argument("--model", help="model name; a prefix picks the provider: bedrock/ID, vertex/MODEL, "
+                   "NAME/MODEL for an endpoint of the server's AGENTRUN_PROVIDERS (default: the server's "
+                   "AGENTRUN_DEFAULT_MODEL)")
     p.add_argument("--max-steps", type=_positive_int, metavar="N", help="most steps the run may take (default: 100)")
     p.add_argument("--system", metavar="TEXT", help="system prompt")
     p.add_argument("--cost-budget", type=_positive_float, metavar="USD", help="spending limit in USD")

@@ -1,5 +1,8 @@
 """A small local server speaking the Messages API (`POST /v1/messages`), for tests, the demo and benchmarks.
 
+It serves the same API at Bedrock's and Vertex's paths too, for their SDK clients (`FakeAnthropic`);
+`FakeApi` is the scripted server under it and under the Chat Completions one (fake_openai_server.py).
+
 Point the real SDK at it with ANTHROPIC_BASE_URL. It answers from a queue of scripted replies
 (model turns, or faults such as 429 with retry-after, 529, 500, 400 and slow answers), else from a
 responder: by default a stateless agent that asks for one tool, then summarises its result. It checks

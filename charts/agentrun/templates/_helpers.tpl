@@ -113,6 +113,27 @@ app.kubernetes.io/component: {{ .component }}
       name: {{ .Values.anthropic.existingSecret }}
       key: {{ .Values.anthropic.secretKey }}
 {{- end }}
+{{- range .Values.providers.apiKeys }}
+- name: {{ .env }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .secretKey }}
+{{- end }}
+{{- with .Values.providers.bedrock }}
+{{- if .existingSecret }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .accessKeyIdKey }}
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .secretAccessKeyKey }}
+{{- end }}
+{{- end }}
 {{- if .Values.apiToken.enabled }}
 - name: AGENTRUN_API_TOKEN
   valueFrom:

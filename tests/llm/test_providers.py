@@ -194,3 +194,13 @@ async def test_submit_accepts_every_known_provider(api: httpx.AsyncClient, model
     r = await api.post("/api/runs", json={**RUN, "model": model})
     assert r.status_code == 201, r.text
     assert (await api.get(r.headers["location"])).json()["model"] == model
+
+
+def test_a_declared_endpoint_without_its_key_is_warned_about_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / "providers.yaml"
+    path.write_text(FILE)
+    settings = WorkerSettings(database_url="unused", providers_file=str(path))
+    llm_from_env(settings, {"ANTHROPIC_API_KEY": "k", "VLLM_API_KEY": "k"})
+    assert "model provider openai is unusable until fixed" in caplog.text and "OPENAI_API_KEY" in caplog.text

@@ -200,6 +200,12 @@ def llm_from_env(
         router.client(default)
     except ProviderUnavailable as e:
         raise SystemExit(str(e) if str(e).startswith("agentrun:") else f"agentrun: {e}") from None
+    for name in providers.endpoints:
+        # Declared endpoints are cheap to build: a missing key variable is said now, not at the first run.
+        try:
+            router.client(name)
+        except ProviderUnavailable as e:
+            log.warning("model provider %s is unusable until fixed; its runs will fail: %s", name, e)
     log.info(
         "model providers %s (default %s; Anthropic API at %s): %d attempts of at most %gs each",
         ", ".join(providers.names), default, base_url or "https://api.anthropic.com",

@@ -204,3 +204,18 @@ def test_a_declared_endpoint_without_its_key_is_warned_about_at_start(
     settings = WorkerSettings(database_url="unused", providers_file=str(path))
     llm_from_env(settings, {"ANTHROPIC_API_KEY": "k", "VLLM_API_KEY": "k"})
     assert "model provider openai is unusable until fixed" in caplog.text and "OPENAI_API_KEY" in caplog.text
+
+
+def test_provider_credentials_are_redacted_from_logs(tmp_path: Path) -> None:
+    from agentrun.worker import logs
+    from agentrun.worker.llm.providers import key_variables
+
+    path = tmp_path / "providers.yaml"
+    path.write_text(FILE)
+    env = {"OPENAI_API_KEY": "sk-openai-secret", "VLLM_API_KEY": "vllm-secret", "AWS_SECRET_ACCESS_KEY": "aws-secret",
+           "AWS_SESSION_TOKEN": "aws-session", "AWS_BEARER_TOKEN_BEDROCK": "bedrock-key", "ANTHROPIC_API_KEY": "sk-ant-x"}
+    assert key_variables(str(path)) == ("VLLM_API_KEY", "OPENAI_API_KEY")
+    assert key_variables(str(tmp_path / "absent.yaml")) == ()
+    redact = logs.Redactor(logs.secrets_from_env(env, names=key_variables(str(path))))
+    line = redact(" ".join(env.values()))
+    assert not any(secret in line for secret in env.values()), line

@@ -161,3 +161,12 @@ def _endpoint(where: str, entry: Any) -> Endpoint:
     if param not in MAX_TOKENS_PARAMS:
         raise ValueError(f"{where}.maxTokensParam: must be one of {', '.join(MAX_TOKENS_PARAMS)}, got {param!r}")
     return Endpoint(name, base_url.rstrip("/"), key_env, dict(headers), param, kind)
+
+
+def key_variables(path: str | None) -> tuple[str, ...]:
+    """The API key variables the providers file at `path` names, for log redaction at start; none if it
+    cannot be read (the worker reports that itself, once logging is set up)."""
+    try:
+        return tuple(e.api_key_env for e in Providers.load(path).endpoints.values() if e.api_key_env)
+    except (OSError, ValueError):
+        return ()

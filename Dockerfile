@@ -11,8 +11,9 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY worker/ worker/
 COPY operator/ operator/
+# Every model provider's SDK (Bedrock, Vertex, OpenAI-compatible): the image serves whichever a run names.
 # The final stage installs nothing, so the virtualenv loses its installer.
-RUN /opt/agentrun/bin/pip install . \
+RUN /opt/agentrun/bin/pip install ".[providers]" \
     && /opt/agentrun/bin/pip uninstall --yes pip
 
 # -- final: the virtualenv on the same slim base, run as an unprivileged user with a numeric UID

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from agentrun.worker import logs
-from agentrun.worker.records import RunStatus
+from agentrun.worker.records import Decision, RunStatus
 
 if TYPE_CHECKING:
     from agentrun.worker.settings import WorkerSettings
@@ -284,7 +284,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 body: dict[str, object] = {"input": args.input, "tokenBudget": args.budget,
                                            "timeoutSeconds": args.timeout}
                 optional = {"model": args.model, "maxSteps": args.max_steps, "tools": args.tool,
-                            "system": args.system, "costBudgetUsd": args.cost_budget}
+                            "system": args.system, "costBudgetUsd": args.cost_budget,
+                            "continueFrom": client._run_id(args.continue_from, "--continue-from")
+                            if args.continue_from else None,
+                            "requireApproval": args.require_approval}
                 body.update({k: v for k, v in optional.items() if v is not None})
                 texts = [("input", args.input), ("model", args.model), ("system", args.system),
                          *((f"tools[{i}]", t) for i, t in enumerate(args.tool or ()))]
@@ -294,6 +297,23 @@ def cmd_runs(args: argparse.Namespace) -> int:
                         raise client.ApiError(0, f"{field}: {why}")
                 created = api.submit(body, args.idempotency_key)
                 show(created, f"{created['id']} {created['status']}")
+            elif args.runs_command == "fork":
+                fork: dict[str, object] = {"forkFrom": {"runId": client._run_id(args.id), "seq": args.seq}}
+                fork.update({k: v for k, v in {"model": args.model, "tokenBudget": args.budget,
+                                                "timeoutSeconds": args.timeout}.items() if v is not None})
+                created = api.submit(fork)
+                show(created, f"{created['id']} {created['status']}")
+            elif args.runs_command == "pending":
+                calls = api.pending(args.id)
+                show(calls, client.pending_table(calls))
+            elif args.runs_command == "decide":
+                decision: dict[str, object] = {"decision": args.decision}
+                decision.update({k: v for k, v in {"output": args.output, "reason": args.reason}.items()
+                                 if v is not None})
+                if args.is_error:
+                    decision["isError"] = True
+                run = api.decide(args.id, args.tool_use_id, decision)
+                show(run, f"{run['id']} {run['status']} pending={run.get('pending', 0)}")
             elif args.runs_command == "get":
                 run = api.get(args.id)
                 show(run, client.run_details(run))
@@ -355,6 +375,35 @@ def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--cost-budget", type=_positive_float, metavar="USD", help="spending limit in USD")
     p.add_argument("--idempotency-key", metavar="KEY",
                    help="retrying with the same key returns the same run instead of queueing another")
+    p.add_argument("--continue-from", metavar="ID",
+                   help="go on with the whole conversation of this SUCCEEDED run; INPUT is the next message")
+    p.add_argument("--require-approval", action="append", metavar="TOOL",
+                   help="calls of this tool wait for a person's approval (repeatable; '*' for every tool)")
+
+    p = command("fork", "start a run from the first steps of another",
+                "Start a new run from the first --seq steps of run ID, whatever its status, and go on from "
+                "there; budgets and tools are the source's unless given.")
+    p.add_argument("id", help="the run to fork")
+    p.add_argument("--seq", type=_positive_int, required=True, metavar="N", help="how many of its steps to keep")
+    p.add_argument("--model", help="another model for the fork (default: the source's)")
+    p.add_argument("--budget", type=_positive_int, metavar="N", help="token budget (default: the source's)")
+    p.add_argument("--timeout", type=_positive_int, metavar="S", help="wall-clock limit (default: the source's)")
+
+    p = command("pending", "list the tool calls waiting for a decision",
+                "List the tool calls of a WAITING run that wait for a person: approvals, and calls in doubt "
+                "after a crash.")
+    p.add_argument("id", help="run id")
+
+    p = command("decide", "decide a pending tool call",
+                "Decide a pending call: approve or deny an approval; retry, record (with --output) or fail a "
+                "call in doubt. When the last open call is decided, the run goes on.")
+    p.add_argument("id", help="run id")
+    p.add_argument("tool_use_id", metavar="TOOL_USE_ID", help="the pending call (from `runs pending`)")
+    p.add_argument("decision", choices=[d.value for d in Decision], metavar="DECISION",
+                   help="approve | deny | retry | record | fail")
+    p.add_argument("--output", metavar="TEXT", help="with record: what the call returned")
+    p.add_argument("--is-error", action="store_true", help="with record: the call failed")
+    p.add_argument("--reason", metavar="TEXT", help="why (the model sees it when a call is denied)")
 
     p = command("get", "show a run", "Show a run: status, budgets, tokens, cost, error and times.")
     p.add_argument("id", help="run id")

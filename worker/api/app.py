@@ -11,6 +11,7 @@ from agentrun.worker.api import errors
 from agentrun.worker.api.guards import BearerAuth, BodyLimit
 from agentrun.worker.api.identities import Identities
 from agentrun.worker.api.routes import runs_router
+from agentrun.worker.api.schemas import NOT_NULL, REQUIRED_FIELDS
 from agentrun.worker.api.whoami import whoami_router
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.metrics import Metrics
@@ -92,10 +93,25 @@ def _document_tools(app: FastAPI, tools: ToolBox) -> None:
 
     FastAPI builds the document once and caches it; it is amended in that cache.
     """
-    request = app.openapi()["components"]["schemas"]["RunRequest"]["properties"]["tools"]
-    for branch in request.get("anyOf", [request]):
-        if branch.get("type") == "array":
-            if tools.names:
-                branch["items"]["enum"] = list(tools.names)
-            else:
-                branch["maxItems"] = 0
+    schema = app.openapi()["components"]["schemas"]["RunRequest"]
+    for field, extra in (("tools", []), ("requireApproval", ["*"])):
+        request = schema["properties"][field]
+        for branch in request.get("anyOf", [request]):
+            if branch.get("type") == "array":
+                if tools.names or extra:
+                    branch["items"]["enum"] = [*tools.names, *extra]
+                else:
+                    branch["maxItems"] = 0
+    # What may be left out but not sent as null, and which fields go together (schemas.REQUIRED_FIELDS).
+    for field in NOT_NULL:
+        prop = schema["properties"][field]
+        branches = [b for b in prop.pop("anyOf", []) if b.get("type") != "null"]
+        if branches:
+            prop.update(branches[0] if len(branches) == 1 else {"anyOf": branches})
+        prop.pop("default", None)
+        # Bounds of an optional number come out under pydantic's own names: give them JSON Schema's.
+        for ours, theirs in (("gt", "exclusiveMinimum"), ("ge", "minimum"), ("lt", "exclusiveMaximum"),
+                             ("le", "maximum")):
+            if ours in prop:
+                prop[theirs] = prop.pop(ours)
+    schema["anyOf"] = REQUIRED_FIELDS

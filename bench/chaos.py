@@ -1,5 +1,6 @@
-"""Chaos run: many runs through worker processes killed with SIGKILL every few seconds and a PostgreSQL
-restart in the middle; then the promises are checked against the database and the model's request log.
+"""Chaos run: many runs through worker processes killed with SIGKILL every few seconds, every client
+connection cut a few times, and a PostgreSQL restart in the middle; then the promises are checked against
+the database, the tool's execution log, the lease history and the model's request log.
 
     .venv/bin/python -m bench.chaos                      # 200 runs, 4 workers, the full run
     .venv/bin/python -m bench.chaos --runs 20 --workers 2
@@ -15,6 +16,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import math
 import os
 import random
 import signal
@@ -55,6 +57,8 @@ class Options:
     """Mean seconds between two SIGKILLs (uniform between half and one and a half times this)."""
     pg_restart: bool = True
     pg_down_seconds: float = 2.0
+    cuts: int = 3
+    """How many times every client connection is cut (pg_terminate_backend), spread over the run."""
     slow_seconds: float = 1.5
     """How long a slow tool call sleeps: long enough for kills to land inside tool calls."""
     model_latency: float = 0.05
@@ -115,7 +119,7 @@ class Fleet:
         self.slots: list[WorkerProc | None] = [None] * options.workers
         self.generation = [0] * options.workers
         self.pids: dict[int, str] = {}
-        self.kills: list[tuple[float, str]] = []  # (epoch seconds, worker name)
+        self.kills: list[tuple[float, str]] = []  # (epoch seconds just before the SIGKILL, worker name)
 
     async def start(self, slot: int) -> None:
         self.generation[slot] += 1
@@ -137,10 +141,11 @@ class Fleet:
         slot = rng.randrange(len(self.slots))
         w = self.slots[slot]
         assert w is not None
+        # Taken before the signal: a takeover of its runs can follow the kill at once.
+        self.kills.append((time.time(), w.name))
         if w.proc.returncode is None:
             w.proc.send_signal(signal.SIGKILL)
         await w.proc.wait()
-        self.kills.append((time.time(), w.name))
         await self.start(slot)
         return w.name
 
@@ -156,41 +161,92 @@ class Fleet:
                     w.proc.kill()
                     await w.proc.wait()
 
-    def any_port(self) -> int:
-        return next(w.port for w in self.slots if w)
+    async def live(self, deadline: float) -> tuple[list[WorkerProc], list[str]]:
+        """The current workers once each answers /healthz (a worker just started may still be coming
+        up); and the names of those that exited or did not answer by the monotonic `deadline`."""
+        workers = [w for w in self.slots if w]
+        answered = await asyncio.gather(*(_until(w, "/healthz", 200, deadline) for w in workers))
+        return ([w for w, ok in zip(workers, answered, strict=True) if ok],
+                [w.name for w, ok in zip(workers, answered, strict=True) if not ok])
 
 
-async def _readyz(port: int) -> int | None:
+async def _get(port: int, path: str) -> int | None:
+    """The status of one request, None if nothing answered."""
     try:
         async with httpx.AsyncClient(timeout=5) as c:
-            return (await c.get(f"http://127.0.0.1:{port}/readyz")).status_code
+            return (await c.get(f"http://127.0.0.1:{port}{path}")).status_code
     except httpx.HTTPError:
         return None
+
+
+async def _until(w: WorkerProc, path: str, status: int, deadline: float) -> bool:
+    """Whether the worker answered `path` with `status` before the monotonic deadline (False once it exited)."""
+    while w.proc.returncode is None:
+        if await _get(w.port, path) == status:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return False
 
 
 @dataclasses.dataclass
 class Outage:
     started: float = 0.0
     ended: float = 0.0
-    readyz_while_down: list[int | None] = dataclasses.field(default_factory=list)
-    readyz_after: int | None = None
+    probed: list[str] = dataclasses.field(default_factory=list)
+    """The workers that answered /healthz before the outage: the ones whose /readyz is judged."""
+    not_live: list[str] = dataclasses.field(default_factory=list)
+    readyz_while_down: collections.Counter[int | None] = dataclasses.field(default_factory=collections.Counter)
+    not_ready_after: list[str] = dataclasses.field(default_factory=list)
+    seconds_to_ready: float = 0.0
 
 
 async def restart_postgres(pg: LocalPostgres, fleet: Fleet, options: Options) -> Outage:
-    out = Outage(started=time.time())
+    """Stop PostgreSQL for a while and back: every live worker's /readyz must say 503 while it is down
+    and 200 again after, without the worker being restarted. No worker is killed meanwhile."""
+    live, not_live = await fleet.live(time.monotonic() + 60)
+    out = Outage(probed=[w.name for w in live], not_live=not_live)
+    out.started = time.time()
     await asyncio.to_thread(pg.stop)
     deadline = time.monotonic() + options.pg_down_seconds
-    while time.monotonic() < deadline:
-        out.readyz_while_down.append(await _readyz(fleet.any_port()))
+    rounds = 0
+    while rounds == 0 or time.monotonic() < deadline:  # at least one full round while it is down
+        for code in await asyncio.gather(*(_get(w.port, "/readyz") for w in live)):
+            out.readyz_while_down[code] += 1
+        rounds += 1
         await asyncio.sleep(0.3)
     await asyncio.to_thread(pg.start)
     out.ended = time.time()
-    for _ in range(100):  # the worker's pool reconnects on its own, with backoff
-        out.readyz_after = await _readyz(fleet.any_port())
-        if out.readyz_after == 200:
-            break
-        await asyncio.sleep(0.2)
+    back = time.monotonic()
+    # The pools reconnect on their own, with backoff; generous, as the machine may be loaded.
+    ready = await asyncio.gather(*(_until(w, "/readyz", 200, back + 60) for w in live))
+    out.seconds_to_ready = time.monotonic() - back
+    out.not_ready_after = [w.name for w, ok in zip(live, ready, strict=True) if not ok]
     return out
+
+
+CUT_CONNECTIONS = """SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                     WHERE datname = current_database() AND pid <> pg_backend_pid()"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    at: float
+    """Epoch seconds, just before the connections were cut."""
+    connections: int
+    tools_in_flight: int
+
+
+async def cut_connections(conn: psycopg.AsyncConnection[Any], fleet: Fleet) -> Cut:
+    """Terminate every other session of the database at once, as a pooler restart or a failover would."""
+    pids = [w.proc.pid for w in fleet.slots if w and w.proc.returncode is None]
+    cur = await conn.execute("SELECT count(*) FROM chaos_tool_exec WHERE ended_at IS NULL AND pid = ANY(%s)", (pids,))
+    row = await cur.fetchone()
+    at = time.time()
+    cur = await conn.execute(CUT_CONNECTIONS)
+    killed = await cur.fetchone()
+    return Cut(at=at, connections=int(killed[0]) if killed else 0, tools_in_flight=int(row[0]) if row else 0)
 
 
 # -- the check ------------------------------------------------------------------------------------
@@ -231,10 +287,11 @@ def _sample(items: Sequence[Any], n: int = 5) -> str:
 
 
 async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fleet, outage: Outage | None,
-                seconds: float) -> Report:
+                seconds: float, cuts: Sequence[Cut] = ()) -> Report:
     by_tag = {p.tag: p for p in plan_list}
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        runs = await _rows(conn, "SELECT id, input, status, error, tokens_used, cost_usd, claims FROM run")
+        runs = await _rows(conn, """SELECT id, input, status, error, tokens_used, cost_usd, claims,
+                                           extract(epoch FROM finished_at) AS finished FROM run""")
         steps = await _rows(conn, """SELECT run_id, seq, kind, status, tool_use_id, request, attempts, worker,
                                             input_tokens + output_tokens + cache_creation_input_tokens
                                               + cache_read_input_tokens AS tokens, cost_usd, finished_at,
@@ -243,8 +300,11 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
                                              ORDER BY l.claimed_at DESC LIMIT 1) AS holder
                                      FROM run_step s""")
         execs = await _rows(conn, """SELECT e.idempotency_key, e.run_tag, e.pid, extract(epoch FROM e.executed_at)
-                                     AS at FROM chaos_tool_exec e ORDER BY e.executed_at""")
-        leases = (await _rows(conn, "SELECT count(*) AS n FROM run_lease"))[0]["n"]
+                                     AS at, extract(epoch FROM e.ended_at) AS ended
+                                     FROM chaos_tool_exec e ORDER BY e.executed_at""")
+        history = await _rows(conn, """SELECT run_id, worker, extract(epoch FROM claimed_at) AS at FROM run_lease
+                                       ORDER BY run_id, claimed_at""")
+    leases = len(history)
     tag_of = {r["id"]: ScriptResponder.plan({"messages": [{"content": r["input"]}]})["run"] for r in runs}
     status = collections.Counter(r["status"] for r in runs)
     checks: list[Check] = []
@@ -293,8 +353,11 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
             crashed = any(prev["at"] <= t <= nxt["at"] and name == who for t, name in crashes)
             db_down = outage is not None and prev["at"] <= outage.ended and outage.started <= nxt["at"]
             if not (crashed or db_down):
+                cut = max((c.at for c in cuts if prev["at"] <= c.at <= nxt["at"]), default=None)
+                why = f" ({nxt['at'] - cut:.1f}s after a connection cut)" if cut is not None else ""
                 bad_exec.append(
-                    f"{key}: executed again at {nxt['at']:.2f} without a crash of {who} since {prev['at']:.2f}"
+                    f"{key}: executed again at {nxt['at']:.2f} by {fleet.pids.get(nxt['pid'], '?')} without a "
+                    f"crash of {who} since {prev['at']:.2f}{why}"
                 )
     again = sum(len(es) - 1 for es in per_key.values())
     checks.append(Check(
@@ -325,14 +388,17 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
     checks.append(Check("no step left half-written", not unfinished,
                         f"{len(unfinished)} tool steps still STARTED"))
 
+    checks.extend(overlap_and_tenure_checks(execs, history, runs, tag_of, fleet, outage, cuts))
+
     if outage is not None:
-        down = [c for c in outage.readyz_while_down if c is not None]
+        answers = outage.readyz_while_down
         checks.append(Check(
-            "readyz not ready while the database is down, ready after", bool(down) and all(c == 503 for c in down)
-            and outage.readyz_after == 200,
-            f"readyz during the {outage.ended - outage.started:.1f}s outage: "
-            f"{collections.Counter(outage.readyz_while_down)}; "
-            f"after: {outage.readyz_after}"))
+            "readyz not ready while the database is down, ready after",
+            bool(outage.probed) and not outage.not_live and set(answers) == {503} and not outage.not_ready_after,
+            f"{len(outage.probed)} live workers probed ({len(outage.not_live)} never answered /healthz "
+            f"{_sample(outage.not_live)}); readyz during the {outage.ended - outage.started:.1f}s outage: "
+            f"{dict(answers)}; after: all 200 within {outage.seconds_to_ready:.1f}s except "
+            f"{len(outage.not_ready_after)} {_sample(outage.not_ready_after)}"))
 
     lines = [
         "chaos report",
@@ -343,10 +409,90 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
         f"{len(fleet.kills)} killed with SIGKILL",
         f"  postgres restarts: {1 if outage else 0}"
         + (f" (down {outage.ended - outage.started:.1f}s)" if outage else ""),
+        f"  connection cuts: {len(cuts)} ({sum(c.connections for c in cuts)} connections terminated, "
+        f"with {sum(c.tools_in_flight for c in cuts)} tool executions in flight)",
         f"  claims: {leases} ({leases - len(runs)} hand-overs)",
         f"  wall time: {seconds:.1f}s",
     ]
     return Report(lines, checks)
+
+
+def overlap_and_tenure_checks(execs: list[dict[str, Any]], history: list[dict[str, Any]],
+                              runs: list[dict[str, Any]], tag_of: dict[Any, str], fleet: Fleet,
+                              outage: Outage | None, cuts: Sequence[Cut]) -> list[Check]:
+    """The promises a dropped connection must not break, and proof that the kills hit work in flight."""
+    checks: list[Check] = []
+    killed_at = {name: t for t, name in fleet.kills}
+    lease = fleet.options.lease_seconds
+
+    # (a) a tool call never runs twice at the same time: per tool_use id, no two executions overlap.
+    # An execution without an end died with its process, at the kill; one whose process was never
+    # killed and that recorded no end is taken to run to the end of the benchmark.
+    def end_of(e: dict[str, Any]) -> float:
+        if e["ended"] is not None:
+            return float(e["ended"])
+        return killed_at.get(fleet.pids.get(e["pid"], "?"), math.inf)
+
+    per_key: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for e in execs:
+        per_key[e["idempotency_key"]].append(e)
+    overlaps = []
+    for key, es in per_key.items():
+        es.sort(key=lambda e: e["at"])
+        for i, later in enumerate(es):
+            for earlier in es[:i]:
+                if later["at"] < end_of(earlier):
+                    overlaps.append(
+                        f"{key}: {fleet.pids.get(later['pid'], '?')} started it at {later['at']:.2f} while "
+                        f"{fleet.pids.get(earlier['pid'], '?')} ran it ({earlier['at']:.2f}–{end_of(earlier):.2f})")
+    unended = sum(1 for e in execs if e["ended"] is None)
+    checks.append(Check(
+        "no tool call executed twice at the same time", not overlaps,
+        f"{len(execs)} executions of {len(per_key)} tool calls, {unended} cut short by a kill; "
+        f"overlapping: {len(overlaps)} {_sample(overlaps)}"))
+
+    # (b) a run changes hands only when its holder died, or could not reach the database long enough that
+    # it had to give its runs up (about 2/3 of the lease without a renewal): never because a connection
+    # dropped under a live holder.
+    claims: dict[Any, list[dict[str, Any]]] = collections.defaultdict(list)
+    for h in history:
+        claims[h["run_id"]].append(h)
+    long_outage = outage is not None and outage.ended - outage.started >= 2 * lease / 3
+    handovers, stolen = 0, []
+    for run_id, hs in claims.items():
+        for prev, nxt in zip(hs, hs[1:], strict=False):
+            if prev["worker"] == nxt["worker"]:
+                continue
+            handovers += 1
+            if prev["worker"] in killed_at and killed_at[prev["worker"]] <= nxt["at"]:
+                continue
+            if long_outage and outage is not None and prev["at"] <= outage.ended and outage.started <= nxt["at"]:
+                continue
+            cut = max((c.at for c in cuts if prev["at"] <= c.at <= nxt["at"]), default=None)
+            why = f", {nxt['at'] - cut:.1f}s after a connection cut" if cut is not None else ""
+            stolen.append(f"{tag_of[run_id]}: {prev['worker']} (alive) → {nxt['worker']} at {nxt['at']:.2f}{why}")
+    checks.append(Check(
+        "no run changes hands while its holder is alive", not stolen,
+        f"{handovers} hand-overs between workers; {len(stolen)} from a live holder {_sample(stolen)}"))
+
+    # (c) the kills hit work in flight: the killed worker held a run that was not finished yet (so it
+    # was in a model call, a tool call or a checkpoint), or was running a tool.
+    finished = {r["id"]: (math.inf if r["finished"] is None else float(r["finished"])) for r in runs}
+    in_flight = in_tool = 0
+    for t, name in fleet.kills:
+        held = any(
+            hs[j]["worker"] == name and finished[run_id] > t
+            for run_id, hs in claims.items()
+            for j in [max((i for i, h in enumerate(hs) if h["at"] <= t), default=-1)] if j >= 0
+        )
+        tool = any(fleet.pids.get(e["pid"]) == name and e["at"] <= t < end_of(e) + 1e-6 for e in execs)
+        in_flight += held or tool
+        in_tool += tool
+    checks.append(Check(
+        "kills hit steps in flight", in_flight > 0 or not fleet.kills,
+        f"{len(fleet.kills)} kills; {in_flight} landed while the worker had a step in flight "
+        f"({in_tool} during a tool execution)"))
+    return checks
 
 
 # -- the run --------------------------------------------------------------------------------------
@@ -386,6 +532,8 @@ async def chaos(options: Options) -> Report:
             await fleet.start(slot)
         t0 = time.monotonic()
         outage: Outage | None = None
+        cuts: list[Cut] = []
+        cut_when = [len(plan_list) * (i + 1) / (options.cuts + 1) for i in range(options.cuts)]  # runs finished
         next_kill = t0 + options.kill_every * rng.uniform(0.5, 1.5)
         last_note = t0
         async with await psycopg.AsyncConnection.connect(pg.url, autocommit=True) as conn:
@@ -413,6 +561,12 @@ async def chaos(options: Options) -> Report:
                         await conn.close()
                     conn = await psycopg.AsyncConnection.connect(pg.url, autocommit=True)
                     continue
+                if cut_when and done >= cut_when[0]:
+                    cut_when.pop(0)
+                    with contextlib.suppress(psycopg.OperationalError):
+                        cuts.append(await cut_connections(conn, fleet))
+                        print(f"chaos: cut {cuts[-1].connections} connections ({cuts[-1].tools_in_flight} tools in "
+                              f"flight; {done} of {len(plan_list)} runs finished)", file=sys.stderr)
                 if now >= next_kill:
                     name = await fleet.kill_one(rng)
                     if options.verbose:
@@ -425,7 +579,7 @@ async def chaos(options: Options) -> Report:
             await conn.close()
         seconds = time.monotonic() - t0
         await fleet.stop()
-        report = await check(pg.url, plan_list, model, fleet, outage, seconds)
+        report = await check(pg.url, plan_list, model, fleet, outage, seconds, cuts)
         report.lines.append(f"  worker logs: {logdir}")
         return report
     finally:
@@ -446,6 +600,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kill-every", type=float, default=d.kill_every, help="mean seconds between SIGKILLs")
     p.add_argument("--no-pg-restart", action="store_true", help="skip the PostgreSQL restart")
     p.add_argument("--pg-down-seconds", type=float, default=d.pg_down_seconds)
+    p.add_argument("--cuts", type=int, default=d.cuts, help="times every client connection is cut")
     p.add_argument("--slow-seconds", type=float, default=d.slow_seconds, help="sleep of a slow tool call")
     p.add_argument("--model-latency", type=float, default=d.model_latency, help="seconds the model takes")
     p.add_argument("--seed", type=int, default=d.seed, help="seeds the scripts and the kills")
@@ -454,7 +609,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     options = Options(
         runs=a.runs, workers=a.workers, concurrency=a.concurrency, lease_seconds=a.lease_seconds,
-        kill_every=a.kill_every, pg_restart=not a.no_pg_restart, pg_down_seconds=a.pg_down_seconds,
+        kill_every=a.kill_every, pg_restart=not a.no_pg_restart, pg_down_seconds=a.pg_down_seconds, cuts=a.cuts,
         slow_seconds=a.slow_seconds, model_latency=a.model_latency, seed=a.seed, timeout=a.timeout, verbose=a.verbose,
     )
     report = asyncio.run(chaos(options))

@@ -371,7 +371,9 @@ def build_parser() -> argparse.ArgumentParser:
         "worker",
         help="claim and drive runs, and serve the HTTP API",
         description="Claim runs with leases, drive each from its last checkpoint, and serve /healthz, "
-        "/readyz, the REST API and /metrics on --port.",
+        "/readyz, the REST API and /metrics on --port. The HTTP server starts first: while the database is "
+        "unreachable or not migrated, /healthz answers 200 and /readyz 503 with the reason, and the worker "
+        "retries (backoff up to 5 s) and starts claiming once it is usable, without a restart.",
         epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated modules whose @tool "
         "functions the worker offers); ANTHROPIC_API_KEY and/or ANTHROPIC_BASE_URL (the model API, one is "
         "required); AGENTRUN_LLM_MAX_ATTEMPTS (calls per model step, default 5); AGENTRUN_LLM_TIMEOUT_SECONDS "
@@ -399,7 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="database connections (default: concurrency + 2, at most 20)")
     p.add_argument("--max-body-bytes", type=_positive_int, metavar="N", default=None,
                    help="largest request body the API accepts (default: $AGENTRUN_MAX_BODY_BYTES or 1 MiB)")
-    p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
+    p.add_argument("--no-migrate", action="store_true",
+                   help="do not apply migrations at start; wait, not ready, until they are applied")
     p.add_argument("--no-liveness-lock", action="store_true",
                    help="do not hold the session advisory lock that lets other workers take over this "
                    "worker's runs as soon as it dies; needed behind a connection pooler in transaction "

@@ -54,11 +54,14 @@ class Options:
     """Runs in flight per worker."""
     lease_seconds: float = 2.5
     kill_every: float = 2.0
-    """Mean seconds between two SIGKILLs (uniform between half and one and a half times this)."""
+    """Mean seconds between two SIGKILLs (uniform between half and one and a half times this). Each kills
+    a worker that holds a run, so that it interrupts work rather than a process still starting up."""
     pg_restart: bool = True
     pg_down_seconds: float = 2.0
     cuts: int = 3
-    """How many times every client connection is cut (pg_terminate_backend), spread over the run."""
+    """How many times every client connection is cut (pg_terminate_backend), each while workers hold runs."""
+    cut_every: float = 2.0
+    """Seconds at least between two cuts (and from the start to the first)."""
     slow_seconds: float = 1.5
     """How long a slow tool call sleeps: long enough for kills to land inside tool calls."""
     model_latency: float = 0.05
@@ -137,8 +140,12 @@ class Fleet:
         self.pids[proc.pid] = name
         self.slots[slot] = WorkerProc(name, port, proc)
 
-    async def kill_one(self, rng: random.Random) -> str:
-        slot = rng.randrange(len(self.slots))
+    async def kill_one(self, rng: random.Random, busy: set[str]) -> str | None:
+        """SIGKILL one of the workers named in `busy` and start another in its slot; None if none is there."""
+        slots = [i for i, w in enumerate(self.slots) if w and w.name in busy and w.proc.returncode is None]
+        if not slots:
+            return None
+        slot = rng.choice(slots)
         w = self.slots[slot]
         assert w is not None
         # Taken before the signal: a takeover of its runs can follow the kill at once.
@@ -238,15 +245,25 @@ class Cut:
     tools_in_flight: int
 
 
-async def cut_connections(conn: psycopg.AsyncConnection[Any], fleet: Fleet) -> Cut:
-    """Terminate every other session of the database at once, as a pooler restart or a failover would."""
+async def busy_workers(conn: psycopg.AsyncConnection[Any]) -> set[str]:
+    """The workers holding a run now."""
+    cur = await conn.execute("SELECT DISTINCT locked_by FROM run WHERE status = 'RUNNING' AND locked_until > now()")
+    return {row[0] for row in await cur.fetchall()}
+
+
+async def cut_connections(conn: psycopg.AsyncConnection[Any], fleet: Fleet) -> Cut | None:
+    """Terminate every other session of the database at once, as a pooler restart or a failover would;
+    only while some worker holds a run (mid-run), else None."""
+    if not await busy_workers(conn):
+        return None
     pids = [w.proc.pid for w in fleet.slots if w and w.proc.returncode is None]
     cur = await conn.execute("SELECT count(*) FROM chaos_tool_exec WHERE ended_at IS NULL AND pid = ANY(%s)", (pids,))
     row = await cur.fetchone()
+    tools = int(row[0]) if row else 0
     at = time.time()
     cur = await conn.execute(CUT_CONNECTIONS)
     killed = await cur.fetchone()
-    return Cut(at=at, connections=int(killed[0]) if killed else 0, tools_in_flight=int(row[0]) if row else 0)
+    return Cut(at=at, connections=int(killed[0]) if killed else 0, tools_in_flight=tools)
 
 
 # -- the check ------------------------------------------------------------------------------------
@@ -291,7 +308,7 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
     by_tag = {p.tag: p for p in plan_list}
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         runs = await _rows(conn, """SELECT id, input, status, error, tokens_used, cost_usd, claims,
-                                           extract(epoch FROM finished_at) AS finished FROM run""")
+                                           extract(epoch FROM finished_at)::float8 AS finished FROM run""")
         steps = await _rows(conn, """SELECT run_id, seq, kind, status, tool_use_id, request, attempts, worker,
                                             input_tokens + output_tokens + cache_creation_input_tokens
                                               + cache_read_input_tokens AS tokens, cost_usd, finished_at,
@@ -299,11 +316,12 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
                                                AND l.claimed_at <= s.finished_at
                                              ORDER BY l.claimed_at DESC LIMIT 1) AS holder
                                      FROM run_step s""")
-        execs = await _rows(conn, """SELECT e.idempotency_key, e.run_tag, e.pid, extract(epoch FROM e.executed_at)
-                                     AS at, extract(epoch FROM e.ended_at) AS ended
+        execs = await _rows(conn, """SELECT e.idempotency_key, e.run_tag, e.pid,
+                                            extract(epoch FROM e.executed_at)::float8 AS at,
+                                            extract(epoch FROM e.ended_at)::float8 AS ended
                                      FROM chaos_tool_exec e ORDER BY e.executed_at""")
-        history = await _rows(conn, """SELECT run_id, worker, extract(epoch FROM claimed_at) AS at FROM run_lease
-                                       ORDER BY run_id, claimed_at""")
+        history = await _rows(conn, """SELECT run_id, worker, extract(epoch FROM claimed_at)::float8 AS at
+                                       FROM run_lease ORDER BY run_id, claimed_at""")
     leases = len(history)
     tag_of = {r["id"]: ScriptResponder.plan({"messages": [{"content": r["input"]}]})["run"] for r in runs}
     status = collections.Counter(r["status"] for r in runs)
@@ -411,7 +429,8 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
         + (f" (down {outage.ended - outage.started:.1f}s)" if outage else ""),
         f"  connection cuts: {len(cuts)} ({sum(c.connections for c in cuts)} connections terminated, "
         f"with {sum(c.tools_in_flight for c in cuts)} tool executions in flight)",
-        f"  claims: {leases} ({leases - len(runs)} hand-overs)",
+        f"  claims: {leases} ({leases - len(runs)} hand-overs; at most {max((r['claims'] for r in runs), default=0)} "
+        "for one run)",
         f"  wall time: {seconds:.1f}s",
     ]
     return Report(lines, checks)
@@ -530,10 +549,11 @@ async def chaos(options: Options) -> Report:
         fleet = Fleet(options, env, logdir)
         for slot in range(options.workers):
             await fleet.start(slot)
+        await fleet.live(time.monotonic() + 120)  # the clock starts once the first workers are up
         t0 = time.monotonic()
         outage: Outage | None = None
         cuts: list[Cut] = []
-        cut_when = [len(plan_list) * (i + 1) / (options.cuts + 1) for i in range(options.cuts)]  # runs finished
+        last_cut = t0
         next_kill = t0 + options.kill_every * rng.uniform(0.5, 1.5)
         last_note = t0
         async with await psycopg.AsyncConnection.connect(pg.url, autocommit=True) as conn:
@@ -561,17 +581,21 @@ async def chaos(options: Options) -> Report:
                         await conn.close()
                     conn = await psycopg.AsyncConnection.connect(pg.url, autocommit=True)
                     continue
-                if cut_when and done >= cut_when[0]:
-                    cut_when.pop(0)
+                if len(cuts) < options.cuts and now - last_cut >= options.cut_every:
                     with contextlib.suppress(psycopg.OperationalError):
-                        cuts.append(await cut_connections(conn, fleet))
-                        print(f"chaos: cut {cuts[-1].connections} connections ({cuts[-1].tools_in_flight} tools in "
-                              f"flight; {done} of {len(plan_list)} runs finished)", file=sys.stderr)
+                        if cut := await cut_connections(conn, fleet):
+                            cuts.append(cut)
+                            last_cut = now
+                            print(f"chaos: cut {cut.connections} connections ({cut.tools_in_flight} tools in "
+                                  f"flight; {done} of {len(plan_list)} runs finished)", file=sys.stderr)
                 if now >= next_kill:
-                    name = await fleet.kill_one(rng)
-                    if options.verbose:
-                        print(f"chaos: killed {name}", file=sys.stderr)
-                    next_kill = time.monotonic() + options.kill_every * rng.uniform(0.5, 1.5)
+                    name = None
+                    with contextlib.suppress(psycopg.OperationalError):
+                        name = await fleet.kill_one(rng, await busy_workers(conn))
+                    if name is not None:  # else a worker holding a run is waited for
+                        if options.verbose:
+                            print(f"chaos: killed {name}", file=sys.stderr)
+                        next_kill = time.monotonic() + options.kill_every * rng.uniform(0.5, 1.5)
                 if now - last_note > 10:
                     print(f"chaos: {done} of {len(plan_list)} runs finished, {len(fleet.kills)} kills", file=sys.stderr)
                     last_note = now
@@ -600,7 +624,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--kill-every", type=float, default=d.kill_every, help="mean seconds between SIGKILLs")
     p.add_argument("--no-pg-restart", action="store_true", help="skip the PostgreSQL restart")
     p.add_argument("--pg-down-seconds", type=float, default=d.pg_down_seconds)
-    p.add_argument("--cuts", type=int, default=d.cuts, help="times every client connection is cut")
+    p.add_argument("--cuts", type=int, default=d.cuts, help="times every client connection is cut, each mid-tool")
+    p.add_argument("--cut-every", type=float, default=d.cut_every, help="seconds at least between two cuts")
     p.add_argument("--slow-seconds", type=float, default=d.slow_seconds, help="sleep of a slow tool call")
     p.add_argument("--model-latency", type=float, default=d.model_latency, help="seconds the model takes")
     p.add_argument("--seed", type=int, default=d.seed, help="seeds the scripts and the kills")
@@ -610,6 +635,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = Options(
         runs=a.runs, workers=a.workers, concurrency=a.concurrency, lease_seconds=a.lease_seconds,
         kill_every=a.kill_every, pg_restart=not a.no_pg_restart, pg_down_seconds=a.pg_down_seconds, cuts=a.cuts,
+        cut_every=a.cut_every,
         slow_seconds=a.slow_seconds, model_latency=a.model_latency, seed=a.seed, timeout=a.timeout, verbose=a.verbose,
     )
     report = asyncio.run(chaos(options))

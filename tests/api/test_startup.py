@@ -245,3 +245,15 @@ async def test_sigterm_while_waiting_for_the_database_exits_cleanly(
     await worker.until("/healthz", 200, "/healthz")
     assert worker.stop() == 0
     assert "startup-stop stopped" in worker.output() and "Traceback" not in worker.output()
+
+
+def test_backoff_is_jittered_and_capped() -> None:
+    import random
+
+    from agentrun.worker.db import Backoff
+
+    backoff, rng = Backoff(base=0.25, cap=5.0), random.Random(7)
+    delays = [[backoff.delay(attempt, rng) for _ in range(50)] for attempt in range(40)]
+    assert all(0.125 <= d <= 0.25 for d in delays[0])
+    assert all(2.5 <= d <= 5.0 for row in delays[5:] for d in row)  # capped, even after many attempts
+    assert len({round(d, 6) for d in delays[30]}) > 40  # jittered: a fleet does not retry in step

@@ -56,6 +56,9 @@ class Options:
     kill_every: float = 2.0
     """Mean seconds between two SIGKILLs (uniform between half and one and a half times this). Each kills
     a worker that holds a run, so that it interrupts work rather than a process still starting up."""
+    max_claims: int = 4
+    """A worker holding a run claimed this many times is not killed: every run gets to end, and stays
+    below the worker's limit on claims of a run that keeps killing its workers."""
     pg_restart: bool = True
     pg_down_seconds: float = 2.0
     cuts: int = 3
@@ -245,9 +248,11 @@ class Cut:
     tools_in_flight: int
 
 
-async def busy_workers(conn: psycopg.AsyncConnection[Any]) -> set[str]:
-    """The workers holding a run now."""
-    cur = await conn.execute("SELECT DISTINCT locked_by FROM run WHERE status = 'RUNNING' AND locked_until > now()")
+async def busy_workers(conn: psycopg.AsyncConnection[Any], max_claims: int | None = None) -> set[str]:
+    """The workers holding a run now; with `max_claims`, only those whose every run was claimed fewer times."""
+    cur = await conn.execute(
+        """SELECT locked_by FROM run WHERE status = 'RUNNING' AND locked_until > now()
+           GROUP BY locked_by HAVING max(claims) < %s""", (max_claims or 2**31 - 1,))
     return {row[0] for row in await cur.fetchall()}
 
 
@@ -358,6 +363,7 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
     for e in execs:
         per_key[e["idempotency_key"]].append(e)
     crashes = [(t, name) for t, name in fleet.kills]
+    lease = fleet.options.lease_seconds
     bad_exec = []
     for key, es in per_key.items():
         step = tool_steps.get(key)
@@ -371,7 +377,8 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
             crashed = any(prev["at"] <= t <= nxt["at"] and name == who for t, name in crashes)
             db_down = outage is not None and prev["at"] <= outage.ended and outage.started <= nxt["at"]
             if not (crashed or db_down):
-                cut = max((c.at for c in cuts if prev["at"] <= c.at <= nxt["at"]), default=None)
+                # A cut acts until the pools have reconnected: one a little before counts too.
+                cut = max((c.at for c in cuts if prev["at"] - lease <= c.at <= nxt["at"]), default=None)
                 why = f" ({nxt['at'] - cut:.1f}s after a connection cut)" if cut is not None else ""
                 bad_exec.append(
                     f"{key}: executed again at {nxt['at']:.2f} by {fleet.pids.get(nxt['pid'], '?')} without a "
@@ -487,7 +494,8 @@ def overlap_and_tenure_checks(execs: list[dict[str, Any]], history: list[dict[st
                 continue
             if long_outage and outage is not None and prev["at"] <= outage.ended and outage.started <= nxt["at"]:
                 continue
-            cut = max((c.at for c in cuts if prev["at"] <= c.at <= nxt["at"]), default=None)
+            # A cut acts until the pools have reconnected: one a little before the earlier claim counts.
+            cut = max((c.at for c in cuts if prev["at"] - lease <= c.at <= nxt["at"]), default=None)
             why = f", {nxt['at'] - cut:.1f}s after a connection cut" if cut is not None else ""
             stolen.append(f"{tag_of[run_id]}: {prev['worker']} (alive) → {nxt['worker']} at {nxt['at']:.2f}{why}")
     checks.append(Check(
@@ -508,7 +516,7 @@ def overlap_and_tenure_checks(execs: list[dict[str, Any]], history: list[dict[st
         in_flight += held or tool
         in_tool += tool
     checks.append(Check(
-        "kills hit steps in flight", in_flight > 0 or not fleet.kills,
+        "kills hit steps in flight", in_flight > 0,
         f"{len(fleet.kills)} kills; {in_flight} landed while the worker had a step in flight "
         f"({in_tool} during a tool execution)"))
     return checks
@@ -574,7 +582,10 @@ async def chaos(options: Options) -> Report:
                 if now - t0 > options.timeout:
                     print(f"chaos: timed out after {options.timeout:g}s with {done} runs finished", file=sys.stderr)
                     break
-                if options.pg_restart and outage is None and done >= len(plan_list) * 0.4:
+                # Once the cuts and a first kill are behind: the restart takes long enough that the runs
+                # left after it may not give them a chance.
+                if options.pg_restart and outage is None and done >= len(plan_list) * 0.4 and (
+                        len(cuts) >= options.cuts and fleet.kills):
                     print(f"chaos: restarting PostgreSQL ({done} of {len(plan_list)} runs finished)", file=sys.stderr)
                     outage = await restart_postgres(pg, fleet, options)
                     with contextlib.suppress(Exception):
@@ -591,7 +602,7 @@ async def chaos(options: Options) -> Report:
                 if now >= next_kill:
                     name = None
                     with contextlib.suppress(psycopg.OperationalError):
-                        name = await fleet.kill_one(rng, await busy_workers(conn))
+                        name = await fleet.kill_one(rng, await busy_workers(conn, options.max_claims))
                     if name is not None:  # else a worker holding a run is waited for
                         if options.verbose:
                             print(f"chaos: killed {name}", file=sys.stderr)
@@ -622,6 +633,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=d.concurrency, help="runs in flight per worker")
     p.add_argument("--lease-seconds", type=float, default=d.lease_seconds)
     p.add_argument("--kill-every", type=float, default=d.kill_every, help="mean seconds between SIGKILLs")
+    p.add_argument("--max-claims", type=int, default=d.max_claims,
+                   help="spare a worker holding a run claimed this many times")
     p.add_argument("--no-pg-restart", action="store_true", help="skip the PostgreSQL restart")
     p.add_argument("--pg-down-seconds", type=float, default=d.pg_down_seconds)
     p.add_argument("--cuts", type=int, default=d.cuts, help="times every client connection is cut, each mid-tool")
@@ -635,7 +648,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = Options(
         runs=a.runs, workers=a.workers, concurrency=a.concurrency, lease_seconds=a.lease_seconds,
         kill_every=a.kill_every, pg_restart=not a.no_pg_restart, pg_down_seconds=a.pg_down_seconds, cuts=a.cuts,
-        cut_every=a.cut_every,
+        cut_every=a.cut_every, max_claims=a.max_claims,
         slow_seconds=a.slow_seconds, model_latency=a.model_latency, seed=a.seed, timeout=a.timeout, verbose=a.verbose,
     )
     report = asyncio.run(chaos(options))

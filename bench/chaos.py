@@ -637,7 +637,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="spare a worker holding a run claimed this many times")
     p.add_argument("--no-pg-restart", action="store_true", help="skip the PostgreSQL restart")
     p.add_argument("--pg-down-seconds", type=float, default=d.pg_down_seconds)
-    p.add_argument("--cuts", type=int, default=d.cuts, help="times every client connection is cut, each mid-tool")
+    p.add_argument("--cuts", type=int, default=d.cuts, help="times every client connection is cut, each mid-run")
     p.add_argument("--cut-every", type=float, default=d.cut_every, help="seconds at least between two cuts")
     p.add_argument("--slow-seconds", type=float, default=d.slow_seconds, help="sleep of a slow tool call")
     p.add_argument("--model-latency", type=float, default=d.model_latency, help="seconds the model takes")

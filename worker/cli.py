@@ -159,7 +159,6 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
             except psycopg_pool.PoolTimeout as e:  # gone again between the check and the pool
                 log.warning("%s cannot open its connection pool (%s); waiting for the database again",
                             settings.worker_id, e)
-                readiness.ready = False
                 continue
             store = RunStore(pool)
             metrics.count_runs_with(store.count_by_status)
@@ -184,7 +183,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
                 log.warning("%s lost the database while starting (%s); waiting for it again", settings.worker_id, e)
             worker = None
             slot.app = starting
-            readiness.ready, readiness.reason = False, "database lost while starting"
+            readiness.reason = "database lost while starting"
             await pool.close()
             pool = None
     finally:

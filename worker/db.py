@@ -51,7 +51,6 @@ async def schema_problem(conn: psycopg.AsyncConnection[TupleRow]) -> str | None:
 class Readiness:
     """What /readyz answers while the worker waits for its database: why it cannot use it yet."""
 
-    ready: bool = False
     reason: str = "starting: the database has not been reached yet"
 
 
@@ -96,7 +95,6 @@ async def wait_until_usable(
                 log.warning("%s: %s; retrying (backoff up to %gs) until it is usable", reason, detail, backoff.cap)
             logged = state
         if state == "ready":
-            readiness.ready = True
             return True
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(backoff.delay(attempt, rng)):

@@ -49,6 +49,7 @@ class Gate:
         self.port = _free_port()
         self.url = make_conninfo(upstream_url, host="127.0.0.1", port=str(self.port))
         self.forwarding = False
+        self.budget: int | None = None  # while forwarding: how many more connections to forward (None: all)
         self.dropped = 0
         self._server: asyncio.Server | None = None
 
@@ -68,10 +69,12 @@ class Gate:
         return await asyncio.open_connection(self.upstream_host, self.upstream_port)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if not self.forwarding:
+        if not self.forwarding or self.budget == 0:
             self.dropped += 1
             writer.close()
             return
+        if self.budget is not None:
+            self.budget -= 1
         up_reader, up_writer = await self._upstream()
 
         async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
@@ -212,6 +215,44 @@ async def test_worker_started_during_an_outage_is_alive_not_ready_and_works_once
     out = worker.output()
     assert "database ready after waiting for it" in out and "startup-w serving on" in out, out
     assert "Traceback" not in out, out
+
+
+async def test_database_lost_right_after_the_start_up_check_is_waited_for_again(
+    database_url: str, start_worker: Callable[..., WorkerProcess]
+) -> None:
+    """The check and the pool get through, then the database goes before the worker's own session (the
+    third connection) is up: the process stays, not ready, and works once the database is back."""
+    gate = Gate(database_url)
+    gate.budget = 2
+    await gate.open(forwarding=True)
+    async with FakeAnthropic() as model:
+        worker = start_worker(gate.url, "--id", "startup-lost", "--concurrency", "1",
+                              env={"ANTHROPIC_BASE_URL": model.base_url, "ANTHROPIC_API_KEY": "test-key",
+                                   "AGENTRUN_DEFAULT_MODEL": MODEL})
+        try:
+            async def refused_twice() -> bool:
+                assert worker.proc.poll() is None, worker.output()
+                return gate.dropped >= 2
+
+            await eventually(refused_twice, 60, "the worker to be refused after its first two connections")
+            ready = await worker.until("/readyz", 503, "readyz not ready while the database is gone")
+            assert ready.json()["status"] == "unavailable"
+            gate.budget = None
+            await worker.until("/readyz", 200, "readyz once the database is back")
+            async with httpx.AsyncClient(base_url=worker.base, timeout=10) as c:
+                created = await c.post("/api/runs", json={"input": "hello", "tokenBudget": 10_000,
+                                                          "timeoutSeconds": 120})
+                assert created.status_code == 201, created.text
+
+                async def succeeded() -> bool:
+                    assert worker.proc.poll() is None, worker.output()
+                    return (await c.get(f"/api/runs/{created.json()['id']}")).json()["status"] == "SUCCEEDED"
+
+                await eventually(succeeded, 60, "the run to succeed")
+            assert worker.stop() == 0
+        finally:
+            await gate.close()
+    assert "Traceback" not in worker.output(), worker.output()
 
 
 async def test_api_only_process_waits_for_migrations_it_does_not_apply(

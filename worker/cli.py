@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentrun.worker import logs
 from agentrun.worker.records import Decision, RunStatus
@@ -112,11 +112,18 @@ def _env_flag(name: str, default: bool) -> bool:
 
 
 async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> int:
-    from agentrun.worker import migrate
-    from agentrun.worker.api.app import create_app
+    """Serve /healthz at once, wait (retrying) for a usable database, then claim and drive runs.
+
+    The HTTP server comes first and nothing ever blocks it: through a database outage at start the
+    process is alive and not ready, and picks up work as soon as the database answers, without a restart.
+    """
+    import psycopg
+    import psycopg_pool
+
+    from agentrun.worker.api.app import create_app, create_starting_app
     from agentrun.worker.api.identities import Identities, IdentityFileError
-    from agentrun.worker.api.server import HttpServer
-    from agentrun.worker.db import open_pool
+    from agentrun.worker.api.server import AppSlot, HttpServer
+    from agentrun.worker.db import Readiness, open_pool, wait_until_usable
     from agentrun.worker.llm.factory import llm_from_env, load_providers
     from agentrun.worker.metrics import Metrics
     from agentrun.worker.pricing import PriceTable
@@ -144,41 +151,68 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         identities = Identities(settings.api_token, settings.api_tokens_file)
     except IdentityFileError as e:
         raise SystemExit(f"agentrun: {e}") from None
-    if migrate_first:
-        await migrate.migrate(settings.database_url)
-    pool = await open_pool(settings.database_url, max_size=settings.pool_max)
-    store = RunStore(pool)
-    metrics.count_runs_with(store.count_by_status)
-    worker = Worker(settings, store, llm, tools, prices, observer=metrics) if llm is not None else None
-    stopping = worker.stopping if worker else asyncio.Event()
+
+    stopping = asyncio.Event()
+    worker: Worker | None = None
 
     def stop() -> None:
+        stopping.set()
         if worker:
             worker.stop()
-        stopping.set()
-
-    app = create_app(store, tools, settings, metrics, prices, identities, providers)
-    server = HttpServer(app, settings.host, settings.port)
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
-    log.info(
-        "%s serving on :%d with %d slots, lease %gs, tools: %s",
-        settings.worker_id, settings.port, settings.concurrency, settings.lease_seconds,
-        ", ".join(tools.names) or "none",
-    )
-    http = asyncio.create_task(server.serve())
+    readiness = Readiness()
+    starting = create_starting_app(readiness, metrics)
+    slot = AppSlot(starting)
+    server = HttpServer(slot, settings.host, settings.port)
+    http = asyncio.create_task(server.serve(), name="http")
+    while not server.started:
+        if http.done():  # uvicorn logged why (the port is taken, say) and gave up
+            raise SystemExit(f"agentrun: cannot serve HTTP on {settings.host}:{settings.port}")
+        await asyncio.sleep(0.01)
+    pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
     try:
-        if worker:
-            await worker.run()
-        else:
-            await stopping.wait()
+        while await wait_until_usable(settings.database_url, readiness, stopping, migrate_first=migrate_first):
+            try:
+                pool = await open_pool(settings.database_url, max_size=settings.pool_max)
+            except psycopg_pool.PoolTimeout as e:  # gone again between the check and the pool
+                log.warning("%s cannot open its connection pool (%s); waiting for the database again",
+                            settings.worker_id, e)
+                continue
+            store = RunStore(pool)
+            metrics.count_runs_with(store.count_by_status)
+            slot.app = create_app(store, tools, settings, metrics, prices, identities, providers)
+            log.info(
+                "%s serving on :%d with %d slots, lease %gs, tools: %s",
+                settings.worker_id, settings.port, settings.concurrency, settings.lease_seconds,
+                ", ".join(tools.names) or "none",
+            )
+            if llm is None:
+                await stopping.wait()
+                break
+            worker = Worker(settings, store, llm, tools, prices, observer=metrics)
+            if stopping.is_set():
+                worker.stop()
+            try:
+                await worker.run()
+                break
+            except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as e:
+                # Lost before the worker could begin (its presence session could not connect): no run is
+                # held yet, so back to waiting for the database, as at start.
+                log.warning("%s lost the database while starting (%s); waiting for it again", settings.worker_id, e)
+            worker = None
+            slot.app = starting
+            readiness.reason = "database lost while starting"
+            await pool.close()
+            pool = None
     finally:
         server.should_exit = True
         with contextlib.suppress(Exception):
             await http
-        await pool.close()
+        if pool is not None:
+            await pool.close()
     log.info("%s stopped", settings.worker_id)
     return 0
 
@@ -456,7 +490,9 @@ def build_parser() -> argparse.ArgumentParser:
         "worker",
         help="claim and drive runs, and serve the HTTP API",
         description="Claim runs with leases, drive each from its last checkpoint, and serve /healthz, "
-        "/readyz, the REST API and /metrics on --port.",
+        "/readyz, the REST API and /metrics on --port. The HTTP server starts first: while the database is "
+        "unreachable or not migrated, /healthz answers 200 and /readyz 503 with the reason, and the worker "
+        "retries (backoff up to 5 s) and starts claiming once it is usable, without a restart.",
         epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated modules whose @tool "
         "functions the worker offers); ANTHROPIC_API_KEY and/or ANTHROPIC_BASE_URL (the Anthropic API, one is "
         "required for its models); AGENTRUN_LLM_MAX_ATTEMPTS (calls per model step, default 5); "
@@ -494,7 +530,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-crash-claims", type=_positive_int, metavar="N", default=None,
                    help="a run taken over this many times from a worker that died mid-step ends FAILED "
                    "instead (default: $AGENTRUN_MAX_CRASH_CLAIMS or 10)")
-    p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
+    p.add_argument("--no-migrate", action="store_true",
+                   help="do not apply migrations at start; wait, not ready, until they are applied")
     p.add_argument("--no-liveness-lock", action="store_true",
                    help="do not hold the session advisory lock that lets other workers take over this "
                    "worker's runs as soon as it dies; needed behind a connection pooler in transaction "

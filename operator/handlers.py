@@ -97,7 +97,9 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         ref = Ref.of(body)
         now = datetime.datetime.now(datetime.UTC)
         try:
-            new = mapping.new_run(spec, str(ref.uid), ref.namespace, ref.name, op.settings.tool_names)
+            new = mapping.new_run(
+                spec, str(ref.uid), ref.namespace, ref.name, op.settings.tool_names, body.metadata.annotations
+            )
         except mapping.InvalidSpec as e:
             # Nothing a retry would fix: say so in the status, make no run.
             log.warning("%s/%s rejected: %s", ref.namespace, ref.name, e)

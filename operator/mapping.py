@@ -11,6 +11,7 @@ from typing import Any, TypedDict
 
 from agentrun.worker.records import NewRun, Run, RunStatus
 from agentrun.worker.text import unstorable
+from agentrun.worker.tracing.context import TRACEPARENT_ANNOTATION, normalized_traceparent
 
 GROUP = "agentrun.dev"
 VERSION = "v1alpha1"
@@ -83,10 +84,12 @@ def new_run(
     namespace: str,
     name: str,
     known_tools: Collection[str] | None = None,
+    annotations: Mapping[str, str] | None = None,
 ) -> NewRun:
     """The run an AgentRun asks for; raises InvalidSpec naming what is wrong.
 
     `known_tools` is what the workers offer; None skips the check (the operator was not told).
+    The `agentrun.dev/traceparent` annotation, if any, makes the run's trace a child of that span.
     """
     text = spec.get("input")
     if not isinstance(text, str) or not text.strip():
@@ -114,6 +117,11 @@ def new_run(
     for field, value in texts:
         if why := unstorable(value):
             raise InvalidSpec(f"spec.{field} {why}")
+    traceparent = (annotations or {}).get(TRACEPARENT_ANNOTATION)
+    try:
+        traceparent = normalized_traceparent(traceparent) if isinstance(traceparent, str) else None
+    except ValueError as e:
+        raise InvalidSpec(f"annotation {TRACEPARENT_ANNOTATION} {e}") from None
     return NewRun(
         id=uuid.UUID(uid),
         input=text,
@@ -126,6 +134,7 @@ def new_run(
         cost_budget_usd=_cost_budget(spec),
         k8s_namespace=namespace,
         k8s_name=name,
+        traceparent=traceparent,
     )
 
 

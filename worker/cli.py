@@ -106,10 +106,12 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     from agentrun.worker.db import open_pool
     from agentrun.worker.llm.factory import llm_from_env
     from agentrun.worker.metrics import Metrics
+    from agentrun.worker.observer import Observer, Observers
     from agentrun.worker.pricing import PriceTable
     from agentrun.worker.runner import Worker
     from agentrun.worker.store import RunStore
     from agentrun.worker.tools import ToolBox, load_tool_modules
+    from agentrun.worker.tracing import tracer_from_env
 
     try:
         tools = ToolBox(load_tool_modules(settings.tool_modules))
@@ -118,7 +120,12 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     # Before any connection is opened, so a missing or bad setting exits with its message alone.
     # An API-only process (--concurrency 0) needs no model.
     metrics = Metrics(cache_seconds=settings.metrics_cache_seconds)
-    llm = llm_from_env(settings, on_retry=metrics.model_retry) if settings.concurrency > 0 else None
+    try:
+        tracer = tracer_from_env(os.environ, settings.worker_id)
+    except (ValueError, ImportError) as e:
+        raise SystemExit(f"agentrun: {e}") from None
+    observer: Observer = Observers(metrics, tracer) if tracer is not None else metrics
+    llm = llm_from_env(settings, on_retry=observer.model_retry) if settings.concurrency > 0 else None
     try:
         prices = PriceTable.load(settings.prices_file)
     except (OSError, ValueError) as e:
@@ -128,7 +135,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     pool = await open_pool(settings.database_url, max_size=settings.pool_max)
     store = RunStore(pool)
     metrics.count_runs_with(store.count_by_status)
-    worker = Worker(settings, store, llm, tools, prices, observer=metrics) if llm is not None else None
+    worker = Worker(settings, store, llm, tools, prices, observer=observer) if llm is not None else None
     stopping = worker.stopping if worker else asyncio.Event()
 
     def stop() -> None:
@@ -158,6 +165,8 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         with contextlib.suppress(Exception):
             await http
         await pool.close()
+        if tracer is not None:
+            await asyncio.to_thread(tracer.shutdown)  # exports the spans still buffered
     log.info("%s stopped", settings.worker_id)
     return 0
 

@@ -18,7 +18,7 @@ from agentrun.worker import logs
 from agentrun.worker.guard import Stop, deadline_passed, final, guard, remaining
 from agentrun.worker.lease import LeaseKeeper
 from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, Message, Usage
-from agentrun.worker.observer import NoObserver, Observer
+from agentrun.worker.observer import NO_NOTES, NoObserver, Observer, StepNotes
 from agentrun.worker.pricing import PriceTable
 from agentrun.worker.records import Progress, Run, RunStatus, Step, StepKind, StepStatus
 from agentrun.worker.replay import Conversation
@@ -83,7 +83,7 @@ class RunDriver:
         assert task is not None
         self.keeper.hold(run.id, task)
         try:
-            with logs.step_context(run_id=str(run.id)):
+            with logs.step_context(run_id=str(run.id)), self.observer.driving(run):
                 return await self._resume(run, progress)
         except asyncio.CancelledError:
             if self.keeper.lost(run.id):
@@ -129,15 +129,17 @@ class RunDriver:
                 verdict = self._in_doubt(conv, use)
                 if verdict is not None:
                     return verdict
-                with logs.step_context(step_seq=None):
-                    progress = await self._tool_step(run, conv, use)
+                with logs.step_context(step_seq=None), self.observer.tool_call(
+                    run, use["name"], use["id"], use.get("input")
+                ) as notes:
+                    progress = await self._tool_step(run, conv, use, notes)
             elif conv.finished:
                 return final(conv.last_stop, self.settings.max_tokens)
             else:
                 try:
                     # The seq is the database's to give; this is the one it gives unless the lease is lost.
-                    with logs.step_context(step_seq=conv.steps + 1):
-                        progress = await self._model_step(run, conv)
+                    with logs.step_context(step_seq=conv.steps + 1), self.observer.model_call(run) as notes:
+                        progress = await self._model_step(run, conv, notes)
                 except LlmError as e:
                     return Stop(RunStatus.FAILED, str(e))
 
@@ -155,11 +157,12 @@ class RunDriver:
     async def _finish(self, run: Run, stop: Stop) -> RunStatus:
         self.keeper.drop(run.id)
         tokens = await self.store.finish(run.id, self.me, stop.status, stop.reason or None)
+        self.observer.run_ended(run, stop.status, stop.reason or None)
         why = f" reason={stop.reason!r}" if stop.reason else ""
         log.info("%s run=%s %s tokens=%d%s", self.me, run.id.hex[:8], stop.status.value, tokens, why)
         return stop.status
 
-    async def _model_step(self, run: Run, conv: Conversation) -> Progress:
+    async def _model_step(self, run: Run, conv: Conversation, notes: StepNotes = NO_NOTES) -> Progress:
         request = LlmRequest(
             model=run.model,
             max_tokens=self.settings.max_tokens,
@@ -167,6 +170,7 @@ class RunDriver:
             system=run.system,
             tools=self.tools.definitions(run.tools),
         )
+        notes.sent(request)
         t0 = time.perf_counter()
         try:
             response = await self.llm.send(request)
@@ -174,6 +178,7 @@ class RunDriver:
             self.observer.model_step(run.model, Usage(), None, time.perf_counter() - t0, ok=False)
             raise
         seconds = time.perf_counter() - t0
+        notes.answered(response)
         latency_ms = round(seconds * 1000)
         usage = response.usage
         cost = self.prices.cost(run.model, usage)
@@ -207,6 +212,7 @@ class RunDriver:
             latency_ms=latency_ms,
         )
         logs.set_context(step_seq=seq)
+        notes.checkpointed(seq)
         self.observer.model_step(run.model, usage, cost, seconds, ok=True)
         conv.apply(Step(run.id, seq, StepKind.MODEL, StepStatus.DONE, response=content, stop_reason=stop_reason))
         log.info(
@@ -215,13 +221,16 @@ class RunDriver:
         )
         return progress
 
-    async def _tool_step(self, run: Run, conv: Conversation, use: dict[str, Any]) -> Progress:
+    async def _tool_step(
+        self, run: Run, conv: Conversation, use: dict[str, Any], notes: StepNotes = NO_NOTES
+    ) -> Progress:
         tool_use_id, name = use["id"], use["name"]
         seq, attempts, _ = await self.store.start_tool(
             run.id, self.me, self.settings.lease_seconds, tool_use_id=tool_use_id, tool_name=name,
             request=_json(use.get("input")),
         )
         logs.set_context(step_seq=seq)
+        notes.checkpointed(seq, attempts)
         again = f" (attempt {attempts})" if attempts > 1 else ""
         log.info("%s run=%s seq=%d TOOL %s id=%s started%s", self.me, run.id.hex[:8], seq, name, tool_use_id, again)
         t0 = time.perf_counter()
@@ -232,6 +241,7 @@ class RunDriver:
             run.id, self.me, self.settings.lease_seconds, tool_use_id=tool_use_id, ok=outcome.ok,
             output=outcome.output, latency_ms=latency_ms,
         )
+        notes.tool_outcome(outcome.ok, outcome.output)
         self.observer.tool_step(name, seconds, outcome.ok)
         status = StepStatus.DONE if outcome.ok else StepStatus.ERROR
         conv.apply(

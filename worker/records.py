@@ -49,6 +49,7 @@ class NewRun:
     idempotency_key: str | None = None
     k8s_namespace: str | None = None
     k8s_name: str | None = None
+    traceparent: str | None = None  # W3C, version 00: the run's trace is a child of the caller's span
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +78,7 @@ class Run:
     idempotency_key: str | None = None
     k8s_namespace: str | None = None
     k8s_name: str | None = None
+    traceparent: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -95,7 +95,9 @@ class Worker:
     async def _claim(self) -> Claim | None:
         claimed = await self.store.claim(self.id, self.settings.lease_seconds, liveness=self.settings.liveness_lock)
         if claimed is not None:
-            self.observer.claimed(takeover=claimed.taken_from not in (None, self.id))
+            self.observer.claimed(
+                takeover=claimed.taken_from not in (None, self.id), run_id=claimed.run.id, taken_from=claimed.taken_from
+            )
         return claimed
 
     async def run(self) -> None:

@@ -33,7 +33,7 @@ class LeaseLost(Exception):
 RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_budget, r.tokens_used,
     r.cost_budget_usd, r.cost_usd, r.max_steps, r.timeout_seconds, r.deadline_at, r.cancel_requested,
     r.error, r.locked_by, r.locked_until, r.created_at, r.started_at, r.finished_at,
-    r.idempotency_key, r.k8s_namespace, r.k8s_name,
+    r.idempotency_key, r.k8s_namespace, r.k8s_name, r.traceparent,
     (SELECT coalesce(max(s.seq), 0) FROM run_step s WHERE s.run_id = r.id) AS steps"""
 
 STEP_COLUMNS = """run_id, seq, kind, status, tool_name, tool_use_id, request, response, stop_reason,
@@ -138,15 +138,17 @@ class RunStore:
             "key": new.idempotency_key,
             "ns": new.k8s_namespace,
             "name": new.k8s_name,
+            "traceparent": new.traceparent,
         }
         row = await self._one(
             """WITH ins AS (
                     INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd,
                                      max_steps, timeout_seconds, deadline_at, idempotency_key,
-                                     k8s_namespace, k8s_name)
+                                     k8s_namespace, k8s_name, traceparent)
                     VALUES (%(id)s, %(input)s, %(model)s, %(system)s, %(tools)s, %(token_budget)s,
                             %(cost_budget_usd)s, %(max_steps)s, %(timeout_seconds)s,
-                            now() + make_interval(secs => %(timeout_seconds)s), %(key)s, %(ns)s, %(name)s)
+                            now() + make_interval(secs => %(timeout_seconds)s), %(key)s, %(ns)s, %(name)s,
+                            %(traceparent)s)
                     ON CONFLICT DO NOTHING
                     RETURNING id)
                 SELECT (SELECT id FROM ins) AS inserted""",

@@ -28,6 +28,7 @@ from agentrun.worker.records import NewRun, Run, RunStatus
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
+from agentrun.worker.tracing.context import normalized_traceparent
 
 MAX_PAGE = 200
 MAX_IDEMPOTENCY_KEY = 255
@@ -112,9 +113,18 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
             "with `Idempotent-Replayed: true`); reusing it for a different request is a 422.",
             json_schema_extra={"minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY, "pattern": "^[\\x20-\\x7e]*$"},
         )] = None,
+        traceparent: Annotated[str | None, Header(
+            description="W3C Trace Context: the run's trace (when workers export traces) becomes a child of "
+            "this span, whichever workers drive it. A malformed value is a 422.",
+            json_schema_extra={"maxLength": 512},
+        )] = None,
     ) -> RunCreated:
         """Queue a run. The next free worker claims it."""
         key = _idempotency_key(idempotency_key)
+        try:
+            parent = normalized_traceparent(traceparent)
+        except ValueError as e:
+            raise ApiError(422, f"traceparent {e}", [FieldProblem(field="traceparent", problem=str(e))]) from None
         problems = [
             FieldProblem(field=f"tools[{i}]", problem=f"unknown tool {name!r}; this server offers: "
                          f"{', '.join(tools.names) or 'no tools'}")
@@ -132,6 +142,7 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
             system=body.system,
             cost_budget_usd=body.cost_budget(),
             idempotency_key=key,
+            traceparent=parent,
         )
         run, created = await store.create(new)
         if not created:

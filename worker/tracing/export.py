@@ -9,26 +9,28 @@ from __future__ import annotations
 from importlib import metadata
 
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import SERVICE_INSTANCE_ID, SERVICE_NAME, SERVICE_VERSION, Resource
+from opentelemetry.sdk.resources import (
+    SERVICE_INSTANCE_ID,
+    SERVICE_NAME,
+    SERVICE_VERSION,
+    OTELResourceDetector,
+    Resource,
+)
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
 from agentrun.worker.tracing.spans import RunTracer, new_provider
 
 
 def worker_resource(worker_id: str) -> Resource:
-    """The variables' resource, with the service named `agentrun` and the instance the worker id unless they say."""
-    detected = Resource.create()
+    """The SDK's resource, with the service named `agentrun` and the instance the worker id unless the
+    variables (OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES) say otherwise."""
     try:
         version = metadata.version("agentrun")
     except metadata.PackageNotFoundError:
         version = "unknown"
+    said = OTELResourceDetector().detect().attributes  # what the variables alone say
     ours = {SERVICE_NAME: "agentrun", SERVICE_INSTANCE_ID: worker_id, SERVICE_VERSION: version}
-    attrs = detected.attributes
-    keep = {
-        k: v for k, v in ours.items()
-        if k not in attrs or (k == SERVICE_NAME and str(attrs[k]).startswith("unknown_service"))
-    }
-    return detected.merge(Resource(keep))
+    return Resource.create({k: v for k, v in ours.items() if k not in said})
 
 
 def build_tracer(exporters: list[str], worker_id: str, capture_content: bool) -> RunTracer:

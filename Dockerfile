@@ -12,7 +12,8 @@ COPY pyproject.toml README.md ./
 COPY worker/ worker/
 COPY operator/ operator/
 # The final stage installs nothing, so the virtualenv loses its installer.
-RUN /opt/agentrun/bin/pip install . \
+# With the `otel` extra: traces over OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT is set (off otherwise).
+RUN /opt/agentrun/bin/pip install '.[otel]' \
     && /opt/agentrun/bin/pip uninstall --yes pip
 
 # -- final: the virtualenv on the same slim base, run as an unprivileged user with a numeric UID

@@ -60,3 +60,13 @@ def test_schema_refuses_bad_tracing_values(helm: str, tmp_path: Path, tracing: d
     result = run_helm(helm, "template", "demo", str(CHART), "--values", str(values))
     assert result.returncode != 0
     assert where in result.stderr, result.stderr
+
+
+def test_the_image_has_the_otel_extra() -> None:
+    import tomllib
+
+    root = CHART.parents[1]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert any(d.startswith("opentelemetry-exporter-otlp-proto-http") for d in extras["otel"])
+    assert "agentrun[otel]" in " ".join(extras["test"])
+    assert "pip install '.[otel]'" in (root / "Dockerfile").read_text()

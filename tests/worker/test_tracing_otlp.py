@@ -5,18 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import http.server
 import os
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 
 from agentrun.worker.llm.scripted import ScriptedLlm
 from agentrun.worker.records import RunStatus
@@ -24,60 +18,13 @@ from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolContext, tool
 from agentrun.worker.tracing import tracer_from_env
 from tests.helpers import SimulatedCrash, new_run, worker
-
-
-class Receiver:
-    """An OTLP/HTTP trace endpoint: keeps every request it was sent, raw and decoded."""
-
-    def __init__(self) -> None:
-        self.bodies: list[bytes] = []
-        self.requests: list[ExportTraceServiceRequest] = []
-        self.paths: list[str] = []
-        receiver = self
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 (the stdlib's name)
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                request = ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                receiver.bodies.append(body)
-                receiver.requests.append(request)
-                receiver.paths.append(self.path)
-                answer = ExportTraceServiceResponse().SerializeToString()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/x-protobuf")
-                self.send_header("Content-Length", str(len(answer)))
-                self.end_headers()
-                self.wfile.write(answer)
-
-            def log_message(self, format: str, *args: Any) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def spans(self) -> list[tuple[dict[str, Any], Any]]:
-        """(resource attributes, span) of every span received."""
-        out = []
-        for request in self.requests:
-            for rs in request.resource_spans:
-                resource = {a.key: a.value.string_value for a in rs.resource.attributes}
-                for ss in rs.scope_spans:
-                    out.extend((resource, span) for span in ss.spans)
-        return out
+from tests.worker.otlp_receiver import Receiver, receiving
 
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
-    r = Receiver()
-    thread = threading.Thread(target=r.server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with receiving() as r:
         yield r
-    finally:
-        r.server.shutdown()
-        r.server.server_close()
-        thread.join(timeout=10)
 
 
 async def test_one_trace_across_a_crash_and_a_takeover(

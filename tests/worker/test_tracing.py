@@ -25,7 +25,7 @@ from agentrun.worker.llm.types import LlmError, LlmResponse, Usage
 from agentrun.worker.metrics import Metrics
 from agentrun.worker.observer import Observers
 from agentrun.worker.records import RunStatus
-from agentrun.worker.store import RunStore
+from agentrun.worker.store import LeaseLost, RunStore
 from agentrun.worker.tools import ToolContext, tool
 from agentrun.worker.tracing import enabled, parse_traceparent, run_trace_id, tracer_from_env
 from agentrun.worker.tracing.spans import RunTracer, new_provider, provider_and_model
@@ -301,3 +301,21 @@ def test_provider_names_follow_the_conventions() -> None:
     assert provider_and_model("bedrock/anthropic.claude-v2") == ("aws.bedrock", "anthropic.claude-v2")
     assert provider_and_model("vertex/claude-sonnet-4-6") == ("gcp.vertex_ai", "claude-sonnet-4-6")
     assert provider_and_model("openai/gpt-4o") == ("openai", "gpt-4o")
+
+
+async def test_a_lost_lease_is_an_event_not_an_error(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
+    t = Traced()
+    run, _ = await store.create(new_run())
+
+    @tool(name="lookup", description="another worker takes the run while this runs")
+    async def stolen(args: dict[str, Any], ctx: ToolContext) -> str:
+        await db.execute("UPDATE run SET locked_by = 'worker-B' WHERE id = %s", (run.id,))
+        return "found"
+
+    llm = ScriptedLlm().then_tool_use("toolu_1", "lookup", {}).then_text("never")
+    with pytest.raises(LeaseLost):
+        await worker(store, llm, [stolen], observer=t.tracer).run_once()
+    tool_span, root = t.named("execute_tool")[0], t.named("invoke_agent")[0]
+    for span in (tool_span, root):
+        assert [e.name for e in span.events] == ["lease_lost"]
+        assert span.status.status_code is StatusCode.UNSET

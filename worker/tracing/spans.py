@@ -11,8 +11,7 @@ import asyncio
 import contextlib
 import contextvars
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import AbstractContextManager
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -91,16 +90,52 @@ def _fail(span: trace.Span, e: BaseException, error_type: str | None = None) -> 
     span.set_status(Status(StatusCode.ERROR, str(e)[:500] or type(e).__name__))
 
 
+@contextlib.contextmanager
+def _in(span: trace.Span) -> Iterator[None]:
+    """Make `span` current, and the log lines' span, with the block's end told apart: a failed model call
+    (its HTTP status), a lost lease or an interrupted drive (events: no error of the step), anything else
+    (an error). use_span's own handling is off, as it would call all of these errors."""
+    with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False), \
+            logs.step_context(**_log_fields(span)):
+        try:
+            yield
+        except LlmError as e:
+            _fail(span, e, str(e.status))
+            raise
+        except (LeaseLost, asyncio.CancelledError) as e:
+            span.add_event("lease_lost" if isinstance(e, LeaseLost) else "interrupted")
+            raise
+        except BaseException as e:
+            _fail(span, e)
+            raise
+
+
 def _log_fields(span: trace.Span) -> dict[str, str]:
     ctx = span.get_span_context()
     return {"trace.id": f"{ctx.trace_id:032x}", "span.id": f"{ctx.span_id:016x}"}
 
 
-class _ModelNotes:
+class _Notes:
+    """What the engine tells about a step, written onto its span; what a kind of step never hears is a no-op."""
+
     def __init__(self, span: trace.Span, capture: bool) -> None:
         self.span = span
         self.capture = capture
 
+    def sent(self, request: LlmRequest) -> None:
+        pass
+
+    def answered(self, response: LlmResponse) -> None:
+        pass
+
+    def checkpointed(self, seq: int, attempt: int = 1) -> None:
+        self.span.set_attribute("agentrun.step.seq", seq)
+
+    def tool_outcome(self, ok: bool, output: str) -> None:
+        pass
+
+
+class _ModelNotes(_Notes):
     def sent(self, request: LlmRequest) -> None:
         self.span.set_attribute("gen_ai.request.max_tokens", request.max_tokens)
         if self.capture:
@@ -128,22 +163,10 @@ class _ModelNotes:
             message = {"role": "assistant", "parts": _parts(response.content), "finish_reason": response.stop_reason}
             s.set_attribute("gen_ai.output.messages", _json([message]))
 
+
+class _ToolNotes(_Notes):
     def checkpointed(self, seq: int, attempt: int = 1) -> None:
-        self.span.set_attribute("agentrun.step.seq", seq)
-
-    def tool_outcome(self, ok: bool, output: str) -> None:
-        pass
-
-
-class _ToolNotes(_ModelNotes):
-    def sent(self, request: LlmRequest) -> None:
-        pass
-
-    def answered(self, response: LlmResponse) -> None:
-        pass
-
-    def checkpointed(self, seq: int, attempt: int = 1) -> None:
-        self.span.set_attribute("agentrun.step.seq", seq)
+        super().checkpointed(seq, attempt)
         self.span.set_attribute("agentrun.step.attempt", attempt)
 
     def tool_outcome(self, ok: bool, output: str) -> None:
@@ -170,12 +193,6 @@ class RunTracer(NoObserver):
     def shutdown(self) -> None:
         """Export what is buffered and stop (at the worker's exit)."""
         self.provider.shutdown()
-
-    def _start(self, name: str, kind: SpanKind, attributes: Mapping[str, Any]) -> AbstractContextManager[trace.Span]:
-        """A child of the current span (the run's), made current; exceptions are told apart by the caller."""
-        return self._tracer.start_as_current_span(
-            name, kind=kind, attributes=attributes, record_exception=False, set_status_on_exception=False
-        )
 
     # -- the Observer seam -------------------------------------------------------------------------
 
@@ -214,20 +231,11 @@ class RunTracer(NoObserver):
             span = self._tracer.start_span("invoke_agent", parent, SpanKind.INTERNAL, attributes)
         finally:
             _next_trace_id.reset(token)
-        # Exceptions are told apart here, not by use_span: a lost lease or a shutdown is no error of the run.
-        with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False), \
-                logs.step_context(**_log_fields(span)):
+        with _in(span):
             taken_from = self._taken_from.pop(run.id, None)
             if taken_from is not None:
                 span.add_event("lease_takeover", {"agentrun.worker.previous": taken_from})
-            try:
-                yield
-            except (LeaseLost, asyncio.CancelledError) as e:
-                span.add_event("lease_lost" if isinstance(e, LeaseLost) else "cancelled")
-                raise
-            except BaseException as e:
-                _fail(span, e)
-                raise
+            yield
 
     def run_ended(self, run: Run, status: RunStatus, reason: str | None) -> None:
         span = trace.get_current_span()  # the invoke_agent span: the run ends between steps
@@ -245,19 +253,9 @@ class RunTracer(NoObserver):
             "gen_ai.request.model": model,
             "gen_ai.conversation.id": str(run.id),
         }
-        with self._start(f"chat {model}", SpanKind.CLIENT, attributes) as span, \
-                logs.step_context(**_log_fields(span)):
-            try:
-                yield _ModelNotes(span, self.capture_content)
-            except LlmError as e:
-                _fail(span, e, str(e.status))
-                raise
-            except (LeaseLost, asyncio.CancelledError) as e:
-                span.add_event("lease_lost" if isinstance(e, LeaseLost) else "cancelled")
-                raise
-            except BaseException as e:
-                _fail(span, e)
-                raise
+        span = self._tracer.start_span(f"chat {model}", kind=SpanKind.CLIENT, attributes=attributes)
+        with _in(span):
+            yield _ModelNotes(span, self.capture_content)
 
     @contextlib.contextmanager
     def tool_call(self, run: Run, name: str, tool_use_id: str, input: Any) -> Iterator[_ToolNotes]:
@@ -270,13 +268,6 @@ class RunTracer(NoObserver):
         }
         if self.capture_content:
             attributes["gen_ai.tool.call.arguments"] = _json(input)
-        with self._start(f"execute_tool {name}", SpanKind.INTERNAL, attributes) as span, \
-                logs.step_context(**_log_fields(span)):
-            try:
-                yield _ToolNotes(span, self.capture_content)
-            except (LeaseLost, asyncio.CancelledError) as e:
-                span.add_event("lease_lost" if isinstance(e, LeaseLost) else "cancelled")
-                raise
-            except BaseException as e:
-                _fail(span, e)
-                raise
+        span = self._tracer.start_span(f"execute_tool {name}", kind=SpanKind.INTERNAL, attributes=attributes)
+        with _in(span):
+            yield _ToolNotes(span, self.capture_content)

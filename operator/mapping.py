@@ -11,7 +11,7 @@ from typing import Any, TypedDict
 
 from agentrun.worker.records import NewRun, Run, RunStatus
 from agentrun.worker.text import unstorable
-from agentrun.worker.tracing.context import TRACEPARENT_ANNOTATION, normalized_traceparent
+from agentrun.worker.tracing.context import TRACEPARENT_ANNOTATION, checked_traceparent
 
 GROUP = "agentrun.dev"
 VERSION = "v1alpha1"
@@ -119,7 +119,7 @@ def new_run(
             raise InvalidSpec(f"spec.{field} {why}")
     traceparent = (annotations or {}).get(TRACEPARENT_ANNOTATION)
     try:
-        traceparent = normalized_traceparent(traceparent) if isinstance(traceparent, str) else None
+        traceparent = checked_traceparent(traceparent) if isinstance(traceparent, str) else None
     except ValueError as e:
         raise InvalidSpec(f"annotation {TRACEPARENT_ANNOTATION} {e}") from None
     return NewRun(

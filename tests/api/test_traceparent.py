@@ -1,4 +1,4 @@
-"""`traceparent` on POST /api/runs: stored with the run (normalised), refused with a 422 when malformed."""
+"""`traceparent` on POST /api/runs: stored with the run, refused with a 422 when malformed."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ from typing import Any
 import httpx
 import psycopg
 
+from agentrun.worker.tracing.context import TRACEPARENT_PATTERN
+
 RUN = {"input": "trace me", "tokenBudget": 50_000, "timeoutSeconds": 300}
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 async def test_traceparent_is_stored_with_the_run(client: httpx.AsyncClient, db: psycopg.AsyncConnection[Any]) -> None:
-    r = await client.post("/api/runs", json=RUN, headers={"traceparent": CALLER.upper()})
+    r = await client.post("/api/runs", json=RUN, headers={"traceparent": CALLER})
     assert r.status_code == 201, r.text
     row = await (await db.execute("SELECT traceparent FROM run WHERE id = %s", (r.json()["id"],))).fetchone()
     assert row == (CALLER,)
@@ -29,7 +31,7 @@ async def test_an_idempotent_retry_with_another_traceparent_is_the_same_request(
 
 
 async def test_malformed_traceparent_is_a_422_naming_it(client: httpx.AsyncClient, db: psycopg.AsyncConnection[Any]) -> None:
-    for bad in ("nonsense", "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+    for bad in ("nonsense", CALLER.upper(), "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
                 "00-00000000000000000000000000000000-b7ad6b7169203331-01", "00-" + "a" * 2000):
         r = await client.post("/api/runs", json=RUN, headers={"traceparent": bad})
         assert r.status_code == 422, (bad, r.text)
@@ -43,3 +45,4 @@ async def test_the_openapi_document_names_the_header(client: httpx.AsyncClient) 
     doc = (await client.get("/openapi.json")).json()
     params = {p["name"]: p for p in doc["paths"]["/api/runs"]["post"]["parameters"]}
     assert params["traceparent"]["in"] == "header"
+    assert params["traceparent"]["schema"]["pattern"] == TRACEPARENT_PATTERN

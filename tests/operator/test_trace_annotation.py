@@ -16,7 +16,7 @@ CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 def test_the_annotation_maps_to_the_runs_traceparent() -> None:
     new = mapping.new_run({"input": "go"}, "6f1c0a52-0000-4000-8000-000000000001", "ns", "n",
-                          annotations={"agentrun.dev/traceparent": CALLER.upper(), "other": "x"})
+                          annotations={"agentrun.dev/traceparent": CALLER, "other": "x"})
     assert new.traceparent == CALLER
     assert mapping.new_run({"input": "go"}, "6f1c0a52-0000-4000-8000-000000000001", "ns", "n").traceparent is None
     with pytest.raises(mapping.InvalidSpec, match="annotation agentrun.dev/traceparent must be a W3C traceparent"):

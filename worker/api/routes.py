@@ -28,7 +28,7 @@ from agentrun.worker.records import NewRun, Run, RunStatus
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
-from agentrun.worker.tracing.context import normalized_traceparent
+from agentrun.worker.tracing.context import TRACEPARENT_PATTERN, checked_traceparent
 
 MAX_PAGE = 200
 MAX_IDEMPOTENCY_KEY = 255
@@ -116,13 +116,13 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         traceparent: Annotated[str | None, Header(
             description="W3C Trace Context: the run's trace (when workers export traces) becomes a child of "
             "this span, whichever workers drive it. A malformed value is a 422.",
-            json_schema_extra={"maxLength": 512},
+            json_schema_extra={"pattern": TRACEPARENT_PATTERN},
         )] = None,
     ) -> RunCreated:
         """Queue a run. The next free worker claims it."""
         key = _idempotency_key(idempotency_key)
         try:
-            parent = normalized_traceparent(traceparent)
+            parent = checked_traceparent(traceparent)
         except ValueError as e:
             raise ApiError(422, f"traceparent {e}", [FieldProblem(field="traceparent", problem=str(e))]) from None
         problems = [

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from agentrun.worker.tracing.context import (
     TRACEPARENT_ANNOTATION,
     TraceParent,
-    normalized_traceparent,
+    checked_traceparent,
     parse_traceparent,
     run_trace_id,
 )
@@ -25,7 +25,7 @@ __all__ = [
     "TRACEPARENT_ANNOTATION",
     "TraceParent",
     "enabled",
-    "normalized_traceparent",
+    "checked_traceparent",
     "parse_traceparent",
     "run_trace_id",
     "tracer_from_env",

@@ -77,6 +77,12 @@ def _same_request(run: Run, new: NewRun) -> bool:
                                      new.tools, new.system, new.cost_budget_usd)
 
 
+def _traceparent_schema(schema: dict[str, Any]) -> None:
+    """Any string (a malformed one is ignored, as W3C asks); an absent header is no value, not a JSON null."""
+    schema.pop("anyOf", None)
+    schema.update(type="string", examples=["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"])
+
+
 def _idempotency_key(value: str | None) -> str | None:
     if value is None:
         return None
@@ -114,9 +120,11 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
             json_schema_extra={"minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY, "pattern": "^[\\x20-\\x7e]*$"},
         )] = None,
         traceparent: Annotated[str | None, Header(
-            description="W3C Trace Context: the run's trace (when workers export traces) becomes a child of "
-            "this span, whichever workers drive it. A malformed value is a 422.",
-            json_schema_extra={"pattern": TRACEPARENT_PATTERN},
+            description="W3C Trace Context (version 00, `" + TRACEPARENT_PATTERN + "`): the run's trace (when "
+            "workers export traces) becomes a child of this span, whichever workers drive it. A malformed value "
+            "is ignored, as the W3C specification requires of a receiver (the run gets a trace of its own); the "
+            "answer then carries `Traceparent-Ignored` saying why.",
+            json_schema_extra=_traceparent_schema,
         )] = None,
     ) -> RunCreated:
         """Queue a run. The next free worker claims it."""
@@ -124,7 +132,9 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         try:
             parent = checked_traceparent(traceparent)
         except ValueError as e:
-            raise ApiError(422, f"traceparent {e}", [FieldProblem(field="traceparent", problem=str(e))]) from None
+            # A tracing header a proxy mangled must not cost the caller its run: W3C receivers ignore it.
+            parent = None
+            response.headers["Traceparent-Ignored"] = f"traceparent {e}"
         problems = [
             FieldProblem(field=f"tools[{i}]", problem=f"unknown tool {name!r}; this server offers: "
                          f"{', '.join(tools.names) or 'no tools'}")

@@ -21,5 +21,7 @@ GRANT USAGE ON SCHEMA public TO agentrun_runtime;
 GRANT SELECT, INSERT, UPDATE ON run, run_step TO agentrun_runtime;
 -- Written by the claim trigger, which runs with the rights of the claiming role; never read at run time.
 GRANT INSERT ON run_lease TO agentrun_runtime;
+-- Liveness suspicions (presence.py): recorded by the claiming worker, deleted by the suspected one.
+GRANT SELECT, INSERT, DELETE ON worker_suspect TO agentrun_runtime;
 -- /readyz and `agentrun worker` (without --no-migrate) read the applied versions.
 GRANT SELECT ON schema_migration TO agentrun_runtime;

@@ -74,6 +74,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes
         or _env_positive_int("AGENTRUN_MAX_BODY_BYTES", WorkerSettings.max_body_bytes),
         liveness_lock=not args.no_liveness_lock and _env_flag("AGENTRUN_LIVENESS_LOCK", True),
+        max_crash_claims=args.max_crash_claims
+        or _env_positive_int("AGENTRUN_MAX_CRASH_CLAIMS", WorkerSettings.max_crash_claims),
     )
     from agentrun.worker.presence import DuplicateWorker
 
@@ -352,7 +354,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(limit of one call, default 120); AGENTRUN_LLM_BACKOFF_BASE_SECONDS and AGENTRUN_LLM_BACKOFF_CAP_SECONDS "
         "(full-jitter backoff, defaults 1 and 30; a retry-after header is honoured); AGENTRUN_DEFAULT_MODEL; "
         "AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_API_TOKEN (bearer token the /api routes require; "
-        "unset: open); AGENTRUN_MAX_BODY_BYTES; AGENTRUN_LIVENESS_LOCK; "
+        "unset: open); AGENTRUN_MAX_BODY_BYTES; AGENTRUN_LIVENESS_LOCK; AGENTRUN_MAX_CRASH_CLAIMS; "
         "AGENTRUN_LOG_FORMAT.",
     )
     _add_database(p)
@@ -373,6 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="database connections (default: concurrency + 2, at most 20)")
     p.add_argument("--max-body-bytes", type=_positive_int, metavar="N", default=None,
                    help="largest request body the API accepts (default: $AGENTRUN_MAX_BODY_BYTES or 1 MiB)")
+    p.add_argument("--max-crash-claims", type=_positive_int, metavar="N", default=None,
+                   help="a run taken over this many times from a worker that died mid-step ends FAILED "
+                   "instead (default: $AGENTRUN_MAX_CRASH_CLAIMS or 10)")
     p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
     p.add_argument("--no-liveness-lock", action="store_true",
                    help="do not hold the session advisory lock that lets other workers take over this "
@@ -404,6 +409,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tool modules to validate spec.tools against (default: $AGENTRUN_TOOLS; none: no check)")
     p.add_argument("--resync-seconds", type=_positive_float, default=60.0, metavar="S",
                    help="period of the resync over unfinished runs, under the notifications (default: 60)")
+    p.add_argument("--max-crash-claims", type=_positive_int, metavar="N", default=None,
+                   help="a run taken over this many times from a worker that died mid-step ends FAILED "
+                   "instead (default: $AGENTRUN_MAX_CRASH_CLAIMS or 10)")
     p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
     p.set_defaults(func=cmd_operator)
 

@@ -9,24 +9,30 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import random
 import time
-from typing import Any
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import orjson
+import psycopg
 
 from agentrun.worker import logs
 from agentrun.worker.guard import Stop, deadline_passed, final, guard, remaining
-from agentrun.worker.lease import LeaseKeeper
+from agentrun.worker.lease import CancelRequested, LeaseKeeper
 from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, Message, Usage
 from agentrun.worker.observer import NO_NOTES, NoObserver, Observer, StepNotes
 from agentrun.worker.pricing import PriceTable
 from agentrun.worker.records import Progress, Run, RunStatus, Step, StepKind, StepStatus
 from agentrun.worker.replay import Conversation
-from agentrun.worker.store import LeaseLost, RunStore
+from agentrun.worker.store import LeaseLost, RunStore, transient
 from agentrun.worker.text import clean, clean_json
 from agentrun.worker.tools import ToolBox, ToolContext
 
 log = logging.getLogger("agentrun.worker.engine")
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +41,19 @@ class DriverSettings:
     lease_seconds: float = 30.0
     max_tokens: int = 4096
     """The `max_tokens` of every model request."""
+    max_crash_claims: int = 10
+    """Claims after a holder died mid-step before the run ends FAILED (WorkerSettings.max_crash_claims)."""
+    outage_backoff_base: float = 10.0
+    outage_backoff_cap: float = 300.0
+    """A model step whose every attempt failed on a retryable error (the API is down or overloaded for
+    longer than the client's retries) hands the run back for base × 2^n seconds (n: such failures in a
+    row), capped, the upper half jittered so a fleet does not stampede the API when it recovers."""
+
+
+def outage_backoff(failures: int, base: float, cap: float, rng: random.Random) -> float:
+    """Seconds before a run handed back in a model API outage may be claimed again (equal jitter)."""
+    ceiling: float = min(cap, base * 2.0 ** min(failures, 32))
+    return ceiling / 2 + rng.uniform(0.0, ceiling / 2)
 
 
 def _json(value: Any) -> str:
@@ -68,6 +87,7 @@ class RunDriver:
         self.keeper = keeper
         self.stopping = stopping or asyncio.Event()
         self.observer: Observer = observer or NoObserver()
+        self._rng = random.Random()
 
     @property
     def me(self) -> str:
@@ -94,6 +114,12 @@ class RunDriver:
             self.keeper.forget(run.id)
 
     async def _resume(self, run: Run, progress: Progress) -> RunStatus | None:
+        if run.crashes >= self.settings.max_crash_claims:
+            return await self._finish(run, Stop(
+                RunStatus.FAILED,
+                f"the run was taken over {run.crashes} times from a worker that died or lost its lease mid-step "
+                f"(at most {self.settings.max_crash_claims}): a step of it may be killing its workers",
+            ))
         steps = await self.store.steps(run.id)
         conv = Conversation.replay(run.input, steps)
         if steps:
@@ -118,9 +144,11 @@ class RunDriver:
         while True:
             if self.stopping.is_set():
                 self.keeper.drop(run.id)
-                await self.store.release(run.id, self.me)
+                await self._durably(lambda again: self.store.release(run.id, self.me))
                 log.info("%s run=%s released at seq=%d", self.me, run.id.hex[:8], conv.steps)
                 return None
+            if self.keeper.cancel_requested(run.id):
+                return Stop(RunStatus.CANCELLED, "cancel requested")
             stop = guard(run, progress, conv.steps, before_model_step=not conv.pending and not conv.finished)
             if stop is not None:
                 return stop
@@ -129,10 +157,13 @@ class RunDriver:
                 verdict = self._in_doubt(conv, use)
                 if verdict is not None:
                     return verdict
-                with logs.step_context(step_seq=None), self.observer.tool_call(
-                    run, use["name"], use["id"], use.get("input")
-                ) as notes:
-                    progress = await self._tool_step(run, conv, use, notes)
+                try:
+                    with logs.step_context(step_seq=None), self.observer.tool_call(
+                        run, use["name"], use["id"], use.get("input")
+                    ) as notes:
+                        progress = await self._tool_step(run, conv, use, notes)
+                except CancelRequested:
+                    return Stop(RunStatus.CANCELLED, "cancel requested")
             elif conv.finished:
                 return final(conv.last_stop, self.settings.max_tokens)
             else:
@@ -140,8 +171,46 @@ class RunDriver:
                     # The seq is the database's to give; this is the one it gives unless the lease is lost.
                     with logs.step_context(step_seq=conv.steps + 1), self.observer.model_call(run) as notes:
                         progress = await self._model_step(run, conv, notes)
+                except CancelRequested:
+                    return Stop(RunStatus.CANCELLED, "cancel requested")
                 except LlmError as e:
-                    return Stop(RunStatus.FAILED, str(e))
+                    if not e.retryable:
+                        return Stop(RunStatus.FAILED, str(e))
+                    await self._hand_back_in_outage(run, e)
+                    return None
+
+    async def _hand_back_in_outage(self, run: Run, error: LlmError) -> None:
+        """Every attempt of the model step failed, retryably: the API is down or overloaded for longer
+        than the client retries. Failing the run would lose it for an outage; the run is handed back to
+        be tried again later, with backoff, until its deadline (which still ends it TIMED_OUT)."""
+        delay = outage_backoff(
+            run.model_retries, self.settings.outage_backoff_base, self.settings.outage_backoff_cap, self._rng
+        )
+        self.keeper.drop(run.id)
+        await self._durably(lambda again: self.store.release(run.id, self.me, delay=delay))
+        log.warning(
+            "%s run=%s model step failed after its retries (%s); handed back, to be retried in %.0fs",
+            self.me, run.id.hex[:8], error, delay,
+        )
+
+    async def _durably(self, write: Callable[[bool], Awaitable[T]]) -> T:
+        """Send a fenced write until its outcome is known.
+
+        A connection that drops after a write was sent leaves its outcome unknown; the write is sent
+        again (`write(True)`), and each write is made so that a second copy finds the first instead
+        of applying twice (store.py: write ids). It is bounded by the lease: a worker that cannot
+        write for two thirds of it gives the run up (lease.py), which cancels this.
+        """
+        again, delay = False, 0.05
+        while True:
+            try:
+                return await write(again)
+            except psycopg.Error as e:
+                if not transient(e):
+                    raise
+                log.warning("%s write failed (%s); sending it again", self.me, str(e).strip() or type(e).__name__)
+                await asyncio.sleep(self._rng.uniform(delay / 2, delay))
+                again, delay = True, min(delay * 2, 1.0)
 
     def _in_doubt(self, conv: Conversation, use: dict[str, Any]) -> Stop | None:
         """A tool that cannot honour its idempotency key is not run twice: a human decides."""
@@ -156,7 +225,9 @@ class RunDriver:
 
     async def _finish(self, run: Run, stop: Stop) -> RunStatus:
         self.keeper.drop(run.id)
-        tokens = await self.store.finish(run.id, self.me, stop.status, stop.reason or None)
+        tokens = await self._durably(
+            lambda again: self.store.finish(run.id, self.me, stop.status, stop.reason or None, again=again)
+        )
         self.observer.run_ended(run, stop.status, stop.reason or None)
         why = f" reason={stop.reason!r}" if stop.reason else ""
         log.info("%s run=%s %s tokens=%d%s", self.me, run.id.hex[:8], stop.status.value, tokens, why)
@@ -173,7 +244,7 @@ class RunDriver:
         notes.sent(request)
         t0 = time.perf_counter()
         try:
-            response = await self.llm.send(request)
+            response = await self.keeper.interruptible(run.id, self.llm.send(request))
         except LlmError:
             self.observer.model_step(run.model, Usage(), None, time.perf_counter() - t0, ok=False)
             raise
@@ -197,10 +268,12 @@ class RunDriver:
         # the replayed one are the same.
         content = _json(clean_json(response.content))
         stop_reason = clean(response.stop_reason) if response.stop_reason is not None else None
-        seq, progress = await self.store.checkpoint_model(
+        write_id = uuid.uuid4()
+        seq, progress = await self._durably(lambda again: self.store.checkpoint_model(
             run.id,
             self.me,
             self.settings.lease_seconds,
+            write_id=write_id,
             request=_json(summary),
             response=content,
             stop_reason=stop_reason,
@@ -210,7 +283,7 @@ class RunDriver:
             cache_read_input_tokens=usage.cache_read_input_tokens,
             cost_usd=cost,
             latency_ms=latency_ms,
-        )
+        ))
         logs.set_context(step_seq=seq)
         notes.checkpointed(seq)
         self.observer.model_step(run.model, usage, cost, seconds, ok=True)
@@ -225,22 +298,34 @@ class RunDriver:
         self, run: Run, conv: Conversation, use: dict[str, Any], notes: StepNotes = NO_NOTES
     ) -> Progress:
         tool_use_id, name = use["id"], use["name"]
-        seq, attempts, _ = await self.store.start_tool(
-            run.id, self.me, self.settings.lease_seconds, tool_use_id=tool_use_id, tool_name=name,
-            request=_json(use.get("input")),
-        )
+        started_id, finished_id = uuid.uuid4(), uuid.uuid4()
+        seq, attempts, _ = await self._durably(lambda again: self.store.start_tool(
+            run.id, self.me, self.settings.lease_seconds, write_id=started_id, tool_use_id=tool_use_id,
+            tool_name=name, request=_json(use.get("input")),
+        ))
         logs.set_context(step_seq=seq)
         notes.checkpointed(seq, attempts)
         again = f" (attempt {attempts})" if attempts > 1 else ""
         log.info("%s run=%s seq=%d TOOL %s id=%s started%s", self.me, run.id.hex[:8], seq, name, tool_use_id, again)
         t0 = time.perf_counter()
-        outcome = await self.tools.execute(name, use.get("input"), ToolContext(run.id, tool_use_id), run.tools)
+        try:
+            outcome = await self.keeper.interruptible(
+                run.id, self.tools.execute(name, use.get("input"), ToolContext(run.id, tool_use_id), run.tools)
+            )
+        except CancelRequested:
+            await self._durably(lambda again: self.store.finish_tool(
+                run.id, self.me, self.settings.lease_seconds, write_id=finished_id, tool_use_id=tool_use_id,
+                ok=False, output="cancelled", latency_ms=round((time.perf_counter() - t0) * 1000),
+            ))
+            self.observer.tool_step(name, time.perf_counter() - t0, False)
+            log.info("%s run=%s seq=%d TOOL %s id=%s cancelled", self.me, run.id.hex[:8], seq, name, tool_use_id)
+            raise
         seconds = time.perf_counter() - t0
         latency_ms = round(seconds * 1000)
-        progress = await self.store.finish_tool(
-            run.id, self.me, self.settings.lease_seconds, tool_use_id=tool_use_id, ok=outcome.ok,
-            output=outcome.output, latency_ms=latency_ms,
-        )
+        progress = await self._durably(lambda again: self.store.finish_tool(
+            run.id, self.me, self.settings.lease_seconds, write_id=finished_id, tool_use_id=tool_use_id,
+            ok=outcome.ok, output=outcome.output, latency_ms=latency_ms,
+        ))
         notes.tool_outcome(outcome.ok, outcome.output)
         self.observer.tool_step(name, seconds, outcome.ok)
         status = StepStatus.DONE if outcome.ok else StepStatus.ERROR

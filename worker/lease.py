@@ -2,8 +2,12 @@
 
 One timer per worker, not per run: every third of the lease it renews all the runs the worker holds in
 one fenced UPDATE. A run missing from the answer was taken over (or stopped); its driver is cancelled
-at once so the in-flight step writes nothing more. While the database cannot be reached, a lease
-that may have lapsed is given up the same way: another worker may hold the run by now.
+at once so the in-flight step writes nothing more. A run whose cancel flag the answer (or a cancel
+notification) carries has the call or tool in flight interrupted.
+
+Every renewal is bounded in time, and after a failed one the next comes sooner. When no renewal has
+succeeded for two thirds of the lease, the held runs are given up and their steps cancelled: the lease
+may lapse for others a third of a lease later, and by then this worker has stopped.
 """
 
 from __future__ import annotations
@@ -12,10 +16,21 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable
+from typing import TypeVar
 
 from agentrun.worker.store import RunStore
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+GIVE_UP_AT = 2 / 3
+"""The fraction of the lease without a successful renewal after which the held runs are given up."""
+
+
+class CancelRequested(Exception):
+    """The call or tool in flight was interrupted because someone asked the run to stop."""
 
 
 class LeaseKeeper:
@@ -25,10 +40,21 @@ class LeaseKeeper:
         self.lease_seconds = lease_seconds
         self._held: dict[uuid.UUID, asyncio.Task[object]] = {}
         self._lost: set[uuid.UUID] = set()
-        self._renewed_at = time.monotonic()  # the last moment every held lease was known to be ours
+        self._cancel: set[uuid.UUID] = set()  # held runs someone asked to stop
+        self._interruptible: dict[uuid.UUID, asyncio.Future[object]] = {}  # the call or tool in flight, per run
+        self._renewed_at = time.monotonic()  # when the last renewal that succeeded was sent
+
+    @property
+    def renew_timeout(self) -> float:
+        """The longest one renewal may take, pool checkout included: it must never outlast the lease."""
+        return self.lease_seconds / 10
 
     def hold(self, run_id: uuid.UUID, task: asyncio.Task[object]) -> None:
+        """Renew the run's lease from now on (its claim has just written it)."""
+        if not self._held:
+            self._renewed_at = time.monotonic()  # no older lease is held whose renewal could be overdue
         self._lost.discard(run_id)
+        self._cancel.discard(run_id)
         self._held[run_id] = task
 
     def drop(self, run_id: uuid.UUID) -> None:
@@ -39,13 +65,52 @@ class LeaseKeeper:
         """The run's driver has ended: stop renewing and drop the record of a loss, once it was read."""
         self._held.pop(run_id, None)
         self._lost.discard(run_id)
+        self._cancel.discard(run_id)
 
     def lost(self, run_id: uuid.UUID) -> bool:
         return run_id in self._lost
 
+    def cancel_requested(self, run_id: uuid.UUID) -> bool:
+        return run_id in self._cancel
+
     @property
     def held(self) -> list[uuid.UUID]:
         return list(self._held)
+
+    def request_cancel(self, run_id: uuid.UUID) -> None:
+        """Someone asked a held run to stop: interrupt its call or tool in flight, if any; the driver
+        sees the flag at its next guard either way. Runs this worker does not hold are ignored."""
+        if run_id not in self._held or run_id in self._cancel:
+            return
+        log.info("%s run=%s cancel requested: interrupting the step in flight", self.worker_id, run_id.hex[:8])
+        self._cancel.add(run_id)
+        step = self._interruptible.get(run_id)
+        if step is not None:
+            step.cancel("cancel requested")
+
+    async def interruptible(self, run_id: uuid.UUID, work: Awaitable[T]) -> T:
+        """Await `work` (a model call or a tool) so that a cancel of the run interrupts it.
+
+        It runs as a task of its own, so a cancel reaches the call and never a checkpoint write; the
+        driver gets `CancelRequested`. A cancel of the driver itself passes through as ever.
+        """
+        if run_id in self._cancel:
+            if asyncio.iscoroutine(work):
+                work.close()
+            raise CancelRequested(run_id)
+        step: asyncio.Future[T] = asyncio.ensure_future(work)
+        self._interruptible[run_id] = step  # type: ignore[assignment]
+        try:
+            return await step
+        except asyncio.CancelledError:
+            if step.cancelled() and run_id in self._cancel:
+                current = asyncio.current_task()
+                if current is None or not current.cancelling():
+                    raise CancelRequested(run_id) from None
+            raise
+        finally:
+            if self._interruptible.get(run_id) is step:
+                del self._interruptible[run_id]
 
     async def renew(self) -> None:
         ids = list(self._held)
@@ -53,9 +118,15 @@ class LeaseKeeper:
             self._renewed_at = time.monotonic()
             return
         started = time.monotonic()
-        alive = await self.store.renew(ids, self.worker_id, self.lease_seconds)
+        # Never past the give-up mark either: a renewal still waiting then would be too late to count.
+        give_up_in = self._renewed_at + self.lease_seconds * GIVE_UP_AT - started
+        async with asyncio.timeout(max(min(self.renew_timeout, give_up_in), 0.0)):
+            alive = await self.store.renew(ids, self.worker_id, self.lease_seconds)
         self._renewed_at = started
         self.give_up([run_id for run_id in ids if run_id not in alive])
+        for run_id, cancel in alive.items():
+            if cancel:
+                self.request_cancel(run_id)
 
     def give_up(self, run_ids: list[uuid.UUID]) -> None:
         """Count the runs as lost and cancel their drivers, which then raise LeaseLost."""
@@ -66,20 +137,28 @@ class LeaseKeeper:
                 task.cancel("lease lost")
 
     def lapsed(self) -> bool:
-        """No renewal has succeeded for a whole lease: by the database's reckoning the runs may be free."""
-        return time.monotonic() - self._renewed_at >= self.lease_seconds
+        """No renewal has succeeded for two thirds of a lease: the runs must be given up now, before
+        the database could count their leases as lapsed and let another worker take them."""
+        return time.monotonic() - self._renewed_at >= self.lease_seconds * GIVE_UP_AT
 
     async def run(self) -> None:
-        """Renew forever. A failed renewal is logged and retried at the next beat. Once renewals have
-        failed for a whole lease (the database is down or unreachable), the held runs are given up:
-        the fence would refuse their writes anyway, and stopping now keeps a tool from running on
-        while another worker may already be running it again."""
+        """Renew forever: every third of the lease, and every fifteenth after a failure, until the
+        two-thirds mark, when the held runs are given up. The fence would refuse their writes anyway
+        once another worker has them; stopping first keeps a tool from running on meanwhile."""
+        interval = self.lease_seconds / 3
         while True:
-            await asyncio.sleep(self.lease_seconds / 3)
+            give_up_in = self._renewed_at + self.lease_seconds * GIVE_UP_AT - time.monotonic()
+            await asyncio.sleep(max(min(interval, give_up_in), 0.0) if self._held else interval)
+            if self.lapsed() and self._held:
+                log.warning(
+                    "%s gives up %d runs: no lease renewal succeeded for %.1fs", self.worker_id, len(self._held),
+                    time.monotonic() - self._renewed_at,
+                )
+                self.give_up(list(self._held))
+                continue
             try:
                 await self.renew()
+                interval = self.lease_seconds / 3
             except Exception as e:
-                log.warning("%s could not renew its leases: %s", self.worker_id, e)
-                if self.lapsed() and self._held:
-                    log.warning("%s gives up %d runs whose leases may have lapsed", self.worker_id, len(self._held))
-                    self.give_up(list(self._held))
+                interval = max(self.lease_seconds / 15, 0.05)
+                log.warning("%s could not renew its leases: %s", self.worker_id, str(e) or type(e).__name__)

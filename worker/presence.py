@@ -1,5 +1,6 @@
 """The worker's own database session: it holds the worker's liveness lock for as long as the process
-lives, and listens for the notifications that wake an idle worker when a run becomes claimable.
+lives, and listens for the notifications that wake an idle worker (a run became claimable) or interrupt
+a held run (someone asked it to stop).
 """
 
 from __future__ import annotations
@@ -7,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
+import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -17,7 +21,25 @@ log = logging.getLogger("agentrun.worker.presence")
 
 # The channel migration 0002 notifies when a run is queued or a lease is given back.
 WAKE_CHANNEL = "agentrun_wake"
+# The channel migration 0005 notifies with a run's id when a running run is asked to stop.
+CANCEL_CHANNEL = "agentrun_cancel"
 
+PROBE_INTERVAL = 1.0
+"""Seconds between checks that the session is still there. A dropped session frees the liveness lock,
+and others may take this worker's runs once it has stayed free for the liveness grace (a second or
+more): finding out within a second leaves time to take the lock back first."""
+
+PROBE_TIMEOUT = 2.0
+"""How long a check may take before the connection counts as dead (a socket that went silent)."""
+
+CONNECT_TIMEOUT = 5.0
+"""How long one connection attempt may take (an unreachable host would otherwise hang it)."""
+
+
+def reconnect_delay(rng: random.Random) -> float:
+    """Sub-second and jittered: a blip of every connection must not become a takeover, and a fleet
+    reconnecting after a restart must not arrive all at once."""
+    return rng.uniform(0.02, 0.2)
 
 
 class DuplicateWorker(RuntimeError):
@@ -28,33 +50,51 @@ class Presence:
     """One dedicated connection per worker process.
 
     With `liveness_lock`, it holds a session-level advisory lock keyed by the worker id: when the process
-    dies, PostgreSQL ends the session and drops the lock, and other workers may claim its RUNNING runs at
-    once instead of waiting out the lease. It also LISTENs on the wake-up channel and sets `wake` on every
-    notification; when the connection drops it reconnects with backoff while polling carries on.
+    dies, PostgreSQL ends the session and drops the lock, and other workers may claim its RUNNING runs
+    soon after instead of waiting out the lease (store.claim, store.suspect). When the connection drops
+    while the process lives, it reconnects at once, takes the lock back and withdraws any suspicion of
+    it (store.vouch), so a live worker keeps its runs. It also LISTENs: `wake` is set on every wake-up
+    notification, and `on_cancel(run_id)` is called for every cancel notification.
     """
 
-    def __init__(self, store: RunStore, worker_id: str, wake: asyncio.Event, *, liveness_lock: bool = True) -> None:
+    def __init__(
+        self,
+        store: RunStore,
+        worker_id: str,
+        wake: asyncio.Event,
+        *,
+        liveness_lock: bool = True,
+        on_cancel: Callable[[uuid.UUID], None] | None = None,
+    ) -> None:
         self.store = store
         self.worker_id = worker_id
         self.wake = wake
         self.liveness_lock = liveness_lock
+        self.on_cancel = on_cancel
         self.ready = asyncio.Event()  # set while the lock is held (if asked for) and the LISTEN is on
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._task: asyncio.Task[None] | None = None
+        self._rng = random.Random()
+        self._duplicate: DuplicateWorker | None = None
 
     async def start(self, timeout: float = 10.0) -> None:
-        """Connect, take the lock and listen; raises DuplicateWorker if the lock stays taken."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            try:
-                self._conn = await self._connect()
-                break
-            except DuplicateWorker:
-                # The previous session of a restarted worker with the same id may take a moment to end.
-                if asyncio.get_running_loop().time() > deadline:
-                    raise
-                await asyncio.sleep(0.2)
-        self._task = asyncio.create_task(self._listen(), name=f"{self.worker_id}-presence")
+        """Start the session in the background and wait up to `timeout` for it.
+
+        Raises DuplicateWorker if the lock stays taken by another session all that time. A database
+        that cannot be reached is not an error: the session keeps trying, and `ready` tells when it is on.
+        """
+        self._task = asyncio.create_task(self._serve(), name=f"{self.worker_id}-presence")
+        ready = asyncio.ensure_future(self.ready.wait())
+        try:
+            await asyncio.wait({ready, self._task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+        if self._task.done():
+            self._task.result()  # a bug in _serve: let it show
+        if not self.ready.is_set() and self._duplicate is not None:
+            error = self._duplicate
+            await self.close()
+            raise error
 
     async def close(self) -> None:
         if self._task is not None:
@@ -77,7 +117,10 @@ class Presence:
                         f"worker id {self.worker_id!r} is in use by another live worker; give each worker a "
                         "unique --id (the default, host-pid, is)"
                     )
+                # Holding the lock again: whoever found it free while we were away must not take our runs.
+                await conn.execute("DELETE FROM worker_suspect WHERE worker = %s", (self.worker_id,))
             await conn.execute(f"LISTEN {WAKE_CHANNEL}")
+            await conn.execute(f"LISTEN {CANCEL_CHANNEL}")
         except BaseException:
             await conn.close()
             raise
@@ -91,18 +134,42 @@ class Presence:
                 await self._conn.close()
             self._conn = None
 
-    async def _listen(self) -> None:
-        backoff = 0.1
+    def _dispatch(self, notify: psycopg.Notify) -> None:
+        if notify.channel == CANCEL_CHANNEL:
+            with contextlib.suppress(ValueError):
+                run_id = uuid.UUID(notify.payload)
+                if self.on_cancel is not None:
+                    self.on_cancel(run_id)
+            return
+        self.wake.set()
+
+    async def _serve(self) -> None:
+        """Connect, listen and probe; on any failure reconnect within a fraction of a second."""
+        down_since: float | None = None
+        loop = asyncio.get_running_loop()
         while True:
             try:
                 if self._conn is None:
-                    self._conn = await self._connect()
-                    backoff = 0.1
+                    async with asyncio.timeout(CONNECT_TIMEOUT):
+                        self._conn = await self._connect()
+                    self._duplicate = None
+                    if down_since is not None:
+                        log.info(
+                            "%s presence connection is back after %.1fs", self.worker_id, loop.time() - down_since
+                        )
+                    down_since = None
                     self.wake.set()  # anything queued while we were deaf
-                async for _ in self._conn.notifies():
-                    self.wake.set()
-            except (psycopg.Error, DuplicateWorker) as e:
-                log.warning("%s lost its presence connection (%s); reconnecting in %.1fs", self.worker_id, e, backoff)
+                async for notify in self._conn.notifies(timeout=PROBE_INTERVAL):
+                    self._dispatch(notify)
+                async with asyncio.timeout(PROBE_TIMEOUT):
+                    await self._conn.execute("SELECT 1")
+            except (psycopg.Error, DuplicateWorker, TimeoutError, OSError) as e:
+                if isinstance(e, DuplicateWorker):
+                    self._duplicate = e
+                if down_since is None:
+                    down_since = loop.time()
+                    log.warning("%s lost its presence connection (%s); reconnecting", self.worker_id, e)
+                else:
+                    log.debug("%s presence connection still down: %s", self.worker_id, e)
                 await self._disconnect()
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                await asyncio.sleep(reconnect_delay(self._rng))

@@ -78,6 +78,8 @@ class Run:
     idempotency_key: str | None = None
     k8s_namespace: str | None = None
     k8s_name: str | None = None
+    crashes: int = 0  # claims after which the previous holder had not handed the run back
+    model_retries: int = 0  # consecutive model steps that ran out of retries on a retryable error
     traceparent: str | None = None
 
 

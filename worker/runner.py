@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import random
 import uuid
 
 import psycopg
@@ -18,7 +19,7 @@ from agentrun.worker.presence import Presence
 from agentrun.worker.pricing import PriceTable
 from agentrun.worker.records import Progress, Run, RunStatus
 from agentrun.worker.settings import WorkerSettings
-from agentrun.worker.store import Claim, LeaseLost, RunStore
+from agentrun.worker.store import Claim, LeaseLost, RunStore, transient
 from agentrun.worker.tools import ToolBox
 
 log = logging.getLogger("agentrun.worker.runner")
@@ -40,9 +41,12 @@ class Worker:
         self.keeper = LeaseKeeper(store, settings.worker_id, settings.lease_seconds)
         self.stopping = asyncio.Event()
         self.wake = asyncio.Event()  # set when a run may have become claimable
-        self.presence = Presence(store, settings.worker_id, self.wake, liveness_lock=settings.liveness_lock)
+        self.presence = Presence(
+            store, settings.worker_id, self.wake, liveness_lock=settings.liveness_lock,
+            on_cancel=self.keeper.request_cancel,
+        )
         self.driver = RunDriver(
-            DriverSettings(settings.worker_id, settings.lease_seconds, settings.max_tokens),
+            DriverSettings(settings.worker_id, settings.lease_seconds, settings.max_tokens, settings.max_crash_claims),
             store,
             llm,
             tools,
@@ -93,12 +97,25 @@ class Worker:
             await self.presence.close()
 
     async def _claim(self) -> Claim | None:
-        claimed = await self.store.claim(self.id, self.settings.lease_seconds, liveness=self.settings.liveness_lock)
+        claimed = await self.store.claim(
+            self.id, self.settings.lease_seconds, liveness=self.settings.liveness_lock,
+            liveness_grace=self.settings.takeover_grace,
+        )
         if claimed is not None:
             self.observer.claimed(
                 takeover=claimed.taken_from not in (None, self.id), run_id=claimed.run.id, taken_from=claimed.taken_from
             )
         return claimed
+
+    async def _idle_for(self) -> float:
+        """How long to idle after a claim found nothing: the poll interval, or less when a holder's
+        liveness lock was found free, so its runs are taken as soon as its grace has passed."""
+        if not self.settings.liveness_lock:
+            return self.settings.poll_interval
+        wait = await self.store.suspect(self.id, self.settings.takeover_grace)
+        if wait is None:
+            return self.settings.poll_interval
+        return min(self.settings.poll_interval, wait + 0.02)
 
     async def run(self) -> None:
         """Serve until stop(): claim, drive, repeat; then wait for in-flight runs within the grace."""
@@ -120,14 +137,17 @@ class Worker:
                 self.wake.clear()
                 try:
                     claimed = await self._claim()
+                    idle = await self._idle_for() if claimed is None else 0.0
                     backoff = self.settings.poll_interval
-                except psycopg.OperationalError as e:
-                    log.warning("%s cannot claim: %s; retrying in %.1fs", self.id, e, backoff)
-                    await self._idle(backoff)
-                    backoff = min(backoff * 2, 30.0)
+                except Exception as e:
+                    # Whatever the database says (gone, read-only in a failover, out of connections),
+                    # the loop goes on: a worker that exits in an outage only crash-loops its pod.
+                    log.warning("%s cannot claim: %s; retrying in %.1fs", self.id, str(e) or type(e).__name__, backoff)
+                    await self._idle(backoff * random.uniform(0.5, 1.0))
+                    backoff = min(backoff * 2, 5.0)
                     continue
                 if claimed is None:
-                    await self._idle(self.settings.poll_interval)
+                    await self._idle(idle)
                     continue
                 await self._supersede(claimed.run.id)
                 task = asyncio.create_task(
@@ -188,6 +208,12 @@ class Worker:
         if late:
             await asyncio.gather(*late, return_exceptions=True)
 
+    async def _fail(self, run: Run, reason: str) -> None:
+        self.keeper.drop(run.id)
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(self.keeper.renew_timeout):
+                await self.store.finish(run.id, self.id, RunStatus.FAILED, reason)
+
     async def _drive(self, run: Run, progress: Progress) -> RunStatus | None:
         try:
             return await self.driver.drive(run, progress)
@@ -205,19 +231,20 @@ class Worker:
                 await asyncio.shield(self.store.release(run.id, self.id))
             raise
         except psycopg.Error as e:
+            if not transient(e):
+                await self._fail(run, f"the database refused a write of this run: {type(e).__name__}: {e}")
+                return None
             log.warning("%s run=%s database error, left for another attempt: %s", self.id, run.id.hex[:8], e)
             # If the database answers again (a dropped connection rather than an outage), hand the run
             # back now: any worker resumes it from its last checkpoint without waiting out the lease.
             # Fenced, so harmless if another worker has it already.
             self.keeper.drop(run.id)
             with contextlib.suppress(Exception):
-                async with asyncio.timeout(self.settings.lease_seconds):  # not past the lease: moot then
+                async with asyncio.timeout(self.keeper.renew_timeout):  # not past the lease: moot then
                     await self.store.release(run.id, self.id)
         except Exception as e:
             # Not a crash of the worker but a bug or bad data in this run: end it with the reason, so it
             # does not poison every worker that claims it.
             log.exception("%s run=%s failed unexpectedly", self.id, run.id.hex[:8])
-            with contextlib.suppress(Exception):
-                self.keeper.drop(run.id)
-                await self.store.finish(run.id, self.id, RunStatus.FAILED, f"internal error: {type(e).__name__}: {e}")
+            await self._fail(run, f"the worker failed on this run: {type(e).__name__}: {e}")
         return None

@@ -71,8 +71,23 @@ class WorkerSettings:
     every worker, and keep worker ids unique: two live workers with one id would defeat it.
     """
 
+    liveness_grace: float | None = None
+    """Seconds a holder's liveness lock must stay free before its runs are taken from a live lease; None:
+    a thirtieth of the lease (1 s of the default 30 s). A live worker whose connection dropped takes its
+    lock back well within it (presence.py reconnects in a fraction of a second), so a blip hands no run
+    over, while a killed worker's runs move within about poll_interval + this."""
+
+    max_crash_claims: int = 10
+    """Claims of a run whose previous holder died (or lost its lease) mid-step, after which the run ends
+    FAILED instead of being taken again (AGENTRUN_MAX_CRASH_CLAIMS, --max-crash-claims): a step that
+    kills its worker (out of memory, a segfault in a tool) must not kill every worker in turn."""
+
     pool_size: int = 10
     """Database connections. Steps hold a connection only while they write, so a few serve many runs."""
+
+    @property
+    def takeover_grace(self) -> float:
+        return self.liveness_grace if self.liveness_grace is not None else self.lease_seconds / 30
 
     @property
     def pool_max(self) -> int:

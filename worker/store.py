@@ -33,7 +33,7 @@ class LeaseLost(Exception):
 RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_budget, r.tokens_used,
     r.cost_budget_usd, r.cost_usd, r.max_steps, r.timeout_seconds, r.deadline_at, r.cancel_requested,
     r.error, r.locked_by, r.locked_until, r.created_at, r.started_at, r.finished_at,
-    r.idempotency_key, r.k8s_namespace, r.k8s_name, r.traceparent,
+    r.idempotency_key, r.k8s_namespace, r.k8s_name, r.crashes, r.model_retries, r.traceparent,
     (SELECT coalesce(max(s.seq), 0) FROM run_step s WHERE s.run_id = r.id) AS steps"""
 
 STEP_COLUMNS = """run_id, seq, kind, status, tool_name, tool_use_id, request, response, stop_reason,
@@ -42,18 +42,34 @@ STEP_COLUMNS = """run_id, seq, kind, status, tool_name, tool_use_id, request, re
 
 TIMELINE_COLUMNS = STEP_COLUMNS.replace("request, response,", "NULL AS request, NULL AS response,")
 
-# The fence. `owned` renews the lease and yields the counters; when it yields no row, the worker lost
-# the run and the statement it heads writes nothing.
-FENCE = """owned AS (
+# The fence. `fence` locks the run row if and only if this worker still holds it; every other part of a
+# fenced statement reads from it, so when it yields no row the worker lost the run and nothing is
+# written. `owned` renews the lease (plus `extra`) and yields the counters for the guard.
+FENCE = """fence AS (
+    SELECT id FROM run WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING' FOR UPDATE)"""
+
+OWNED = """owned AS (
     UPDATE run SET locked_until = now() + make_interval(secs => %(lease)s) {extra}
-    WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING'
-    RETURNING id, tokens_used, cost_usd, cancel_requested, now() AS db_now)"""
+    FROM fence WHERE run.id = fence.id
+    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)"""
 
 # First key of every worker's liveness lock (the second is hashtext(worker id)), held by the worker's
 # presence connection (presence.py): it keeps them apart from any other advisory lock in the database.
 LIVENESS_LOCK_CLASS = 0x61675274  # "agRt"
 
 PROGRESS = "owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now"
+
+
+def transient(e: BaseException) -> bool:
+    """An error after which the same statement may succeed: the connection broke (the outcome of a write
+    sent on it is unknown), the server is shutting down or read-only for a failover, or it refused for
+    lack of resources. A constraint or data error is not: retrying it gives the same answer."""
+    if isinstance(e, psycopg.OperationalError):  # includes a pool that could hand out no connection in time
+        return True
+    state = getattr(e, "sqlstate", None) or ""
+    return isinstance(e, psycopg.Error) and (
+        state.startswith(("08", "53", "57P", "40")) or state == "25006"  # 25006: read-only transaction
+    )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,27 +244,36 @@ class RunStore:
 
     # -- the lease -------------------------------------------------------------------------------
 
-    async def claim(self, worker: str, lease_seconds: float, liveness: bool = False) -> Claim | None:
+    async def claim(
+        self, worker: str, lease_seconds: float, liveness: bool = False, liveness_grace: float = 1.0
+    ) -> Claim | None:
         """Take the oldest claimable run: queued, or running under a lease that has lapsed.
 
-        With `liveness`, also a running run whose worker is dead: its liveness lock (presence.py) is
-        free, so this statement can take it for its own transaction. The CASE keeps the lock attempt to
-        RUNNING candidates with a live lease, and runs it last.
+        With `liveness`, also a running run whose worker is dead: its liveness lock (presence.py) is free,
+        and has stayed free for `liveness_grace` seconds since a claim first found it so (`suspect`). A
+        live worker whose connection dropped takes its lock back within that grace, so only a worker that
+        is gone loses its runs early. The CASE keeps the lock attempt to RUNNING candidates with a live
+        lease whose holder is suspected, and runs it last.
         """
         row = await self._one(
             f"""WITH next AS (
                     SELECT id, CASE WHEN status = 'RUNNING' THEN locked_by END AS taken_from FROM run
                     WHERE run_at <= now() AND status IN ('QUEUED', 'RUNNING') AND CASE
                           WHEN status = 'QUEUED' OR locked_until < now() THEN true
-                          WHEN %(liveness)s THEN pg_try_advisory_xact_lock(%(lock_class)s, hashtext(locked_by))
-                          ELSE false END
+                          WHEN NOT %(liveness)s THEN false
+                          WHEN NOT EXISTS (SELECT 1 FROM worker_suspect ws WHERE ws.worker = run.locked_by
+                                           AND ws.since <= now() - make_interval(secs => %(grace)s)) THEN false
+                          ELSE pg_try_advisory_xact_lock(%(lock_class)s, hashtext(locked_by)) END
                     ORDER BY run_at FOR UPDATE SKIP LOCKED LIMIT 1)
                 UPDATE run r SET status = 'RUNNING', locked_by = %(worker)s,
                        locked_until = now() + make_interval(secs => %(lease)s),
-                       started_at = coalesce(r.started_at, now()), claims = r.claims + 1
+                       started_at = coalesce(r.started_at, now()), claims = r.claims + 1,
+                       crashes = r.crashes + CASE WHEN r.status = 'RUNNING' AND NOT r.handed_back THEN 1 ELSE 0 END,
+                       handed_back = false
                 FROM next WHERE r.id = next.id
                 RETURNING {RUN_COLUMNS}, now() AS db_now, next.taken_from""",
-            {"worker": worker, "lease": lease_seconds, "liveness": liveness, "lock_class": LIVENESS_LOCK_CLASS},
+            {"worker": worker, "lease": lease_seconds, "liveness": liveness, "lock_class": LIVENESS_LOCK_CLASS,
+             "grace": liveness_grace},
         )
         if row is None:
             return None
@@ -256,6 +281,37 @@ class RunStore:
         taken_from = row.pop("taken_from")
         run = _run(row)
         return Claim(run, Progress(run.tokens_used, run.cost_usd, run.cancel_requested, db_now), taken_from)
+
+    async def suspect(self, worker: str, liveness_grace: float) -> float | None:
+        """Look for workers holding live leases whose liveness lock is free, and note since when.
+
+        Forgets the suspicions of workers that hold nothing any more. Returns the seconds until the
+        earliest suspicion is old enough for a claim to take that worker's runs, or None if there is none.
+        """
+        row = await self._one(
+            """WITH holders AS (
+                    SELECT DISTINCT locked_by AS worker FROM run
+                    WHERE status = 'RUNNING' AND locked_until >= now() AND locked_by <> %(worker)s),
+                free AS (
+                    SELECT worker FROM holders WHERE pg_try_advisory_xact_lock(%(lock_class)s, hashtext(worker))),
+                noted AS (
+                    INSERT INTO worker_suspect (worker) SELECT worker FROM free
+                    ON CONFLICT (worker) DO NOTHING RETURNING since),
+                forgotten AS (
+                    DELETE FROM worker_suspect ws
+                    WHERE NOT EXISTS (SELECT 1 FROM holders h WHERE h.worker = ws.worker))
+                SELECT extract(epoch FROM least(
+                    (SELECT min(ws.since) FROM worker_suspect ws JOIN free USING (worker)),
+                    (SELECT min(since) FROM noted))
+                    + make_interval(secs => %(grace)s) - now())::float8 AS wait""",
+            {"worker": worker, "lock_class": LIVENESS_LOCK_CLASS, "grace": liveness_grace},
+        )
+        wait = row["wait"] if row else None
+        return None if wait is None else max(float(wait), 0.0)
+
+    async def vouch(self, worker: str) -> None:
+        """Withdraw any suspicion of `worker`: called by its presence connection once it holds its lock."""
+        await self._one("DELETE FROM worker_suspect WHERE worker = %s RETURNING worker", (worker,))
 
     async def renew(self, run_ids: Sequence[uuid.UUID], worker: str, lease_seconds: float) -> dict[uuid.UUID, bool]:
         """Extend the leases of runs this worker holds; returns each still-held run's cancel flag.
@@ -270,12 +326,19 @@ class RunStore:
         )
         return {r["id"]: r["cancel_requested"] for r in rows}
 
-    async def release(self, run_id: uuid.UUID, worker: str) -> bool:
-        """Give a held run back at once, so another worker resumes it without waiting for the lease."""
+    async def release(self, run_id: uuid.UUID, worker: str, *, delay: float | None = None) -> bool:
+        """Give a held run back at once, so another worker resumes it without waiting for the lease.
+
+        With `delay` (seconds), the run is claimable again only after it (a model API outage: a later
+        claim retries the model step) and counts as one more consecutive model failure.
+        """
         row = await self._one(
-            """UPDATE run SET locked_until = now() - interval '1 millisecond'
-               WHERE id = %s AND locked_by = %s AND status = 'RUNNING' RETURNING id""",
-            (run_id, worker),
+            """UPDATE run SET locked_until = now() - interval '1 millisecond', handed_back = true,
+                   run_at = CASE WHEN %(delay)s::float8 IS NULL THEN run_at
+                                 ELSE least(now() + make_interval(secs => %(delay)s), deadline_at) END,
+                   model_retries = model_retries + CASE WHEN %(delay)s::float8 IS NULL THEN 0 ELSE 1 END
+               WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING' RETURNING id""",
+            {"id": run_id, "worker": worker, "delay": delay},
         )
         return row is not None
 
@@ -287,6 +350,7 @@ class RunStore:
         worker: str,
         lease_seconds: float,
         *,
+        write_id: uuid.UUID | None = None,
         request: str,
         response: str,
         stop_reason: str | None,
@@ -297,27 +361,37 @@ class RunStore:
         cost_usd: Decimal | None,
         latency_ms: int,
     ) -> tuple[int, Progress]:
-        """The model step row, the token and cost counters and the lease renewal, all or nothing."""
+        """The model step row, the token and cost counters and the lease renewal, all or nothing.
+
+        `write_id` names this write: sent again after its outcome was lost with a connection, it finds
+        the step it already wrote instead of appending a second one, and adds no tokens twice.
+        """
         tokens = input_tokens + output_tokens + cache_creation_input_tokens + cache_read_input_tokens
-        extra = ", tokens_used = tokens_used + %(tokens)s, cost_usd = cost_usd + coalesce(%(cost)s, 0)"
+        # Counted only by the write that made the step, not by a copy of it sent again.
+        new = "EXISTS (SELECT 1 FROM step)"
+        extra = f""", tokens_used = run.tokens_used + CASE WHEN {new} THEN %(tokens)s ELSE 0 END,
+                   cost_usd = run.cost_usd + CASE WHEN {new} THEN coalesce(%(cost)s, 0) ELSE 0 END,
+                   model_retries = 0"""
         row = await self._one(
-            f"""WITH {FENCE.format(extra=extra)},
+            f"""WITH {FENCE},
+                done AS (SELECT seq FROM run_step WHERE run_id = %(id)s AND write_id = %(wid)s),
                 step AS (
                     INSERT INTO run_step (run_id, seq, kind, status, request, response, stop_reason,
                         input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens,
-                        cost_usd, latency_ms, worker, started_at, finished_at)
+                        cost_usd, latency_ms, worker, started_at, finished_at, write_id)
                     SELECT id, (SELECT coalesce(max(seq), 0) + 1 FROM run_step WHERE run_id = %(id)s),
                         'MODEL', 'DONE', %(request)s, %(response)s, %(stop)s, %(in)s, %(out)s,
                         %(cw)s, %(cr)s, %(cost)s, %(ms)s, %(worker)s,
-                        now() - make_interval(secs => %(ms)s / 1000.0), now()
-                    FROM owned
-                    RETURNING seq)
-                SELECT step.seq, {PROGRESS} FROM owned, step""",
+                        now() - make_interval(secs => %(ms)s / 1000.0), now(), %(wid)s
+                    FROM fence WHERE NOT EXISTS (SELECT 1 FROM done)
+                    RETURNING seq),
+                {OWNED.format(extra=extra)}
+                SELECT coalesce((SELECT seq FROM step), (SELECT seq FROM done)) AS seq, {PROGRESS} FROM owned""",
             {
                 "id": run_id, "worker": worker, "lease": lease_seconds, "tokens": tokens, "cost": cost_usd,
                 "request": request, "response": response, "stop": stop_reason, "in": input_tokens,
                 "out": output_tokens, "cw": cache_creation_input_tokens, "cr": cache_read_input_tokens,
-                "ms": latency_ms,
+                "ms": latency_ms, "wid": write_id or uuid.uuid4(),
             },
         )
         if row is None:
@@ -325,28 +399,37 @@ class RunStore:
         return row["seq"], _progress(row)
 
     async def start_tool(
-        self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, tool_use_id: str, tool_name: str, request: str
+        self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, write_id: uuid.UUID | None = None,
+        tool_use_id: str, tool_name: str, request: str,
     ) -> tuple[int, int, Progress]:
         """Write the STARTED row before the tool runs; returns (seq, attempts, progress).
 
         The tool_use id is the key: after a crash the same row is found again (`attempts` counts the
-        executions) instead of a second step being appended.
+        executions) instead of a second step being appended. The same `write_id` sent again (its first
+        outcome was lost) counts no second execution.
         """
         row = await self._one(
-            f"""WITH {FENCE.format(extra="")},
+            f"""WITH {FENCE},
+                done AS (SELECT seq, attempts FROM run_step
+                         WHERE run_id = %(id)s AND kind = 'TOOL' AND tool_use_id = %(tuid)s
+                           AND write_id = %(wid)s AND status = 'STARTED'),
                 step AS (
-                    INSERT INTO run_step (run_id, seq, kind, tool_name, tool_use_id, status, request, worker)
+                    INSERT INTO run_step (run_id, seq, kind, tool_name, tool_use_id, status, request, worker,
+                                          write_id)
                     SELECT id, (SELECT coalesce(max(seq), 0) + 1 FROM run_step WHERE run_id = %(id)s),
-                        'TOOL', %(name)s, %(tuid)s, 'STARTED', %(request)s, %(worker)s
-                    FROM owned
+                        'TOOL', %(name)s, %(tuid)s, 'STARTED', %(request)s, %(worker)s, %(wid)s
+                    FROM fence WHERE NOT EXISTS (SELECT 1 FROM done)
                     ON CONFLICT (run_id, tool_use_id) WHERE kind = 'TOOL'
                     DO UPDATE SET attempts = run_step.attempts + 1, worker = EXCLUDED.worker,
-                                  started_at = now()
+                                  started_at = now(), write_id = EXCLUDED.write_id
                     WHERE run_step.status = 'STARTED'
-                    RETURNING seq, attempts)
-                SELECT step.seq, step.attempts, {PROGRESS} FROM owned LEFT JOIN step ON true""",
+                    RETURNING seq, attempts),
+                {OWNED.format(extra="")}
+                SELECT coalesce(step.seq, done.seq) AS seq, coalesce(step.attempts, done.attempts) AS attempts,
+                       {PROGRESS}
+                FROM owned LEFT JOIN step ON true LEFT JOIN done ON true""",
             {"id": run_id, "worker": worker, "lease": lease_seconds, "tuid": tool_use_id, "name": tool_name,
-             "request": request},
+             "request": request, "wid": write_id or uuid.uuid4()},
         )
         if row is None:
             raise LeaseLost(run_id, worker)
@@ -355,35 +438,54 @@ class RunStore:
         return row["seq"], row["attempts"], _progress(row)
 
     async def finish_tool(
-        self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, tool_use_id: str, ok: bool,
-        output: str, latency_ms: int,
+        self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, write_id: uuid.UUID | None = None,
+        tool_use_id: str, ok: bool, output: str, latency_ms: int,
     ) -> Progress:
+        """Record a tool's outcome. Only a STARTED step changes; the same `write_id` sent again (its first
+        outcome was lost) finds its own write and changes nothing."""
         row = await self._one(
-            f"""WITH {FENCE.format(extra="")},
+            f"""WITH {FENCE},
                 step AS (
                     UPDATE run_step SET status = %(status)s, response = %(output)s, latency_ms = %(ms)s,
-                                        worker = %(worker)s, finished_at = now()
-                    FROM owned
-                    WHERE run_step.run_id = owned.id AND run_step.kind = 'TOOL'
+                                        worker = %(worker)s, finished_at = now(), write_id = %(wid)s
+                    FROM fence
+                    WHERE run_step.run_id = fence.id AND run_step.kind = 'TOOL'
                       AND run_step.tool_use_id = %(tuid)s
-                    RETURNING seq)
+                      AND (run_step.status = 'STARTED' OR run_step.write_id = %(wid)s)
+                    RETURNING seq),
+                {OWNED.format(extra="")}
                 SELECT step.seq, {PROGRESS} FROM owned LEFT JOIN step ON true""",
             {"id": run_id, "worker": worker, "lease": lease_seconds, "tuid": tool_use_id,
-             "status": "DONE" if ok else "ERROR", "output": output, "ms": latency_ms},
+             "status": "DONE" if ok else "ERROR", "output": output, "ms": latency_ms, "wid": write_id or uuid.uuid4()},
         )
         if row is None:
             raise LeaseLost(run_id, worker)
+        if row["seq"] is None:
+            raise RuntimeError(f"run {run_id}: tool step {tool_use_id} was not STARTED")
         return _progress(row)
 
-    async def finish(self, run_id: uuid.UUID, worker: str, status: RunStatus, error: str | None) -> int:
-        """End a held run; returns its tokens used. locked_by keeps the worker that finished it."""
+    async def finish(
+        self, run_id: uuid.UUID, worker: str, status: RunStatus, error: str | None, *, again: bool = False
+    ) -> int:
+        """End a held run; returns its tokens used. locked_by keeps the worker that finished it.
+
+        `again` is for sending the same finish after its outcome was lost: a run this worker already
+        ended with that status counts as done rather than as a lost lease.
+        """
         assert status.terminal
+        params = {"status": status.value, "error": clean(error) if error is not None else None, "id": run_id,
+                  "worker": worker, "again": again}
         row = await self._one(
-            """UPDATE run SET status = %s, error = %s, finished_at = now(), locked_until = NULL
-               WHERE id = %s AND locked_by = %s AND status = 'RUNNING' RETURNING tokens_used""",
-            (status.value, clean(error) if error is not None else None, run_id, worker),
+            """WITH done AS (
+                    UPDATE run SET status = %(status)s, error = %(error)s, finished_at = now(), locked_until = NULL
+                    WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING' RETURNING tokens_used)
+                SELECT coalesce(
+                    (SELECT tokens_used FROM done),
+                    (SELECT tokens_used FROM run WHERE %(again)s AND id = %(id)s AND locked_by = %(worker)s
+                        AND status = %(status)s)) AS tokens_used""",
+            params,
         )
-        if row is None:
+        if row is None or row["tokens_used"] is None:
             raise LeaseLost(run_id, worker)
         return int(row["tokens_used"])
 

@@ -381,14 +381,31 @@ async def test_run_names_its_kubernetes_link_in_camel_case(client: httpx.AsyncCl
     assert body["k8sNamespace"] == "team-a" and body["k8sName"] == "triage"
 
 
-async def test_a_model_step_started_when_its_call_did(store: RunStore) -> None:
+async def test_a_model_step_started_when_its_call_did(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
+    # Times are read from the database's clock, the one started_at and finished_at come from. The call
+    # takes CALL_SECONDS: long enough that a step stamped at its end (or timed from its end) cannot pass
+    # for one stamped at its start, however slowly the step is written after the call.
+    call_seconds = 1.0
+    ended: list[Any] = []
+
+    async def db_now() -> Any:
+        row = await (await db.execute("SELECT clock_timestamp()")).fetchone()
+        assert row is not None
+        return row[0]
+
     class Slow(ScriptedLlm):
         async def send(self, request: Any) -> Any:
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(call_seconds)
+            ended.append(await db_now())
             return await super().send(request)
 
     run, _ = await store.create(new_run())
+    before = await db_now()
     await worker(store, Slow().then_text("done"), []).run_once()
     step = (await store.timeline(run.id))[0]
     assert step.started_at is not None and step.finished_at is not None and step.latency_ms is not None
+    (call_ended,) = ended
+    assert step.latency_ms >= call_seconds * 1000, "the step's latency is not the model call's"
+    assert before <= step.started_at < call_ended, (before, step.started_at, call_ended)
+    assert call_ended <= step.finished_at
     assert (step.finished_at - step.started_at).total_seconds() * 1000 == pytest.approx(step.latency_ms, abs=2)

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from bench import claim, long_run, pickup, throughput
+import asyncio
+from typing import Any
+
+import pytest
+
+from agentrun.worker.records import Progress
+from agentrun.worker.store import Claim, RunStore
+from bench import claim, long_run, memory, pickup, throughput
 
 
 async def test_throughput_runs_every_run_to_the_end(database_url: str) -> None:
@@ -22,4 +29,50 @@ async def test_pickup_measures_each_sample(database_url: str) -> None:
 
 async def test_claim_counts_no_double_claims(database_url: str) -> None:
     figures = await claim.measure(database_url, queued=50, claimers=3, claims_each=10)
-    assert figures["double_claims"] == 0 and figures["claims_recorded"] == figures["claims"] == 30
+    assert figures["double_claims"] == 0 and figures["runs_with_mismatched_claims"] == 0
+    assert figures["claims_recorded"] == figures["claims"] == 30
+
+
+class PeekingStore(RunStore):
+    """A broken claim: it hands out the oldest queued run without taking it, so every claimer gets it."""
+
+    async def claim(self, worker: str, lease_seconds: float, liveness: bool = False) -> Claim | None:
+        async with self.pool.connection() as conn:
+            row = await (await conn.execute(
+                "SELECT id, now() FROM run WHERE status = 'QUEUED' ORDER BY run_at LIMIT 1")).fetchone()
+        run = await self.get(row[0]) if row is not None else None
+        if row is None or run is None:
+            return None
+        return Claim(run, Progress(run.tokens_used, run.cost_usd, run.cancel_requested, row[1]), None)
+
+
+class StealingStore(RunStore):
+    """A broken claim once: right after claimer-0's first claim, a second worker takes the same run from
+    under it, live lease and liveness lock notwithstanding (the double claim of a lease that lapsed too
+    early, or of a claim query that ignores the lock)."""
+
+    stolen = False
+
+    async def claim(self, worker: str, lease_seconds: float, liveness: bool = False) -> Claim | None:
+        got = await super().claim(worker, lease_seconds, liveness)
+        if got is not None and worker == "claimer-0" and not self.stolen:
+            self.stolen = True
+            async with self.pool.connection() as conn:
+                await conn.execute("UPDATE run SET locked_by = 'thief', claims = claims + 1 WHERE id = %s",
+                                   (got.run.id,))
+        return got
+
+
+@pytest.mark.parametrize(("store_factory", "doubles"), [(PeekingStore, 30), (StealingStore, 1)],
+                         ids=["claim-takes-nothing", "run-taken-from-its-holder"])
+async def test_claim_sees_an_injected_double_claim(database_url: str, store_factory: Any, doubles: int) -> None:
+    figures = await claim.measure(database_url, queued=50, claimers=3, claims_each=10, store_factory=store_factory)
+    assert figures["double_claims"] == doubles
+    assert figures["runs_with_mismatched_claims"] >= 1
+
+
+async def test_memory_reports_an_in_flight_target_never_reached(database_url: str) -> None:
+    # One run at a time can never put three in flight: no RSS sample while all are in flight exists.
+    figures = await asyncio.wait_for(memory.bench(database_url, runs=3, turns=1, latency=0.0, concurrency=1), 120)
+    assert figures["peak_in_flight"] <= 1 and figures["rss_in_flight_max_mb"] is None and figures["met"] is False
+    assert isinstance(figures["rss_peak_mb"], float) and figures["rss_peak_mb"] > 0

@@ -1,49 +1,42 @@
-"""The metric names the chart's dashboard and alerts rely on, and ways to read names from queries,
-from a /metrics page and from a prometheus-client registry, so they can be checked against the worker."""
+"""Metric names in the chart's PromQL, and the series a /metrics page lets a query select, so the two can
+be compared with what a live worker exposes."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
 
-from agentrun.worker.metrics import METRIC_NAMES
+from prometheus_client.parser import text_string_to_metric_families
 
-# Every series the dashboard and the PrometheusRule query: exactly what the worker exports. A test checks
-# the dashboard and rules use nothing else, and each of them somewhere.
-CHART_METRICS = frozenset(METRIC_NAMES)
-
-# Series a histogram exposes besides its name; queries name these, the code names the histogram.
-HISTOGRAM_SUFFIXES = ("_bucket", "_count", "_sum")
 _NAME = re.compile(r"\bagentrun_[a-zA-Z0-9_]*[a-zA-Z0-9]")
 
+# The series each metric type puts on a /metrics page, by the suffix added to the family's name
+# (prometheus-client's parser reports a counter family without its `_total`).
+SERIES_SUFFIXES: dict[str, tuple[str, ...]] = {
+    "counter": ("_total", "_created"),
+    "histogram": ("_bucket", "_count", "_sum", "_created"),
+    "gaugehistogram": ("_bucket", "_gcount", "_gsum"),
+    "summary": ("", "_count", "_sum", "_created"),
+    "info": ("_info",),
+    "stateset": ("",),
+    "gauge": ("",),
+    "unknown": ("",),
+}
 
-def names_in_queries(queries: Iterable[str], histograms: Iterable[str] = CHART_METRICS) -> set[str]:
-    """Metric names in PromQL expressions, with histogram series folded onto their histogram."""
-    known = set(histograms)
+
+def names_in_queries(queries: Iterable[str]) -> set[str]:
+    """The agentrun series names PromQL expressions select, exactly as written (`_bucket`, `_total`...)."""
+    return {name for query in queries for name in _NAME.findall(query)}
+
+
+def series_in_exposition(text: str) -> set[str]:
+    """Every series name a query can select on a Prometheus /metrics page.
+
+    From the families' declared types, so a labelled counter or histogram that has no sample yet still
+    counts (prometheus-client lists its family), and from the samples themselves.
+    """
     names = set()
-    for query in queries:
-        for name in _NAME.findall(query):
-            for suffix in HISTOGRAM_SUFFIXES:
-                if name.endswith(suffix) and name[: -len(suffix)] in known:
-                    name = name[: -len(suffix)]
-                    break
-            names.add(name)
+    for family in text_string_to_metric_families(text):
+        names.update(family.name + suffix for suffix in SERIES_SUFFIXES.get(family.type, ("",)))
+        names.update(sample.name for sample in family.samples)
     return names
-
-
-def names_in_exposition(text: str) -> set[str]:
-    """Metric family names on a Prometheus /metrics page (from its # TYPE lines; counters keep `_total`)."""
-    names = set()
-    for line in text.splitlines():
-        parts = line.split()
-        if len(parts) >= 4 and parts[:2] == ["#", "TYPE"]:
-            name, kind = parts[2], parts[3]
-            names.add(name + "_total" if kind == "counter" and not name.endswith("_total") else name)
-    return names
-
-
-def names_in_registry(registry: object) -> set[str]:
-    """Metric family names a prometheus-client registry would expose, named as in the text format."""
-    from prometheus_client import generate_latest
-
-    return names_in_exposition(generate_latest(registry).decode())  # type: ignore[arg-type]

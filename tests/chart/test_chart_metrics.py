@@ -1,18 +1,26 @@
-"""The dashboard and the alert rules query only metrics the worker exports (issue 4's names)."""
+"""The dashboard and the alert rules query only series a live worker exposes on /metrics."""
 
 from __future__ import annotations
 
-import importlib
-import inspect
+import asyncio
+import contextlib
 import json
-from collections.abc import Callable, Iterator
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
+import httpx
 
-from tests.chart.conftest import CHART, CI_VALUES, Manifest, find
-from tests.chart.metric_names import CHART_METRICS, names_in_exposition, names_in_queries, names_in_registry
+from agentrun.worker.llm.fake_server import FakeAnthropic
+from agentrun.worker.metrics import METRIC_NAMES
+from agentrun.worker.records import RunStatus
+from agentrun.worker.store import RunStore
+from tests.chart.conftest import CHART, CI_VALUES, ROOT, Manifest, find
+from tests.chart.metric_names import names_in_queries, series_in_exposition
+from tests.helpers import eventually, new_run
 
 DASHBOARD = CHART / "dashboards" / "agentrun.json"
 
@@ -60,11 +68,10 @@ def test_dashboard_is_valid_grafana_json() -> None:
         assert wanted in titles
 
 
-def test_dashboard_and_rules_use_only_the_listed_metrics(render: Callable[..., list[Manifest]]) -> None:
+def test_the_dashboard_or_alerts_show_every_metric_the_worker_lists(render: Callable[..., list[Manifest]]) -> None:
     used = names_in_queries(dashboard_queries() + rule_queries(render))
-    assert used - CHART_METRICS == set(), "add these to CHART_METRICS (and make sure the worker exports them)"
-    # And the list holds no stale names the chart no longer queries.
-    assert CHART_METRICS - used == set()
+    shown = {name for name in METRIC_NAMES if any(u == name or u.startswith(name + "_") for u in used)}
+    assert set(METRIC_NAMES) - shown == set(), "these metrics are on no panel and in no alert"
 
 
 def test_rules_cover_the_four_alerts(render: Callable[..., list[Manifest]]) -> None:
@@ -77,50 +84,92 @@ def test_rules_cover_the_four_alerts(render: Callable[..., list[Manifest]]) -> N
         assert alert["annotations"]["summary"]
 
 
-def _worker_metric_names() -> set[str]:
-    """Names exported by agentrun.worker.metrics, however it exposes them (a registry, a class taking
-    one, or module-level metrics)."""
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def live_worker(database_url: str, model_url: str, log: Path) -> AsyncIterator[str]:
+    """A real `agentrun worker` process on a free port; yields its base URL once /readyz answers 200."""
+    port = _free_port()
+    env = {
+        **os.environ, "AGENTRUN_DATABASE_URL": database_url, "ANTHROPIC_BASE_URL": model_url,
+        "ANTHROPIC_API_KEY": "test-key", "PYTHONPATH": str(ROOT),
+    }
+    env.pop("AGENTRUN_API_TOKEN", None)
+    with log.open("wb") as out:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", "metrics-worker", "--port", str(port),
+            "--host", "127.0.0.1", "--concurrency", "1", "--poll-interval", "0.1",
+            env=env, cwd=ROOT, stdout=out, stderr=asyncio.subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
     try:
-        module = importlib.import_module("agentrun.worker.metrics")
-    except ModuleNotFoundError:
-        pytest.skip("agentrun.worker.metrics does not exist yet (issue 4); the lead wires this check at merge")
-    from prometheus_client import CollectorRegistry
-    from prometheus_client.metrics import MetricWrapperBase
-
-    declared = getattr(module, "METRIC_NAMES", None)
-    if declared:
-        return set(declared)
-    for _, obj in inspect.getmembers(module):
-        if isinstance(obj, CollectorRegistry):
-            return names_in_registry(obj)
-    for _, obj in inspect.getmembers(module, inspect.isclass):
-        if obj.__module__ == module.__name__ and "registry" in inspect.signature(obj).parameters:
-            registry = CollectorRegistry()
+        async def ready() -> bool:
+            assert proc.returncode is None, f"the worker exited: {log.read_text(errors='replace')[-2000:]}"
             try:
-                obj(registry=registry)
-            except TypeError:
-                continue
-            return names_in_registry(registry)
-    registry = CollectorRegistry()
-    found = [m for _, m in inspect.getmembers(module) if isinstance(m, MetricWrapperBase)]
-    for metric in found:
-        registry.register(metric)
-    if not found:
-        pytest.skip("agentrun.worker.metrics exposes no registry, metric class or metrics this test can read")
-    return names_in_registry(registry)
+                async with httpx.AsyncClient(timeout=5) as http:
+                    return (await http.get(f"{url}/readyz")).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        await eventually(ready, timeout=60, what="the worker to be ready")
+        yield url
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), 30)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
 
 
-def test_worker_exports_every_metric_the_chart_uses() -> None:
-    exported = _worker_metric_names()
-    assert CHART_METRICS - exported == set(), f"the worker exports {sorted(exported)}"
+async def test_a_live_worker_exposes_every_series_the_dashboard_and_alerts_query(
+    render: Callable[..., list[Manifest]], database_url: str, store: RunStore, tmp_path: Path
+) -> None:
+    async with FakeAnthropic() as api, live_worker(database_url, api.base_url, tmp_path / "worker.log") as url:
+        # One run through the worker, so its counters and histograms have samples too, not only types.
+        run, _ = await store.create(new_run("count the open tickets"))
+
+        async def finished() -> bool:
+            got = await store.get(run.id)
+            return got is not None and got.status.terminal
+
+        await eventually(finished, timeout=60, what="the run to finish")
+        async with httpx.AsyncClient(timeout=10) as http:
+            page = await http.get(f"{url}/metrics")
+    assert page.status_code == 200, page.text
+    done = await store.get(run.id)
+    assert done is not None and done.status is RunStatus.SUCCEEDED, done
+
+    exposed = series_in_exposition(page.text)
+    assert "agentrun_claims_total" in exposed, page.text  # the page is really the worker's
+    queries = [("dashboard", q) for q in dashboard_queries()] + [("alert", q) for q in rule_queries(render)]
+    missing = {(where, name) for where, q in queries for name in names_in_queries([q]) if name not in exposed}
+    assert missing == set(), f"queried but not exposed by a live worker; it exposes {sorted(exposed)}"
 
 
-def test_names_in_exposition_reads_counters_gauges_and_histograms() -> None:
-    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+def test_series_in_exposition_names_what_a_query_can_select() -> None:
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
     registry = CollectorRegistry()
     Counter("agentrun_claims", "claims", registry=registry).inc()
+    Counter("agentrun_tool_errors", "errors", ["tool"], registry=registry)  # labelled, no sample yet
     Gauge("agentrun_runs", "runs", ["status"], registry=registry).labels("QUEUED").set(1)
     Histogram("agentrun_step_latency_seconds", "latency", registry=registry).observe(0.1)
-    assert {"agentrun_claims_total", "agentrun_runs", "agentrun_step_latency_seconds"} <= names_in_registry(registry)
-    assert names_in_exposition("# TYPE agentrun_runs gauge\nagentrun_runs 1\n") == {"agentrun_runs"}
+    exposed = series_in_exposition(generate_latest(registry).decode())
+
+    assert {"agentrun_claims_total", "agentrun_tool_errors_total", "agentrun_runs", "agentrun_step_latency_seconds_bucket",
+            "agentrun_step_latency_seconds_count", "agentrun_step_latency_seconds_sum"} <= exposed
+    # A query of these would select nothing: the check must flag them.
+    assert not {"agentrun_claims", "agentrun_step_latency_seconds", "agentrun_runs_total", "agentrun_nope"} & exposed
+
+
+def test_names_in_queries_keeps_suffixes() -> None:
+    assert names_in_queries([
+        'histogram_quantile(0.95, sum by (le) (rate(agentrun_step_latency_seconds_bucket{kind="MODEL"}[5m])))',
+        "sum(increase(agentrun_claims_total[1h])) / sum(agentrun_runs)",
+    ]) == {"agentrun_step_latency_seconds_bucket", "agentrun_claims_total", "agentrun_runs"}

@@ -10,8 +10,6 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-import pytest
-
 from tests.chart.conftest import CI_VALUES, ROOT, Manifest, find
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -41,6 +39,11 @@ def test_entry_point_is_declared() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "agentrun" in project["project"]["scripts"]
     assert AGENTRUN.exists(), "the package is not installed in this interpreter's environment"
+
+
+def test_the_image_files_exist() -> None:
+    # Read by the tests below; a missing one is a failure, never a skip.
+    assert DOCKERFILE.is_file() and (ROOT / ".dockerignore").is_file()
 
 
 def test_dockerfile_is_multi_stage_slim_and_non_root() -> None:
@@ -89,8 +92,7 @@ def test_worker_and_migrate_flags_exist(render: Callable[..., list[Manifest]]) -
 
 
 def test_operator_flags_exist(render: Callable[..., list[Manifest]]) -> None:
-    if not re.search(r"\boperator\b", _help()):
-        pytest.skip("`agentrun operator` does not exist yet (issue 5)")
+    assert re.search(r"\boperator\b", _help()), "`agentrun operator` is missing"
     watching_one = next(p for p in CI_VALUES if p.stem == "everything-hpa-values")
     container = find(render(watching_one), "Deployment", "-operator")["spec"]["template"]["spec"]["containers"][0]
     operator_help = _help("operator")

@@ -9,9 +9,9 @@ import socket
 
 import pytest
 
-from agentrun.worker.llm.anthropic_client import AnthropicClient, retry_after, with_message_breakpoints
+from agentrun.worker.llm.anthropic_client import AnthropicClient, retry_after, should_retry, with_message_breakpoints
 from agentrun.worker.llm.fake_server import FakeAnthropic, Reply, usage_of
-from agentrun.worker.llm.types import LlmError, LlmRequest
+from agentrun.worker.llm.types import MAX_RETRY_AFTER, LlmError, LlmRequest
 from tests.llm.conftest import TOOLS
 
 MODEL = "claude-sonnet-4-5"
@@ -147,6 +147,48 @@ async def test_status_errors_keep_their_status(fake: FakeAnthropic, client: Anth
     assert caught.value.message == reply.body["error"]["message"]
 
 
+@pytest.mark.parametrize(("status", "retryable"), [
+    (400, False), (401, False), (403, False), (404, False), (413, False), (422, False), (418, False), (451, False),
+    (408, True), (409, True), (429, True), (500, True), (502, True), (503, True), (504, True), (529, True),
+])
+async def test_which_statuses_are_retryable(
+    fake: FakeAnthropic, client: AnthropicClient, status: int, retryable: bool
+) -> None:
+    fake.script(Reply.error(status, f"status {status}"))
+
+    with pytest.raises(LlmError) as caught:
+        await client.send(request())
+
+    assert caught.value.status == status and caught.value.retryable is retryable
+
+
+@pytest.mark.parametrize(("status", "header", "retryable"), [
+    (529, "false", False), (500, "false", False), (429, "FALSE", False),
+    (400, "true", True), (404, "true", True), (529, "true", True), (400, "maybe", False), (503, "", True),
+])
+async def test_x_should_retry_overrides_the_status(
+    fake: FakeAnthropic, client: AnthropicClient, status: int, header: str, retryable: bool
+) -> None:
+    reply = Reply.error(status, "told by the server")
+    fake.script(Reply(status=reply.status, body=reply.body, headers={"x-should-retry": header}))
+
+    with pytest.raises(LlmError) as caught:
+        await client.send(request())
+
+    assert caught.value.status == status and caught.value.retryable is retryable
+
+
+@pytest.mark.parametrize("value", ["inf", "1e12", "86400", "Fri, 31 Dec 9999 23:59:59 GMT"])
+async def test_an_absurd_retry_after_is_capped(fake: FakeAnthropic, client: AnthropicClient, value: str) -> None:
+    reply = Reply.rate_limited()
+    fake.script(Reply(status=429, body=reply.body, headers={"retry-after": value}))
+
+    with pytest.raises(LlmError) as caught:
+        await client.send(request())
+
+    assert caught.value.retry_after == MAX_RETRY_AFTER
+
+
 async def test_retry_after_comes_from_the_header(fake: FakeAnthropic, client: AnthropicClient) -> None:
     fake.script(Reply.rate_limited(7))
 
@@ -201,6 +243,38 @@ NOW = datetime.datetime(2025, 6, 1, 12, 0, 0, tzinfo=datetime.UTC)
     ({"retry-after": "soon"}, None),
     ({"retry-after-ms": "2500", "retry-after": "9"}, 2.5),
     ({}, None),
+    ({"retry-after": "inf"}, MAX_RETRY_AFTER),
+    ({"retry-after": "Infinity"}, MAX_RETRY_AFTER),
+    ({"retry-after": "-inf"}, 0.0),
+    ({"retry-after": "nan"}, None),
+    ({"retry-after": "1e400"}, MAX_RETRY_AFTER),  # overflows to inf
+    ({"retry-after": "3600"}, MAX_RETRY_AFTER),
+    ({"retry-after": "Sun, 01 Jun 2025 13:00:00 GMT"}, MAX_RETRY_AFTER),  # an hour ahead
+    ({"retry-after": "Fri, 31 Dec 9999 23:59:59 GMT"}, MAX_RETRY_AFTER),
+    ({"retry-after-ms": "inf"}, MAX_RETRY_AFTER),
+    ({"retry-after-ms": "nan", "retry-after": "4"}, 4.0),  # an unusable ms header falls back to seconds
+    ({"retry-after-ms": "-100"}, 0.0),
 ])
 def test_retry_after_parsing(headers: dict[str, str], expected: float | None) -> None:
     assert retry_after(headers, NOW) == expected
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (float("inf"), MAX_RETRY_AFTER), (1e9, MAX_RETRY_AFTER), (-5.0, 0.0), (float("nan"), None), (7.0, 7.0), (None, None),
+])
+def test_an_llm_error_never_carries_an_absurd_retry_after(value: float | None, expected: float | None) -> None:
+    assert LlmError(429, value).retry_after == expected
+
+
+def test_an_llm_error_can_carry_the_servers_verdict() -> None:
+    assert LlmError(529).retryable and not LlmError(529, retryable=False).retryable
+    assert not LlmError(400).retryable and LlmError(400, retryable=True).retryable
+    assert LlmError(-1).retryable  # no answer at all: a connection error or a timeout
+
+
+@pytest.mark.parametrize(("headers", "expected"), [
+    ({"x-should-retry": "true"}, True), ({"x-should-retry": "false"}, False), ({"x-should-retry": " True "}, True),
+    ({"x-should-retry": "1"}, None), ({}, None),
+])
+def test_should_retry_parsing(headers: dict[str, str], expected: bool | None) -> None:
+    assert should_retry(headers) is expected

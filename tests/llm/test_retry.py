@@ -11,7 +11,7 @@ from agentrun.worker.llm.fake_server import FakeAnthropic, Reply
 from agentrun.worker.llm.retry import Retrying, backoff
 from agentrun.worker.llm.scripted import ScriptedLlm
 from agentrun.worker.llm.timeout import TimeLimited
-from agentrun.worker.llm.types import LlmError, LlmRequest
+from agentrun.worker.llm.types import MAX_RETRY_AFTER, LlmError, LlmRequest
 from tests.llm.conftest import RecordingSleeper
 
 REQUEST = LlmRequest("claude-sonnet-4-5", 256, [{"role": "user", "content": "hello"}])
@@ -64,7 +64,74 @@ async def test_attempts_are_capped(fake: FakeAnthropic, client: AnthropicClient,
         await stack(client, sleeper, attempts=3).send(REQUEST)
 
     assert caught.value.status == 529
+    assert caught.value.retryable, "an exhausted retryable error must say so, so the run can be handed back"
     assert len(fake.requests) == 3 and len(sleeper.waits) == 2
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 413, 422])
+async def test_client_errors_fail_at_once(
+    fake: FakeAnthropic, client: AnthropicClient, sleeper: RecordingSleeper, status: int
+) -> None:
+    fake.script(Reply.error(status, "no"), Reply.text("never asked for"))
+
+    with pytest.raises(LlmError) as caught:
+        await stack(client, sleeper).send(REQUEST)
+
+    assert caught.value.status == status and not caught.value.retryable
+    assert len(fake.requests) == 1 and sleeper.waits == []
+
+
+@pytest.mark.parametrize("status", [408, 409])
+async def test_request_and_lock_timeouts_are_retried(
+    fake: FakeAnthropic, client: AnthropicClient, sleeper: RecordingSleeper, status: int
+) -> None:
+    fake.script(Reply.error(status, "try again"), Reply.text("ok"))
+
+    response = await stack(client, sleeper).send(REQUEST)
+
+    assert response.content == [{"type": "text", "text": "ok"}]
+    assert len(fake.requests) == 2 and len(sleeper.waits) == 1
+
+
+def said(reply: Reply, should_retry: str) -> Reply:
+    return Reply(status=reply.status, body=reply.body, headers={**reply.headers, "x-should-retry": should_retry})
+
+
+async def test_x_should_retry_false_stops_a_retry(
+    fake: FakeAnthropic, client: AnthropicClient, sleeper: RecordingSleeper
+) -> None:
+    fake.script(said(Reply.overloaded(), "false"), Reply.text("never asked for"))
+
+    with pytest.raises(LlmError) as caught:
+        await stack(client, sleeper).send(REQUEST)
+
+    assert caught.value.status == 529 and not caught.value.retryable
+    assert len(fake.requests) == 1 and sleeper.waits == []
+
+
+async def test_x_should_retry_true_forces_a_retry(
+    fake: FakeAnthropic, client: AnthropicClient, sleeper: RecordingSleeper
+) -> None:
+    fake.script(said(Reply.bad_request("a transient glitch"), "true"), Reply.text("ok"))
+
+    response = await stack(client, sleeper).send(REQUEST)
+
+    assert response.content == [{"type": "text", "text": "ok"}]
+    assert len(fake.requests) == 2 and len(sleeper.waits) == 1
+
+
+@pytest.mark.parametrize("value", ["inf", "1e12", "-5", "nan", "Fri, 31 Dec 9999 23:59:59 GMT"])
+async def test_an_absurd_retry_after_never_parks_the_call(
+    fake: FakeAnthropic, client: AnthropicClient, sleeper: RecordingSleeper, value: str
+) -> None:
+    limited = Reply.rate_limited()
+    fake.script(Reply(status=429, body=limited.body, headers={"retry-after": value}), Reply.text("ok"))
+
+    response = await stack(client, sleeper).send(REQUEST)
+
+    assert response.content == [{"type": "text", "text": "ok"}]
+    (wait,) = sleeper.waits
+    assert 0.0 <= wait <= MAX_RETRY_AFTER, wait
 
 
 async def test_a_slow_attempt_times_out_and_the_next_one_answers(
@@ -94,6 +161,17 @@ def test_retry_after_is_a_floor_not_a_replacement() -> None:
 
     assert backoff(0, 1.0, 30.0, Top(), retry_after=7) == 7.0
     assert backoff(5, 1.0, 30.0, Top(), retry_after=7) == 30.0
+
+
+@pytest.mark.parametrize(("retry_after", "expected"), [
+    (float("inf"), MAX_RETRY_AFTER), (1e12, MAX_RETRY_AFTER), (float("nan"), 0.0), (-3.0, 0.0),
+])
+def test_backoff_bounds_the_retry_after_it_is_given(retry_after: float, expected: float) -> None:
+    class Bottom:
+        def uniform(self, a: float, b: float) -> float:
+            return a
+
+    assert backoff(0, 1.0, 30.0, Bottom(), retry_after=retry_after) == expected
 
 
 async def test_errors_other_than_llm_errors_pass_through(sleeper: RecordingSleeper) -> None:

@@ -61,10 +61,17 @@ async def test_a_worker_runs_as_the_least_privileged_role(postgres_url: str, rol
     parts = sections(roles)
     assert set(parts) == {"cluster", "database", "after migrate"}
     run_section(postgres_url, parts["cluster"])
+    # As the file says: set the passwords. A server that asks for them (testcontainers' postgres image,
+    # a managed one behind AGENTRUN_TEST_DATABASE_URL) then lets the roles in; one that trusts local
+    # connections (the embedded server) ignores them. Host, port and options stay the admin URL's.
+    passwords = {role: f"pw-{uuid.uuid4().hex}" for role in (roles["agentrun_owner"], roles["agentrun_runtime"])}
+    with psycopg.connect(postgres_url, autocommit=True) as admin:
+        for role, password in passwords.items():
+            admin.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(role), sql.Literal(password)))
     db_url = make_conninfo(postgres_url, dbname=roles["agentrun"])
     run_section(db_url, parts["database"])
-    owner_url = make_conninfo(db_url, user=roles["agentrun_owner"])
-    runtime_url = make_conninfo(db_url, user=roles["agentrun_runtime"])
+    owner_url = make_conninfo(db_url, user=roles["agentrun_owner"], password=passwords[roles["agentrun_owner"]])
+    runtime_url = make_conninfo(db_url, user=roles["agentrun_runtime"], password=passwords[roles["agentrun_runtime"]])
     await migrate.migrate(owner_url)
     run_section(owner_url, parts["after migrate"])
 

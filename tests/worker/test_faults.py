@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import threading
@@ -234,17 +235,67 @@ async def test_heartbeat_notices_the_stolen_lease_and_cancels_the_tool(
 # -- the model API stays down ---------------------------------------------------------------------
 
 
-async def test_model_overloaded_for_long_fails_after_its_attempts(store: RunStore) -> None:
+def _quick_outage_backoff(w: Worker, base: float = 0.2, cap: float = 0.4) -> Worker:
+    w.driver.settings = dataclasses.replace(w.driver.settings, outage_backoff_base=base, outage_backoff_cap=cap)
+    return w
+
+
+async def test_an_outage_longer_than_the_retries_hands_the_run_back_and_it_succeeds_after(store: RunStore) -> None:
+    """Every attempt of a step fails retryably: the run is not failed but handed back with backoff,
+    tried again later, and once the API answers it succeeds, paying only for the calls that answered."""
+    down = {"calls": 12}
+
+    def api_reply(body: dict[str, Any]) -> Reply:
+        if down["calls"] > 0:
+            down["calls"] -= 1
+            return Reply.overloaded()
+        return Reply.text("recovered", {"input_tokens": 10, "output_tokens": 5})
+
+    async with FakeAnthropic(api_reply) as api:
+        llm = build_llm(LlmSettings(max_attempts=4, backoff_base_seconds=0.01, backoff_cap_seconds=0.02),
+                        api_key="test-key", base_url=api.base_url)
+        run, _ = await store.create(new_run())
+        async with serving(_quick_outage_backoff(worker(store, llm, []))):
+            after = await finished(store, run.id)
+        assert after.status is RunStatus.SUCCEEDED, after.error
+        assert len(api.requests) == 13  # three rounds of four attempts, handed back between, then the answer
+        steps = await store.steps(run.id)
+        assert len(steps) == 1 and after.tokens_used == 15
+        assert after.crashes == 0 and after.model_retries == 0  # handed back, not crashed; reset by the answer
+
+
+async def test_a_run_handed_back_in_an_outage_waits_its_backoff(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
     async with FakeAnthropic(lambda body: Reply.overloaded()) as api:
+        llm = build_llm(LlmSettings(max_attempts=2, backoff_base_seconds=0.01, backoff_cap_seconds=0.02),
+                        api_key="test-key", base_url=api.base_url)
+        run, _ = await store.create(new_run())
+        w = _quick_outage_backoff(worker(store, llm, []), base=600, cap=600)
+        async with serving(w):
+            async def handed_back() -> bool:
+                r = await store.get(run.id)
+                return r is not None and r.model_retries == 1
+
+            await eventually(handed_back, 20, "the run to be handed back")
+            cur = await db.execute(
+                "SELECT extract(epoch FROM run_at - now()), status, handed_back FROM run WHERE id = %s", (run.id,)
+            )
+            wait, status, back = await cur.fetchone()  # type: ignore[misc]
+        assert status == "RUNNING" and back  # not failed: claimable again after the backoff
+        assert 250 < float(wait) <= 600  # equal jitter: at least half of base × 2^0
+        assert len(api.requests) == 2  # nothing more while it waits: no hot loop
+
+
+async def test_a_non_retryable_model_error_fails_the_run_at_once(store: RunStore) -> None:
+    async with FakeAnthropic(lambda body: Reply.error(400, "bad request", "invalid_request_error")) as api:
         llm = build_llm(LlmSettings(max_attempts=4, backoff_base_seconds=0.01, backoff_cap_seconds=0.02),
                         api_key="test-key", base_url=api.base_url)
         run, _ = await store.create(new_run())
         async with serving(worker(store, llm, [])):
             after = await finished(store, run.id)
-        assert after.status is RunStatus.FAILED
-        assert after.error is not None and "529" in after.error and "Overloaded" in after.error
-        assert len(api.requests) == 4  # its attempts, then no more: no hot loop
-        assert after.tokens_used == 0 and await store.steps(run.id) == []
+        assert after.status is RunStatus.FAILED and after.error is not None and "400" in after.error
+        assert len(api.requests) == 1 and after.tokens_used == 0
 
 
 async def test_model_overloaded_past_the_deadline_times_out_backing_off(store: RunStore) -> None:

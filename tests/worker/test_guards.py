@@ -70,15 +70,39 @@ async def test_deadline_passed_before_claim(store: RunStore, db: psycopg.AsyncCo
 
 
 async def test_deadline_passing_during_a_step_ends_the_run(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
-    run, _ = await store.create(new_run(timeout_seconds=1))
+    # The deadline is made to fall one second after the claim, whenever the claim comes: a run created
+    # with a one-second timeout on a loaded machine may be claimed after its deadline and end TIMED_OUT
+    # by the guard, before any step, which is not what this test is about. From the claim, the worker
+    # reads the steps, sets its deadline timer and calls the model; that call is the first point where
+    # the timer can fire, so the deadline passes during the model step however slow the machine.
+    await db.execute("""
+        CREATE FUNCTION deadline_after_claim() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN NEW.deadline_at := now() + interval '1 second'; RETURN NEW; END $$;
+        CREATE TRIGGER deadline_after_claim BEFORE UPDATE ON run FOR EACH ROW
+            WHEN (OLD.status = 'QUEUED' AND NEW.status = 'RUNNING') EXECUTE FUNCTION deadline_after_claim();
+    """)
+    run, _ = await store.create(new_run(timeout_seconds=300))
+    calls: list[str] = []
 
-    @tool(name="forever")
-    async def forever(args: dict[str, Any], ctx: ToolContext) -> str:
-        await asyncio.sleep(3600)
-        return "never"
+    class Forever(ScriptedLlm):
+        async def send(self, request: Any) -> Any:
+            calls.append("started")
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                calls.append("cancelled")
+                raise
+            return await super().send(request)
 
-    await worker(store, ScriptedLlm().then_tool_use("t1", "forever"), [forever]).run_once()
-    assert (await finished(store, run.id))[0] is RunStatus.TIMED_OUT
+    try:
+        async with asyncio.timeout(120):  # a generous bound, so a deadline that never fires fails, not hangs
+            await worker(store, Forever(), [noop]).run_once()
+    except TimeoutError:
+        raise AssertionError(f"the deadline never interrupted the model call: {calls}") from None
+    status, error = await finished(store, run.id)
+    assert status is RunStatus.TIMED_OUT and error == "deadline passed: the run may take 300s"
+    assert calls == ["started", "cancelled"], "the deadline did not interrupt the model call in flight"
+    assert await store.steps(run.id) == []  # the interrupted call wrote no step
 
 
 async def test_cancel_queued_run_ends_at_once(store: RunStore) -> None:

@@ -27,8 +27,8 @@ class CountingStore(RunStore):
 
     claims = 0
 
-    async def claim(self, worker: str, lease_seconds: float, liveness: bool = False) -> Claim | None:
-        found = await super().claim(worker, lease_seconds, liveness)
+    async def claim(self, worker: str, lease_seconds: float, liveness: bool = False, **kw: Any) -> Claim | None:
+        found = await super().claim(worker, lease_seconds, liveness, **kw)
         self.claims += 1
         return found
 
@@ -135,7 +135,8 @@ async def test_a_dead_workers_run_is_claimable_at_once(store: RunStore, database
         await alive.close()  # worker A dies: PostgreSQL ends its session and frees the lock
 
     async def taken() -> bool:
-        return await store.claim("worker-B", 30, liveness=True) is not None
+        await store.suspect("worker-B", 0.5)  # what an idle worker does after a claim that found nothing
+        return await store.claim("worker-B", 30, liveness=True, liveness_grace=0.5) is not None
 
     await eventually(taken, what="worker B to take over the dead worker's run")
     after = await store.get(run.id)
@@ -147,7 +148,9 @@ async def test_without_liveness_a_dead_workers_run_waits_for_its_lease(store: Ru
     await store.create(new_run())
     assert await store.claim("worker-A", 30)  # worker A holds no lock at all: it looks dead
     assert await store.claim("worker-B", 30, liveness=False) is None
-    assert await store.claim("worker-B", 30, liveness=True) is not None
+    assert await store.suspect("worker-B", 0.0) == 0.0  # A's lock is free: suspected, with no grace to wait
+    assert await store.claim("worker-B", 30, liveness=False, liveness_grace=0.0) is None
+    assert await store.claim("worker-B", 30, liveness=True, liveness_grace=0.0) is not None
 
 
 async def test_a_running_worker_holds_its_lock_and_a_stopped_one_lets_go(
@@ -188,10 +191,10 @@ async def test_a_wake_up_during_a_claim_is_not_lost(store: RunStore) -> None:
     entered, proceed = asyncio.Event(), asyncio.Event()
 
     class SlowClaim(RunStore):
-        async def claim(self, worker: str, lease_seconds: float, liveness: bool = False) -> Claim | None:
+        async def claim(self, worker: str, lease_seconds: float, liveness: bool = False, **kw: Any) -> Claim | None:
             entered.set()
             await proceed.wait()
-            return await super().claim(worker, lease_seconds, liveness)
+            return await super().claim(worker, lease_seconds, liveness, **kw)
 
     w = worker(SlowClaim(store.pool), TurnBasedLlm(1), [noop], "worker-A", poll=60.0)
     serving = asyncio.create_task(w.run())

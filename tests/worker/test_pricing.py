@@ -10,6 +10,7 @@ import pytest
 
 from agentrun.worker.llm.types import Usage
 from agentrun.worker.pricing import PriceTable
+from agentrun.worker.settings import WorkerSettings
 
 TABLE = """
 [models."claude-test"]
@@ -57,9 +58,11 @@ def test_an_unknown_model_costs_null_with_one_warning(caplog: pytest.LogCaptureF
 
 def test_the_shipped_table_prices_the_default_model() -> None:
     prices = PriceTable.load()
-    sonnet = prices.price("claude-sonnet-4-5")
-    assert sonnet is not None and sonnet.input > 0 and sonnet.cache_read < sonnet.input < sonnet.cache_write
-    assert prices.price("claude-sonnet-4-5-20250929") == sonnet
+    default = WorkerSettings(database_url="unused").default_model
+    price = prices.price(default)
+    assert price is not None, f"the default model {default} has no price in the shipped table"
+    assert price.input > 0 and price.cache_read < price.input < price.cache_write
+    assert prices.price(f"{default}-20250929") == price
     for model, p in prices.prices.items():
         assert p.cache_read < p.input < p.cache_write < p.output, model
 

@@ -13,12 +13,15 @@ import os
 import socket
 import sys
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from agentrun.worker.llm.fake_server import FakeAnthropic, Reply
@@ -68,14 +71,39 @@ async def _use_the_api(url: str) -> str:
     return "\n".join(answers)
 
 
+@pytest.fixture
+def url_with_password(database_url: str, db: psycopg.AsyncConnection[Any]) -> Iterator[str]:
+    """The test database's URL as a role of its own whose password is DB_PASSWORD.
+
+    A server that asks for passwords (testcontainers, AGENTRUN_TEST_DATABASE_URL) checks it, so the
+    worker really logs in with it; the embedded server trusts local connections and never asks, but
+    the password is in the worker's URL either way, there to be leaked. Host, port and database stay
+    the test URL's.
+    """
+    role = f"ar_secret_{uuid.uuid4().hex[:8]}"
+    name = sql.Identifier(role)
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("CREATE ROLE {} LOGIN PASSWORD {}").format(name, sql.Literal(DB_PASSWORD)))
+        for grant in ("GRANT ALL ON SCHEMA public TO {}", "GRANT ALL ON ALL TABLES IN SCHEMA public TO {}",
+                      "GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {}",
+                      # and on the tables the test makes afterwards (the chaos tools' execution log)
+                      "ALTER DEFAULT PRIVILEGES IN SCHEMA public GRANT ALL ON TABLES TO {}"):
+            admin.execute(sql.SQL(grant).format(name))
+        admin.execute(sql.SQL("GRANT CONNECT, TEMPORARY ON DATABASE {} TO {}").format(
+            sql.Identifier(conninfo_to_dict(database_url)["dbname"]), name))
+    try:
+        yield make_conninfo(database_url, user=role, password=DB_PASSWORD)
+    finally:
+        with psycopg.connect(database_url, autocommit=True) as admin:
+            admin.execute(sql.SQL("DROP OWNED BY {}").format(name))  # its grants and default privileges
+            admin.execute(sql.SQL("DROP ROLE {}").format(name))
+
+
 @pytest.mark.parametrize("log_format", ["console", "json"])
 async def test_secrets_stay_out_of_rows_timeline_errors_and_logs(
-    store: RunStore, database_url: str, db: psycopg.AsyncConnection[Any], log_format: str
+    store: RunStore, db: psycopg.AsyncConnection[Any], url_with_password: str, log_format: str
 ) -> None:
     await db.execute(EXEC_TABLE)
-    # The password is part of the URL the worker gets; the embedded server trusts local connections,
-    # so it is never asked for, but it is there to be leaked.
-    url_with_password = make_conninfo(database_url, password=DB_PASSWORD)
     assert conninfo_to_dict(url_with_password)["password"] == DB_PASSWORD
     async with FakeAnthropic() as api:
         api.script(

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import datetime
 import email.utils
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import anthropic
 
-from agentrun.worker.llm.types import Block, LlmError, LlmRequest, LlmResponse, Message, Usage
+from agentrun.worker.llm.types import Block, LlmError, LlmRequest, LlmResponse, Message, Usage, sane_retry_after
 
 EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
 MAX_ERROR_CHARS = 500
@@ -72,7 +73,10 @@ class AnthropicClient:
         try:
             message = await self._sdk.messages.create(**params)
         except anthropic.APIStatusError as e:
-            raise LlmError(e.status_code, retry_after(e.response.headers, self._clock()), _status_message(e)) from e
+            headers = e.response.headers
+            raise LlmError(
+                e.status_code, retry_after(headers, self._clock()), _status_message(e), retryable=should_retry(headers)
+            ) from e
         except anthropic.APIConnectionError as e:  # includes APITimeoutError
             cause = f" ({type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ is not None else ""
             raise LlmError(-1, None, _truncate(f"{type(e).__name__}: {e.message}{cause}")) from e
@@ -120,27 +124,44 @@ def _marked(message: Message) -> Message:
     return {**message, "content": blocks}
 
 
+def should_retry(headers: Mapping[str, str]) -> bool | None:
+    """The server's own verdict from `x-should-retry` ("true" or "false"), None without one.
+
+    The Anthropic SDK obeys it before looking at the status, and so do we: it lets the API say that a
+    500 will fail again, or that a 400 is a transient glitch.
+    """
+    value = headers.get("x-should-retry", "").strip().lower()
+    return True if value == "true" else False if value == "false" else None
+
+
 def retry_after(headers: Mapping[str, str], now: datetime.datetime) -> float | None:
-    """Seconds to wait from `retry-after-ms` or `retry-after` (seconds or an HTTP date); None if absent."""
-    if (ms := headers.get("retry-after-ms")) is not None:
-        try:
-            return max(float(ms) / 1000, 0.0)
-        except ValueError:
-            pass
+    """Seconds to wait from `retry-after-ms` or `retry-after` (seconds or an HTTP date); None if absent or
+    unreadable. Always within [0, MAX_RETRY_AFTER]: "inf", a year or a date far ahead is capped."""
+    if (ms := _number(headers.get("retry-after-ms"))) is not None:
+        return sane_retry_after(ms / 1000)
     value = headers.get("retry-after")
     if value is None:
         return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
+    if (seconds := _number(value)) is not None:
+        return sane_retry_after(seconds)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     if when.tzinfo is None:  # RFC 9110 dates are GMT
         when = when.replace(tzinfo=datetime.UTC)
-    return max((when - now).total_seconds(), 0.0)
+    return sane_retry_after((when - now).total_seconds())
+
+
+def _number(value: str | None) -> float | None:
+    """`value` as a float (inf included), None if absent, not a number or NaN."""
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except ValueError:
+        return None
+    return None if math.isnan(number) else number
 
 
 def _status_message(e: anthropic.APIStatusError) -> str:

@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable
 from typing import Protocol
 
-from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, LlmResponse
+from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, LlmResponse, sane_retry_after
 
 log = logging.getLogger(__name__)
 
@@ -25,16 +25,21 @@ class Uniform(Protocol):
 
 
 def backoff(attempt: int, base: float, cap: float, rng: Uniform, retry_after: float | None = None) -> float:
-    """Full jitter (uniform between 0 and min(cap, base * 2**attempt)), but never before `retry_after`."""
+    """Full jitter (uniform between 0 and min(cap, base * 2**attempt)), but never before `retry_after`.
+
+    `retry_after` is bounded by MAX_RETRY_AFTER (and NaN ignored), so a server cannot park the caller.
+    """
     wait = rng.uniform(0.0, min(cap, base * 2**attempt))
-    return max(wait, retry_after or 0.0)
+    return max(wait, sane_retry_after(retry_after) or 0.0)
 
 
 class Retrying:
     """Up to `max_attempts` calls of `delegate`; waits between them per `backoff`.
 
-    Only `LlmError`s with `retryable` set are retried; anything else, and the last error, goes to the
-    caller. `on_retry(status)` is called before each wait (a metrics hook).
+    Only `LlmError`s with `retryable` set are retried (see `retryable_status`; the server's
+    `x-should-retry` overrides it); anything else, and the last error, goes to the caller. The last
+    error keeps its `retryable`, so the caller can tell "attempts exhausted, try again later" from
+    "this request will never work". `on_retry(status)` is called before each wait (a metrics hook).
     """
 
     def __init__(

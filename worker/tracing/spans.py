@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from agentrun.worker import logs
+from agentrun.worker.lease import CancelRequested
 from agentrun.worker.llm.types import LlmError, LlmRequest, LlmResponse, Message
 from agentrun.worker.observer import NoObserver
 from agentrun.worker.records import Run, RunStatus
@@ -93,14 +94,17 @@ def _fail(span: trace.Span, e: BaseException, error_type: str | None = None) -> 
 @contextlib.contextmanager
 def _in(span: trace.Span) -> Iterator[None]:
     """Make `span` current, and the log lines' span, with the block's end told apart: a failed model call
-    (its HTTP status), a lost lease or an interrupted drive (events: no error of the step), anything else
-    (an error). use_span's own handling is off, as it would call all of these errors."""
+    (its HTTP status), a cancel, a lost lease or an interrupted drive (events: no error of the step),
+    anything else (an error). use_span's own handling is off, as it would call all of these errors."""
     with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False), \
             logs.step_context(**_log_fields(span)):
         try:
             yield
         except LlmError as e:
             _fail(span, e, str(e.status))
+            raise
+        except CancelRequested:
+            span.add_event("cancel_requested")  # the step was interrupted: someone asked the run to stop
             raise
         except (LeaseLost, asyncio.CancelledError) as e:
             span.add_event("lease_lost" if isinstance(e, LeaseLost) else "interrupted")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import logging
@@ -327,3 +328,27 @@ async def test_a_lost_lease_is_an_event_not_an_error(store: RunStore, db: psycop
     for span in (tool_span, root):
         assert [e.name for e in span.events] == ["lease_lost"]
         assert span.status.status_code is StatusCode.UNSET
+
+
+async def test_a_cancel_is_an_event_on_the_interrupted_step(store: RunStore) -> None:
+    from tests.worker.test_hardening import finished, serving
+
+    t = Traced()
+    started = asyncio.Event()
+
+    @tool(name="slow", description="waits")
+    async def slow(args: dict[str, Any], ctx: ToolContext) -> str:
+        started.set()
+        await asyncio.sleep(30)
+        return "too late"
+
+    run, _ = await store.create(new_run())
+    async with serving(worker(store, ScriptedLlm().then_tool_use("toolu_1", "slow", {}), [slow], observer=t.tracer)):
+        await asyncio.wait_for(started.wait(), 30)
+        await store.cancel(run.id)
+        assert (await finished(store, run.id, timeout=30)).status is RunStatus.CANCELLED
+    tool_span, root = t.named("execute_tool")[0], t.named("invoke_agent")[0]
+    assert [e.name for e in tool_span.events] == ["cancel_requested"]
+    assert tool_span.status.status_code is StatusCode.UNSET
+    assert (root.attributes or {})["agentrun.run.status"] == "CANCELLED"
+    assert root.status.status_code is StatusCode.UNSET  # asked for, not an error

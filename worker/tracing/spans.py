@@ -244,7 +244,7 @@ class RunTracer(NoObserver):
     def run_ended(self, run: Run, status: RunStatus, reason: str | None) -> None:
         span = trace.get_current_span()  # the invoke_agent span: the run ends between steps
         span.set_attribute("agentrun.run.status", status.value)
-        if status is not RunStatus.SUCCEEDED:
+        if status in (RunStatus.FAILED, RunStatus.TIMED_OUT):  # a cancel was asked for: no error
             span.set_attribute("error.type", status.value)
             span.set_status(Status(StatusCode.ERROR, reason or status.value))
 

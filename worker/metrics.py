@@ -1,4 +1,5 @@
-"""Prometheus metrics of a worker, in its own registry: tokens, cost, step latency, runs by status, leases.
+"""Prometheus metrics of a worker, in its own registry: tokens, cost, step latency, runs by status, leases,
+tool threads.
 
 `Metrics` implements the engine's `Observer`. The runs-by-status gauge is read from the database at
 scrape time (one GROUP BY) and cached for a few seconds, so a fleet of workers scraped together does
@@ -20,6 +21,7 @@ from prometheus_client.registry import Collector
 from agentrun.worker.llm.types import Usage
 from agentrun.worker.observer import NoObserver
 from agentrun.worker.records import RunStatus
+from agentrun.worker.tools import ToolThreads
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +37,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "agentrun_model_retries_total",
     "agentrun_tool_errors_total",
     "agentrun_runs_in_flight",
+    "agentrun_tool_threads_running",
+    "agentrun_tool_threads_overdue",
 )
 
 # Model steps take seconds and tools anything from milliseconds to minutes.
@@ -88,6 +92,15 @@ class Metrics(NoObserver):
         self.retries = Counter("agentrun_model_retries", "Model calls retried, by HTTP status", ["status"], registry=r)
         self.tool_errors = Counter("agentrun_tool_errors", "Tool calls that ended in an error", ["tool"], registry=r)
         self.runs_in_flight = Gauge("agentrun_runs_in_flight", "Runs this worker drives now", registry=r)
+        self.tool_threads_running = Gauge(
+            "agentrun_tool_threads_running", "Threads running a synchronous tool now", registry=r
+        )
+        self.tool_threads_overdue = Gauge(
+            "agentrun_tool_threads_overdue",
+            "Threads still running a synchronous tool whose call timed out or was cancelled (threads "
+            "cannot be killed; each keeps its slot in the bounded tool pool until the tool returns)",
+            registry=r,
+        )
         self._runs = _RunsByStatus()
         r.register(self._runs)
         for kind in ("MODEL", "TOOL"):  # so dashboards see the series before the first step
@@ -123,6 +136,11 @@ class Metrics(NoObserver):
 
     def in_flight(self, runs: int) -> None:
         self.runs_in_flight.set(runs)
+
+    def watch_tool_threads(self, threads: ToolThreads) -> None:
+        """Read the tool-thread gauges from `threads` at scrape time."""
+        self.tool_threads_running.set_function(lambda: threads.running)
+        self.tool_threads_overdue.set_function(lambda: threads.overdue)
 
     def count_runs_with(self, count_runs: RunCounter) -> None:
         """Set where the runs-by-status gauge reads from, once the database pool exists."""

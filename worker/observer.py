@@ -33,13 +33,18 @@ class StepNotes(Protocol):
     def tool_outcome(self, ok: bool, output: str) -> None:
         """A tool step: what the tool returned (`ok` False for an error the model will see)."""
 
+UNKNOWN_TOOL = "(unknown)"
+"""What a tool call is reported as when the model named no tool this worker has: names in model output
+are untrusted, and each distinct one would otherwise become a metric series of its own."""
+
 
 class Observer(Protocol):
     def model_step(self, model: str, usage: Usage, cost_usd: Decimal | None, seconds: float, ok: bool) -> None:
         """A model call ended: with a response (ok) or an error (no usage)."""
 
     def tool_step(self, tool: str, seconds: float, ok: bool) -> None:
-        """A tool call ended; `ok` is False for an error outcome the model will see."""
+        """A tool call ended; `ok` is False for an error outcome the model will see. `tool` is the
+        name of one of the worker's tools, or UNKNOWN_TOOL."""
 
     def claimed(self, takeover: bool, run_id: uuid.UUID | None = None, taken_from: str | None = None) -> None:
         """The worker claimed a run; `takeover` if another worker (`taken_from`) held it (its lease had lapsed)."""

@@ -7,11 +7,11 @@ import uuid
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Header, Path, Query, Request, Response, Security
-from fastapi.routing import APIRoute
-from fastapi.security import HTTPBearer
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 
 from agentrun.worker.api.errors import ApiError, summary
+from agentrun.worker.api.guards import ScopedRoute, access, caller_name
+from agentrun.worker.api.identities import Identities, Scope
 from agentrun.worker.api.schemas import (
     MAX_SEQ,
     ErrorBody,
@@ -24,6 +24,7 @@ from agentrun.worker.api.schemas import (
     StepDetail,
     TimelineStep,
 )
+from agentrun.worker.pricing import PriceTable, cost_budget_problem
 from agentrun.worker.records import NewRun, Run, RunStatus
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
@@ -40,7 +41,8 @@ RunId = Annotated[uuid.UUID, Path(alias="id", description="The run's id (a UUID)
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
     for code, text in {
-        401: "Missing or wrong bearer token (only when the server has one)",
+        401: "Missing or wrong bearer token (only when the server requires tokens)",
+        403: "The token's identity lacks the scope the operation requires: `error` names it",
         404: "No such run",
         422: "Invalid input: `fields` names each field and its problem",
         503: "Database unavailable",
@@ -57,7 +59,7 @@ class _OrjsonRequest(Request):
         return self._json
 
 
-class OrjsonRoute(APIRoute):
+class OrjsonRoute(ScopedRoute):
     def get_route_handler(self) -> Any:
         handler = super().get_route_handler()
 
@@ -72,9 +74,11 @@ def _not_found(run_id: uuid.UUID) -> ApiError:
 
 
 def _same_request(run: Run, new: NewRun) -> bool:
+    # The identity too: another identity reusing a key is not retrying, and must not be handed the run.
     return (run.input, run.model, run.token_budget, run.timeout_seconds, run.max_steps, run.tools, run.system,
-            run.cost_budget_usd) == (new.input, new.model, new.token_budget, new.timeout_seconds, new.max_steps,
-                                     new.tools, new.system, new.cost_budget_usd)
+            run.cost_budget_usd, run.created_by) == (new.input, new.model, new.token_budget, new.timeout_seconds,
+                                                     new.max_steps, new.tools, new.system, new.cost_budget_usd,
+                                                     new.created_by)
 
 
 def _traceparent_schema(schema: dict[str, Any]) -> None:
@@ -92,14 +96,14 @@ def _idempotency_key(value: str | None) -> str | None:
     return value
 
 
-def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> APIRouter:
-    # The scheme only documents the token in OpenAPI; guards.BearerAuth enforces it before any parsing.
-    # Documented only when the server has a token: an open server that advertised one would be lying.
-    bearer = HTTPBearer(auto_error=False, description="The server's AGENTRUN_API_TOKEN.")
+def runs_router(
+    store: RunStore, tools: ToolBox, settings: WorkerSettings, prices: PriceTable, identities: Identities | None = None
+) -> APIRouter:
+    # ScopedRoute (OrjsonRoute's base) enforces each route's scope before any parsing; `access` declares it.
+    secured = identities.enabled if identities is not None else bool(settings.api_token or settings.api_tokens_file)
     router = APIRouter(
         prefix="/api/runs", tags=["runs"], route_class=OrjsonRoute,
-        responses=ERRORS if settings.api_token else {k: v for k, v in ERRORS.items() if k != 401},
-        dependencies=[Security(bearer)] if settings.api_token else [],
+        responses=ERRORS if secured else {k: v for k, v in ERRORS.items() if k not in (401, 403)},
     )
 
     async def get_run(run_id: uuid.UUID) -> Run:
@@ -108,10 +112,12 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
             raise _not_found(run_id)
         return run
 
-    @router.post("", status_code=201, response_model=RunCreated,
-                 responses={400: {"model": ErrorBody, "description": "The body is not JSON, or over the size limit"}})
+    @router.post("", status_code=201, response_model=RunCreated, **access(Scope.SUBMIT, secured),
+                 responses={400: {"model": ErrorBody, "description": "The body is not JSON, or over the size "
+                                  "limit, or `costBudgetUsd` is set for a model without a price"}})
     async def submit(
         body: RunRequest,
+        request: Request,
         response: Response,
         idempotency_key: Annotated[str | None, Header(
             alias="Idempotency-Key",
@@ -127,7 +133,7 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
             json_schema_extra=_traceparent_schema,
         )] = None,
     ) -> RunCreated:
-        """Queue a run. The next free worker claims it."""
+        """Queue a run. The next free worker claims it. Scope: `submit`; the run records who as `createdBy`."""
         key = _idempotency_key(idempotency_key)
         try:
             parent = checked_traceparent(traceparent)
@@ -142,9 +148,13 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         ]
         if problems:
             raise ApiError(422, summary(problems), problems)
+        model = body.model or settings.default_model
+        # A step of an unpriced model costs null, so its budget would never stop the run.
+        if (problem := cost_budget_problem(prices, model, body.cost_budget())) is not None:
+            raise ApiError(400, problem, [FieldProblem(field="costBudgetUsd", problem=problem)])
         new = NewRun(
             input=body.input,
-            model=body.model or settings.default_model,
+            model=model,
             token_budget=body.token_budget,
             timeout_seconds=body.timeout_seconds,
             max_steps=body.max_steps,
@@ -152,6 +162,7 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
             system=body.system,
             cost_budget_usd=body.cost_budget(),
             idempotency_key=key,
+            created_by=caller_name(request),
             traceparent=parent,
         )
         run, created = await store.create(new)
@@ -167,7 +178,7 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         # A new run is QUEUED when inserted, though a worker may have claimed it by the time it is read back.
         return RunCreated(id=run.id, status=RunStatus.QUEUED if created else run.status)
 
-    @router.get("", response_model=RunPage)
+    @router.get("", response_model=RunPage, **access(Scope.READ, secured))
     async def list_runs(
         status: Annotated[RunStatus | None, Query(description="Only runs in this status.")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="Runs per page.")] = 50,
@@ -177,7 +188,7 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         """Runs, newest first, a page at a time (keyset pagination: stable while runs are added).
 
         The answer is `{"items": [...], "next": "<uuid>" | null}`; to get the following page pass
-        `next` as `after`, with the same `status`. `next` is null on the last page.
+        `next` as `after`, with the same `status`. `next` is null on the last page. Scope: `read`.
         """
         runs = await store.list_runs(status, limit + 1, after)
         # A cursor naming no run yields an empty page; only then is it worth a query to tell the two apart.
@@ -187,38 +198,41 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         page = runs[:limit]
         return RunPage(items=[RunSummary.of(r) for r in page], next=page[-1].id if len(runs) > limit else None)
 
-    @router.get("/{id}", response_model=RunView)
+    @router.get("/{id}", response_model=RunView, **access(Scope.READ, secured))
     async def get(run_id: RunId) -> RunView:
-        """A run: status, input, model, budgets, tokens and cost so far, error, times, the holding worker."""
+        """A run: status, input, model, budgets, tokens and cost so far, error, times, the holding worker,
+        who created it and who cancelled it. Scope: `read`."""
         return RunView.of(await get_run(run_id))
 
-    @router.get("/{id}/timeline", response_model=list[TimelineStep])
+    @router.get("/{id}/timeline", response_model=list[TimelineStep], **access(Scope.READ, secured))
     async def timeline(run_id: RunId) -> list[TimelineStep]:
-        """The run's steps in seq order, without their request and response bodies."""
+        """The run's steps in seq order, without their request and response bodies. Scope: `read`."""
         steps = await store.timeline(run_id)
         if not steps:  # a run without steps yet, or no run at all
             await get_run(run_id)
         return [TimelineStep.of(s) for s in steps]
 
-    @router.get("/{id}/steps/{seq}", response_model=StepDetail)
+    @router.get("/{id}/steps/{seq}", response_model=StepDetail, **access(Scope.READ, secured))
     async def step(
         run_id: RunId, seq: Annotated[int, Path(ge=1, le=MAX_SEQ, description="The step's seq (from 1).")]
     ) -> StepDetail:
-        """One step with its request and response bodies, for debugging."""
+        """One step with its request and response bodies, for debugging. Scope: `read`."""
         found = await store.step(run_id, seq)
         if found is None:
             await get_run(run_id)
             raise ApiError(404, f"run {run_id} has no step {seq}")
         return StepDetail.of(found)
 
-    @router.post("/{id}/cancel", status_code=202, response_model=RunView,
+    @router.post("/{id}/cancel", status_code=202, response_model=RunView, **access(Scope.CANCEL, secured),
                  responses={409: {"model": ErrorBody, "description": "The run has already finished"}})
-    async def cancel(run_id: RunId) -> RunView:
-        """Ask a run to stop: a queued run is CANCELLED at once, a running one at its next step boundary."""
+    async def cancel(run_id: RunId, request: Request) -> RunView:
+        """Ask a run to stop: a queued run is CANCELLED at once, a running one at its next step boundary.
+
+        Scope: `cancel`. The first caller to ask is recorded as `cancelledBy`."""
         before = await get_run(run_id)
         if before.status.terminal:
             raise ApiError(409, f"run {run_id} has already finished: {before.status.value}")
-        after = await store.cancel(run_id)
+        after = await store.cancel(run_id, by=caller_name(request))
         if after is None:
             raise _not_found(run_id)
         if after.status.terminal and not after.cancel_requested:  # it finished in between

@@ -10,6 +10,7 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from agentrun.worker.api.identities import Scope
 from agentrun.worker.records import Run, RunStatus, Step, StepKind, StepStatus
 from agentrun.worker.text import unstorable
 
@@ -131,6 +132,13 @@ class RunView(_Camel):
         description="The namespace of the AgentRun this run mirrors, if any.",
     )
     k8s_name: str | None = Field(default=None, serialization_alias="k8sName", description="The name of that AgentRun.")
+    created_by: str | None = Field(
+        default=None, description="Who created the run: an API identity's name, `k8s:<namespace>/<user>` "
+        "or `k8s` for an AgentRun, null when the API was open.",
+    )
+    cancelled_by: str | None = Field(
+        default=None, description="Who first asked the run to stop, named as `createdBy`; null if no one did.",
+    )
 
     @classmethod
     def of(cls, run: Run) -> RunView:
@@ -141,7 +149,8 @@ class RunView(_Camel):
             max_steps=run.max_steps, timeout_seconds=run.timeout_seconds, deadline_at=run.deadline_at,
             cancel_requested=run.cancel_requested, steps=run.steps, error=run.error, locked_by=run.locked_by,
             created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
-            k8s_namespace=run.k8s_namespace, k8s_name=run.k8s_name,
+            k8s_namespace=run.k8s_namespace, k8s_name=run.k8s_name, created_by=run.created_by,
+            cancelled_by=run.cancelled_by,
         )
 
 
@@ -159,6 +168,7 @@ class RunSummary(_Camel):
     locked_by: str | None
     created_at: datetime.datetime
     finished_at: datetime.datetime | None
+    created_by: str | None = Field(default=None, description="Who created the run, as in the run's `createdBy`.")
 
     @classmethod
     def of(cls, run: Run) -> RunSummary:
@@ -166,7 +176,7 @@ class RunSummary(_Camel):
         return cls(
             id=run.id, status=run.status, input_preview=preview, model=run.model, tokens_used=run.tokens_used,
             cost_usd=float(run.cost_usd), steps=run.steps, error=run.error, locked_by=run.locked_by,
-            created_at=run.created_at, finished_at=run.finished_at,
+            created_at=run.created_at, finished_at=run.finished_at, created_by=run.created_by,
         )
 
 
@@ -223,6 +233,13 @@ class StepDetail(TimelineStep):
     @classmethod
     def of(cls, step: Step) -> StepDetail:
         return cls(**cls.fields_of(step), request=step.request, response=step.response)  # type: ignore[arg-type]
+
+
+class WhoAmI(BaseModel):
+    """The caller: the name of the identity its token stands for, and what it may do."""
+
+    name: str | None = Field(description="The identity's name; null when the server requires no token.")
+    scopes: list[Scope] = Field(description="Its scopes, `admin` expanded into all the others.")
 
 
 class FieldProblem(BaseModel):

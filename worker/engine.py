@@ -211,7 +211,9 @@ class RunDriver:
             decisions=decided or {},
         )
         if isinstance(step, Park) and decided is None:  # nothing decided was known: look at what people said
-            self._decisions[run.id] = {(d.tool_use_id, d.kind): d for d in await self.store.decisions(run.id)}
+            known = await self.store.decisions(run.id)
+            self.observer.decisions(run, known)
+            self._decisions[run.id] = {(d.tool_use_id, d.kind): d for d in known}
             return await self._owed(run, conv)
         try:
             with logs.step_context(step_seq=None):
@@ -229,6 +231,7 @@ class RunDriver:
         self.keeper.drop(run.id)
         calls = [(use["id"], kind, use["name"], _json(use.get("input"))) for use, kind in step.calls]
         await self._durably(lambda again: self.store.park(run.id, self.me, calls))
+        self.observer.parked(run, [(tool_use_id, kind, name) for tool_use_id, kind, name, _ in calls])
         log.info(
             "%s run=%s waiting for %d decisions: %s", self.me, run.id.hex[:8], len(calls),
             ", ".join(f"{name} {tool_use_id} ({kind.value})" for tool_use_id, kind, name, _ in calls),

@@ -15,7 +15,7 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from agentrun.worker.llm.types import LlmRequest, LlmResponse, Usage
-from agentrun.worker.records import Run, RunStatus
+from agentrun.worker.records import DecisionKind, PendingCall, Run, RunStatus
 
 
 class StepNotes(Protocol):
@@ -70,6 +70,12 @@ class Observer(Protocol):
     def run_ended(self, run: Run, status: RunStatus, reason: str | None) -> None:
         """The worker wrote the run's final status."""
 
+    def decisions(self, run: Run, calls: Sequence[PendingCall]) -> None:
+        """The run's calls that needed a person, as the worker read them before going on: decided or not."""
+
+    def parked(self, run: Run, calls: Sequence[tuple[str, DecisionKind, str]]) -> None:
+        """The run now waits for people to decide on these calls (tool_use id, kind, tool name)."""
+
 
 class _NoNotes:
     def sent(self, request: LlmRequest) -> None:
@@ -119,6 +125,12 @@ class NoObserver:
         return contextlib.nullcontext(NO_NOTES)
 
     def run_ended(self, run: Run, status: RunStatus, reason: str | None) -> None:
+        pass
+
+    def decisions(self, run: Run, calls: Sequence[PendingCall]) -> None:
+        pass
+
+    def parked(self, run: Run, calls: Sequence[tuple[str, DecisionKind, str]]) -> None:
         pass
 
 
@@ -193,3 +205,11 @@ class Observers:
     def run_ended(self, run: Run, status: RunStatus, reason: str | None) -> None:
         for o in self.observers:
             o.run_ended(run, status, reason)
+
+    def decisions(self, run: Run, calls: Sequence[PendingCall]) -> None:
+        for o in self.observers:
+            o.decisions(run, calls)
+
+    def parked(self, run: Run, calls: Sequence[tuple[str, DecisionKind, str]]) -> None:
+        for o in self.observers:
+            o.parked(run, calls)

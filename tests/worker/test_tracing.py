@@ -352,3 +352,27 @@ async def test_a_cancel_is_an_event_on_the_interrupted_step(store: RunStore) -> 
     assert tool_span.status.status_code is StatusCode.UNSET
     assert (root.attributes or {})["agentrun.run.status"] == "CANCELLED"
     assert root.status.status_code is StatusCode.UNSET  # asked for, not an error
+
+
+async def test_human_decisions_are_events_on_the_run_span(store: RunStore) -> None:
+    from agentrun.worker.records import Decision
+
+    first, second = Traced("worker-A"), Traced("worker-B")
+    llm = ScriptedLlm().then_tool_use("toolu_1", "lookup", {"q": "x"}).then_text("done")
+    run, _ = await store.create(new_run(require_approval=("lookup",)))
+    await worker(store, llm, [lookup], "worker-A", observer=first.tracer).run_once()
+    assert (parked := await store.get(run.id)) is not None and parked.status is RunStatus.WAITING
+    waiting = first.named("invoke_agent")[0]
+    assert [(e.name, dict(e.attributes or {})) for e in waiting.events] == [("waiting_for_decision", {
+        "gen_ai.tool.name": "lookup", "gen_ai.tool.call.id": "toolu_1", "agentrun.decision.kind": "approval"})]
+
+    await store.decide(run.id, "toolu_1", Decision.APPROVE, by="alice")
+    await worker(store, llm, [lookup], "worker-B", observer=second.tracer).run_once()
+    assert (after := await store.get(run.id)) is not None and after.status is RunStatus.SUCCEEDED
+    root = second.named("invoke_agent")[0]
+    decided = [e for e in root.events if e.name == "human_decision"]
+    assert [dict(e.attributes or {}) for e in decided] == [{
+        "gen_ai.tool.name": "lookup", "gen_ai.tool.call.id": "toolu_1", "agentrun.decision.kind": "approval",
+        "agentrun.decision": "approve", "agentrun.decision.by": "alice"}]
+    assert {s.context.trace_id for s in first.spans() + second.spans()} == {run.id.int}
+    assert [s.name for s in second.named("execute_tool")] == ["execute_tool lookup"]

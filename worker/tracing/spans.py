@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import contextvars
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import orjson
@@ -25,7 +25,7 @@ from agentrun.worker import logs
 from agentrun.worker.lease import CancelRequested
 from agentrun.worker.llm.types import LlmError, LlmRequest, LlmResponse, Message
 from agentrun.worker.observer import NoObserver
-from agentrun.worker.records import Run, RunStatus
+from agentrun.worker.records import DecisionKind, PendingCall, Run, RunStatus
 from agentrun.worker.store import LeaseLost
 from agentrun.worker.tracing.context import parse_traceparent, run_trace_id
 
@@ -247,6 +247,28 @@ class RunTracer(NoObserver):
         if status in (RunStatus.FAILED, RunStatus.TIMED_OUT):  # a cancel was asked for: no error
             span.set_attribute("error.type", status.value)
             span.set_status(Status(StatusCode.ERROR, reason or status.value))
+
+    def decisions(self, run: Run, calls: Sequence[PendingCall]) -> None:
+        span = trace.get_current_span()  # the invoke_agent span: decisions are read between steps
+        for call in calls:
+            attributes: dict[str, Any] = {
+                "gen_ai.tool.name": call.tool_name, "gen_ai.tool.call.id": call.tool_use_id,
+                "agentrun.decision.kind": call.kind.value,
+            }
+            if call.decision is None:
+                continue  # still open (another call's decision was read): it was an event when parked
+            attributes["agentrun.decision"] = call.decision.value
+            if call.decided_by:
+                attributes["agentrun.decision.by"] = call.decided_by
+            when = int(call.decided_at.timestamp() * 1e9) if call.decided_at else None
+            span.add_event("human_decision", attributes, timestamp=when)
+
+    def parked(self, run: Run, calls: Sequence[tuple[str, DecisionKind, str]]) -> None:
+        span = trace.get_current_span()
+        for tool_use_id, kind, name in calls:
+            span.add_event("waiting_for_decision", {
+                "gen_ai.tool.name": name, "gen_ai.tool.call.id": tool_use_id, "agentrun.decision.kind": kind.value})
+        span.set_attribute("agentrun.run.status", RunStatus.WAITING.value)
 
     @contextlib.contextmanager
     def model_call(self, run: Run) -> Iterator[_ModelNotes]:

@@ -212,7 +212,7 @@ class RunDriver:
         )
         if isinstance(step, Park) and decided is None:  # nothing decided was known: look at what people said
             known = await self.store.decisions(run.id)
-            self.observer.decisions(run, known)
+            self.observer.decisions_read(run, known)
             self._decisions[run.id] = {(d.tool_use_id, d.kind): d for d in known}
             return await self._owed(run, conv)
         try:

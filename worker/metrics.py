@@ -39,6 +39,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "agentrun_runs_in_flight",
     "agentrun_tool_threads_running",
     "agentrun_tool_threads_overdue",
+    "agentrun_decisions_total",
+    "agentrun_waiting_seconds",
 )
 
 # Model steps take seconds and tools anything from milliseconds to minutes.
@@ -101,11 +103,28 @@ class Metrics(NoObserver):
             "cannot be killed; each keeps its slot in the bounded tool pool until the tool returns)",
             registry=r,
         )
+        self.decisions = Counter(
+            "agentrun_decisions", "Decisions people made on tool calls, by kind and decision",
+            ["kind", "decision"], registry=r,
+        )
+        self.waiting = Histogram(
+            "agentrun_waiting_seconds", "How long runs waited for people, from parking to the decision that "
+            "queued them again", registry=r, buckets=(1, 10, 60, 300, 900, 3600, 4 * 3600, 24 * 3600),
+        )
+        for kind, answers in (("approval", ("approve", "deny")), ("in_doubt", ("retry", "record", "fail"))):
+            for answer in answers:
+                self.decisions.labels(kind, answer)
         self._runs = _RunsByStatus()
         r.register(self._runs)
         for kind in ("MODEL", "TOOL"):  # so dashboards see the series before the first step
             for outcome in ("ok", "error"):
                 self.latency.labels(kind, outcome)
+
+    def decided(self, kind: str, decision: str, waited_seconds: float | None) -> None:
+        """A decision was stored; `waited_seconds` when it was the last open one and queued the run again."""
+        self.decisions.labels(kind, decision).inc()
+        if waited_seconds is not None:
+            self.waiting.observe(waited_seconds)
 
     # -- the Observer seam -------------------------------------------------------------------------
 

@@ -70,7 +70,7 @@ class Observer(Protocol):
     def run_ended(self, run: Run, status: RunStatus, reason: str | None) -> None:
         """The worker wrote the run's final status."""
 
-    def decisions(self, run: Run, calls: Sequence[PendingCall]) -> None:
+    def decisions_read(self, run: Run, calls: Sequence[PendingCall]) -> None:
         """The run's calls that needed a person, as the worker read them before going on: decided or not."""
 
     def parked(self, run: Run, calls: Sequence[tuple[str, DecisionKind, str]]) -> None:
@@ -127,7 +127,7 @@ class NoObserver:
     def run_ended(self, run: Run, status: RunStatus, reason: str | None) -> None:
         pass
 
-    def decisions(self, run: Run, calls: Sequence[PendingCall]) -> None:
+    def decisions_read(self, run: Run, calls: Sequence[PendingCall]) -> None:
         pass
 
     def parked(self, run: Run, calls: Sequence[tuple[str, DecisionKind, str]]) -> None:
@@ -206,9 +206,9 @@ class Observers:
         for o in self.observers:
             o.run_ended(run, status, reason)
 
-    def decisions(self, run: Run, calls: Sequence[PendingCall]) -> None:
+    def decisions_read(self, run: Run, calls: Sequence[PendingCall]) -> None:
         for o in self.observers:
-            o.decisions(run, calls)
+            o.decisions_read(run, calls)
 
     def parked(self, run: Run, calls: Sequence[tuple[str, DecisionKind, str]]) -> None:
         for o in self.observers:

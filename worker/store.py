@@ -649,10 +649,10 @@ class RunStore:
         row = await self._one(
             f"""WITH {FENCE},
                 asked AS (
-                    INSERT INTO run_decision (run_id, tool_use_id, kind, tool_name, input)
-                    SELECT fence.id, c.tuid, c.kind, c.name, c.input
+                    INSERT INTO run_decision (run_id, tool_use_id, kind, tool_name, input, position)
+                    SELECT fence.id, c.tuid, c.kind, c.name, c.input, c.position
                     FROM fence, unnest(%(tuids)s::text[], %(kinds)s::text[], %(names)s::text[], %(inputs)s::text[])
-                         AS c (tuid, kind, name, input)
+                         WITH ORDINALITY AS c (tuid, kind, name, input, position)
                     ON CONFLICT (run_id, tool_use_id, kind) DO NOTHING),
                 parked AS (
                     UPDATE run SET status = 'WAITING', locked_by = NULL, locked_until = NULL
@@ -667,7 +667,7 @@ class RunStore:
     async def decisions(self, run_id: uuid.UUID) -> list[PendingCall]:
         """Every call of the run that needed a person, decided or not, oldest first."""
         rows = await self._all(
-            f"SELECT {DECISION_COLUMNS} FROM run_decision WHERE run_id = %s ORDER BY since, tool_use_id", (run_id,)
+            f"SELECT {DECISION_COLUMNS} FROM run_decision WHERE run_id = %s ORDER BY since, position", (run_id,)
         )
         return [_pending(r) for r in rows]
 

@@ -45,7 +45,8 @@ def create_app(
         identities = Identities(settings.api_token, settings.api_tokens_file)
     app = FastAPI(title="agentrun", version="0.1.0", description=DESCRIPTION)
     app.include_router(runs_router(
-        store, tools, settings, prices if prices is not None else PriceTable.load(settings.prices_file), identities
+        store, tools, settings, prices if prices is not None else PriceTable.load(settings.prices_file), identities,
+        metrics,
     ))
     app.include_router(whoami_router(identities.enabled))
 

@@ -29,6 +29,7 @@ CREATE TABLE run_decision (
     tool_name   TEXT NOT NULL,
     input       TEXT,                                     -- the call's input as JSON text
     since       TIMESTAMPTZ NOT NULL DEFAULT now(),
+    position    INT NOT NULL DEFAULT 0,                   -- the call's place in its turn (the model's order)
     decision    TEXT CHECK (decision IN ('approve', 'deny', 'retry', 'record', 'fail')),
     output      TEXT,                                     -- record: what the call returned
     is_error    BOOLEAN NOT NULL DEFAULT false,

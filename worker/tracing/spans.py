@@ -248,7 +248,7 @@ class RunTracer(NoObserver):
             span.set_attribute("error.type", status.value)
             span.set_status(Status(StatusCode.ERROR, reason or status.value))
 
-    def decisions(self, run: Run, calls: Sequence[PendingCall]) -> None:
+    def decisions_read(self, run: Run, calls: Sequence[PendingCall]) -> None:
         span = trace.get_current_span()  # the invoke_agent span: decisions are read between steps
         for call in calls:
             attributes: dict[str, Any] = {

@@ -76,6 +76,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         default_model=os.environ.get("AGENTRUN_DEFAULT_MODEL", WorkerSettings.default_model),
         prices_file=os.environ.get("AGENTRUN_PRICES_FILE") or None,
+        providers_file=os.environ.get("AGENTRUN_PROVIDERS") or None,
         pool_size=args.pool_size or min(max(args.concurrency, 1) + 2, 20),
         api_token=os.environ.get("AGENTRUN_API_TOKEN") or None,
         api_tokens_file=os.environ.get("AGENTRUN_API_TOKENS") or None,
@@ -116,7 +117,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     from agentrun.worker.api.identities import Identities, IdentityFileError
     from agentrun.worker.api.server import HttpServer
     from agentrun.worker.db import open_pool
-    from agentrun.worker.llm.factory import llm_from_env
+    from agentrun.worker.llm.factory import llm_from_env, load_providers
     from agentrun.worker.metrics import Metrics
     from agentrun.worker.observer import Observer, Observers
     from agentrun.worker.pricing import PriceTable
@@ -133,12 +134,15 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     # An API-only process (--concurrency 0) needs no model.
     metrics = Metrics(cache_seconds=settings.metrics_cache_seconds)
     metrics.watch_tool_threads(tools.threads)
+    providers = load_providers(settings.providers_file)
+    if problem := providers.problem(settings.default_model):
+        raise SystemExit(f"agentrun: AGENTRUN_DEFAULT_MODEL: {problem}")
     try:
         tracer = tracer_from_env(os.environ, settings.worker_id)
     except (ValueError, ImportError) as e:
         raise SystemExit(f"agentrun: {e}") from None
     observer: Observer = Observers(metrics, tracer) if tracer is not None else metrics
-    llm = llm_from_env(settings, on_retry=observer.model_retry) if settings.concurrency > 0 else None
+    llm = llm_from_env(settings, on_retry=observer.model_retry, providers=providers) if settings.concurrency else None
     try:
         prices = PriceTable.load(settings.prices_file)
     except (OSError, ValueError) as e:
@@ -160,7 +164,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
             worker.stop()
         stopping.set()
 
-    app = create_app(store, tools, settings, metrics, prices, identities)
+    app = create_app(store, tools, settings, metrics, prices, identities, providers)
     server = HttpServer(app, settings.host, settings.port)
 
     loop = asyncio.get_running_loop()
@@ -352,7 +356,9 @@ def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="wall-clock limit in seconds (default: 300)")
     p.add_argument("--tool", action="append", metavar="NAME",
                    help="a tool the model may call (repeatable; default: every tool of the worker)")
-    p.add_argument("--model", help="model name (default: the server's AGENTRUN_DEFAULT_MODEL)")
+    p.add_argument("--model", help="model name; a prefix picks the provider: bedrock/ID, vertex/MODEL, "
+                   "NAME/MODEL for an endpoint of the server's AGENTRUN_PROVIDERS (default: the server's "
+                   "AGENTRUN_DEFAULT_MODEL)")
     p.add_argument("--max-steps", type=_positive_int, metavar="N", help="most steps the run may take (default: 100)")
     p.add_argument("--system", metavar="TEXT", help="system prompt")
     p.add_argument("--cost-budget", type=_positive_float, metavar="USD", help="spending limit in USD")
@@ -412,10 +418,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="Claim runs with leases, drive each from its last checkpoint, and serve /healthz, "
         "/readyz, the REST API and /metrics on --port.",
         epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated modules whose @tool "
-        "functions the worker offers); ANTHROPIC_API_KEY and/or ANTHROPIC_BASE_URL (the model API, one is "
-        "required); AGENTRUN_LLM_MAX_ATTEMPTS (calls per model step, default 5); AGENTRUN_LLM_TIMEOUT_SECONDS "
+        "functions the worker offers); ANTHROPIC_API_KEY and/or ANTHROPIC_BASE_URL (the Anthropic API, one is "
+        "required for its models); AGENTRUN_LLM_MAX_ATTEMPTS (calls per model step, default 5); "
+        "AGENTRUN_LLM_TIMEOUT_SECONDS "
         "(limit of one call, default 120); AGENTRUN_LLM_BACKOFF_BASE_SECONDS and AGENTRUN_LLM_BACKOFF_CAP_SECONDS "
-        "(full-jitter backoff, defaults 1 and 30; a retry-after header is honoured); AGENTRUN_DEFAULT_MODEL; "
+        "(full-jitter backoff, defaults 1 and 30; a retry-after header is honoured); AGENTRUN_DEFAULT_MODEL "
+        "(a prefix picks the provider: bedrock/ with AWS_REGION and the AWS credential chain, vertex/ with "
+        "CLOUD_ML_REGION and ANTHROPIC_VERTEX_PROJECT_ID, <name>/ for an endpoint of AGENTRUN_PROVIDERS, a "
+        "YAML or JSON file of OpenAI-compatible endpoints); "
         "AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_API_TOKEN (bearer token the /api routes require, "
         "the identity `default` with every scope; unset with AGENTRUN_API_TOKENS: open); AGENTRUN_API_TOKENS "
         "(YAML/JSON file of named identities with scopes, re-read on change); AGENTRUN_MAX_BODY_BYTES; "
@@ -556,11 +566,14 @@ def _non_negative_float(text: str) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from agentrun.worker.llm.providers import key_variables
+
     args = build_parser().parse_args(argv)
     logs.setup(
         os.environ.get("AGENTRUN_LOG_FORMAT", "console"),
         os.environ.get("AGENTRUN_LOG_LEVEL", "INFO"),
-        secrets=logs.secrets_from_env(os.environ, urls=[getattr(args, "database_url", None)]),
+        secrets=logs.secrets_from_env(os.environ, urls=[getattr(args, "database_url", None)],
+                                      names=key_variables(os.environ.get("AGENTRUN_PROVIDERS"))),
     )
     try:
         return int(args.func(args) or 0)

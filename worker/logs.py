@@ -100,11 +100,21 @@ class RedactingFormatter(logging.Formatter):
         return self.redactor(self.inner.format(record))
 
 
-def secrets_from_env(env: Mapping[str, str], urls: Iterable[str | None] = ()) -> list[str]:
-    """The secret values a process may know of: API keys, the API token, database passwords."""
+SECRET_VARIABLES = (
+    "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "AGENTRUN_API_TOKEN", "PGPASSWORD",
+    # Model providers' credentials (README "Models and providers").
+    "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_BEARER_TOKEN_BEDROCK",
+)
+
+
+def secrets_from_env(
+    env: Mapping[str, str], urls: Iterable[str | None] = (), names: Iterable[str] = ()
+) -> list[str]:
+    """The secret values a process may know of: API keys, the API token, database passwords, and the
+    variables named in `names` (the key variables of the providers file's endpoints)."""
     from psycopg.conninfo import conninfo_to_dict
 
-    found = [env.get(k) for k in ("ANTHROPIC_API_KEY", "AGENTRUN_API_TOKEN", "PGPASSWORD")]
+    found = [env.get(k) for k in (*SECRET_VARIABLES, *names)]
     for url in (env.get("AGENTRUN_DATABASE_URL"), *urls):
         if url:
             try:
@@ -133,5 +143,5 @@ def setup(fmt: str = "console", level: str = "INFO", secrets: Iterable[str] = ()
     root.handlers[:] = [handler]
     root.setLevel(level)
     # Third-party chatter that says nothing a person running agentrun needs.
-    for noisy in ("httpx", "httpcore", "uvicorn.access", "anthropic"):
+    for noisy in ("httpx", "httpcore", "uvicorn.access", "anthropic", "openai", "botocore", "google.auth"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

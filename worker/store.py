@@ -735,11 +735,20 @@ class RunStore:
         rows = await self._all(f"SELECT {RUN_COLUMNS} FROM run r WHERE r.id = ANY(%s)", (list(run_ids),))
         return [_run(r) for r in rows]
 
+    async def find_linked(self, namespace: str, name: str) -> Run | None:
+        """The run mirrored from the AgentRun `namespace/name`, if any (the newest, should names repeat)."""
+        row = await self._one(
+            f"""SELECT {RUN_COLUMNS} FROM run r WHERE r.k8s_namespace = %s AND r.k8s_name = %s
+                ORDER BY r.created_at DESC LIMIT 1""",
+            (namespace, name),
+        )
+        return _run(row) if row else None
+
     async def unfinished_linked(self) -> list[Run]:
         """Every queued or running run mirrored from an AgentRun: the operator's periodic resync."""
         rows = await self._all(
             f"""SELECT {RUN_COLUMNS} FROM run r
-                WHERE r.k8s_name IS NOT NULL AND r.status IN ('QUEUED', 'RUNNING')""",
+                WHERE r.k8s_name IS NOT NULL AND r.status IN ('QUEUED', 'RUNNING', 'WAITING')""",
             (),
         )
         return [_run(r) for r in rows]

@@ -12,6 +12,7 @@ from agentrun.worker.api.guards import BearerAuth, BodyLimit
 from agentrun.worker.api.identities import Identities
 from agentrun.worker.api.routes import runs_router
 from agentrun.worker.api.whoami import whoami_router
+from agentrun.worker.llm.providers import Providers
 from agentrun.worker.metrics import Metrics
 from agentrun.worker.pricing import PriceTable
 from agentrun.worker.settings import WorkerSettings
@@ -21,7 +22,9 @@ from agentrun.worker.tools import ToolBox
 DESCRIPTION = """Submit agent runs, follow them step by step, and cancel them.
 
 Errors are JSON: `{"error": "<message>", "fields": [{"field": "tokenBudget", "problem": "..."}]}`.
-A body that is not JSON is a 400, invalid fields a 422, a body over the size limit a 400 too.
+A body that is not JSON is a 400, invalid fields a 422, a body over the size limit a 400 too, and so is
+a `model` whose prefix names no known provider (`anthropic/`, `bedrock/`, `vertex/` or an endpoint of the
+server's providers file); the message lists the known ones.
 
 When the server sets `AGENTRUN_API_TOKENS` (a file of named identities with scopes) or
 `AGENTRUN_API_TOKEN` (the identity `default`, every scope), every `/api` request needs
@@ -37,16 +40,17 @@ as `after` to get the following page.
 
 def create_app(
     store: RunStore, tools: ToolBox, settings: WorkerSettings, metrics: Metrics, prices: PriceTable | None = None,
-    identities: Identities | None = None,
+    identities: Identities | None = None, providers: Providers | None = None,
 ) -> FastAPI:
     """The app; `prices` (default: the table `settings.prices_file` names) refuses unenforceable cost budgets;
-    `identities` defaults to those of the settings (IdentityFileError if the file is bad)."""
+    `identities` defaults to those of the settings (IdentityFileError if the file is bad); `providers`: the
+    model providers submitted runs may name, the built-in ones when None."""
     if identities is None:
         identities = Identities(settings.api_token, settings.api_tokens_file)
     app = FastAPI(title="agentrun", version="0.1.0", description=DESCRIPTION)
     app.include_router(runs_router(
         store, tools, settings, prices if prices is not None else PriceTable.load(settings.prices_file), identities,
-        metrics,
+        metrics, providers,
     ))
     app.include_router(whoami_router(identities.enabled))
 

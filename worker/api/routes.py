@@ -30,6 +30,7 @@ from agentrun.worker.api.schemas import (
     StepDetail,
     TimelineStep,
 )
+from agentrun.worker.llm.providers import Providers
 from agentrun.worker.metrics import Metrics
 from agentrun.worker.pricing import PriceTable, cost_budget_problem
 from agentrun.worker.records import Decision, NewRun, PendingCall, Run, RunStatus
@@ -105,8 +106,9 @@ def _idempotency_key(value: str | None) -> str | None:
 
 def runs_router(
     store: RunStore, tools: ToolBox, settings: WorkerSettings, prices: PriceTable, identities: Identities | None = None,
-    metrics: Metrics | None = None,
+    metrics: Metrics | None = None, providers: Providers | None = None,
 ) -> APIRouter:
+    providers = providers or Providers()
     # ScopedRoute (OrjsonRoute's base) enforces each route's scope before any parsing; `access` declares it.
     secured = identities.enabled if identities is not None else bool(settings.api_token or settings.api_tokens_file)
     router = APIRouter(
@@ -145,7 +147,8 @@ def runs_router(
 
     @router.post("", status_code=201, response_model=RunCreated, **access(Scope.SUBMIT, secured),
                  responses={400: {"model": ErrorBody, "description": "The body is not JSON, or over the size "
-                                  "limit, or `costBudgetUsd` is set for a model without a price"}})
+                                  "limit, or `costBudgetUsd` is set for a model without a price, or the model "
+                                  "names an unknown provider"}})
     async def submit(
         body: RunRequest,
         request: Request,
@@ -203,6 +206,8 @@ def runs_router(
             return getattr(source, attr) if source is not None else default
 
         model = inherited("model", settings.default_model)
+        if problem := providers.problem(model):
+            raise ApiError(400, f"model: {problem}", [FieldProblem(field="model", problem=problem)])
         cost_budget = body.cost_budget() if body.cost_budget_usd is not None else inherited("cost_budget_usd")
         # A step of an unpriced model costs null, so its budget would never stop the run.
         if (problem := cost_budget_problem(prices, model, cost_budget)) is not None:

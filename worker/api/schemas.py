@@ -67,7 +67,7 @@ class _Camel(BaseModel):
 class ForkFrom(_Camel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    run_id: uuid.UUID = Field(description="The run to fork.")
+    run_id: uuid.UUID = Field(strict=False, description="The run to fork.")
     seq: Whole = Field(ge=1, le=MAX_SEQ, description="How many of its steps the fork starts with (1..its steps).")
 
 
@@ -108,7 +108,7 @@ class RunRequest(_Camel):
         description='Tools whose every call waits for a person\'s approval in this run; "*" for every tool.',
     )
     continue_from: uuid.UUID | None = Field(
-        None, description="A SUCCEEDED run whose whole conversation this run goes on with; `input` is the next "
+        None, strict=False, description="A SUCCEEDED run whose whole conversation this run goes on with; `input` is the next "
         "user message.",
     )
     fork_from: ForkFrom | None = Field(

@@ -22,6 +22,7 @@ MAX_ERROR_CHARS = 500
 `error` column or a log line."""
 
 Clock = Callable[[], datetime.datetime]
+AnthropicSdk = anthropic.AsyncAnthropic | anthropic.AsyncAnthropicBedrock | anthropic.AsyncAnthropicVertex
 
 
 def _utcnow() -> datetime.datetime:
@@ -33,7 +34,8 @@ class AnthropicClient:
 
     `api_key` and `base_url` left as None are read by the SDK from ANTHROPIC_API_KEY and
     ANTHROPIC_BASE_URL. `http_timeout` is the SDK's own timeout: set it a little above the attempt
-    limit of `TimeLimited`, so the limit that fires is ours and says so.
+    limit of `TimeLimited`, so the limit that fires is ours and says so. `sdk` replaces the client
+    those three would build: Bedrock's and Vertex's speak the same Messages API (bedrock.py, vertex.py).
     """
 
     def __init__(
@@ -43,8 +45,9 @@ class AnthropicClient:
         base_url: str | None = None,
         http_timeout: float = 600.0,
         clock: Clock = _utcnow,
+        sdk: AnthropicSdk | None = None,
     ) -> None:
-        self._sdk = anthropic.AsyncAnthropic(
+        self._sdk: AnthropicSdk = sdk or anthropic.AsyncAnthropic(
             api_key=api_key, base_url=base_url, timeout=http_timeout, max_retries=0
         )
         self._clock = clock

@@ -168,7 +168,7 @@ providers:
 
 @pytest.fixture
 async def api(store: RunStore) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(store, ToolBox(), WorkerSettings(database_url="unused"), Metrics(), Providers.parse(FILE))
+    app = create_app(store, ToolBox(), WorkerSettings(database_url="unused"), Metrics(), providers=Providers.parse(FILE))
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://agentrun.test") as client:
         yield client

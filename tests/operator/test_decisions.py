@@ -98,3 +98,29 @@ async def test_record_without_output_is_refused_by_the_crd(cluster: Cluster) -> 
     await cluster.create("strict", input="go")
     with pytest.raises(Exception, match="record needs output"):
         await cluster.patch_spec("strict", decisions=[{"toolUseId": "t", "decision": "record"}])
+
+
+async def test_spec_continue_from_goes_on_with_a_succeeded_agentrun(cluster: Cluster, store: RunStore) -> None:
+    first = await cluster.create("chat-1", input="first question")
+    await _run_id(store, first)
+    llm = ScriptedLlm().then_text("first answer", 10, 5).then_text("second answer", 10, 5)
+    await worker(store, llm).run_once()
+    await cluster.wait_status("chat-1", "Succeeded", lambda s: s.get("phase") == "Succeeded")
+    second = await cluster.create("chat-2", input="second question", continueFrom="chat-1")
+    run_id = await _run_id(store, second)
+    await worker(store, llm).run_once()
+    status = await cluster.wait_status("chat-2", "Succeeded", lambda s: s.get("phase") == "Succeeded")
+    assert status["output"] == "second answer"
+    run = await store.get(run_id)
+    assert run is not None and run.parent_run_id == uid_of(first)
+    assert [m["role"] for m in llm.seen[-1].messages] == ["user", "assistant", "user"]
+
+
+async def test_spec_fork_from_a_step_that_does_not_exist_is_rejected(cluster: Cluster, store: RunStore) -> None:
+    first = await cluster.create("src", input="q")
+    await _run_id(store, first)
+    await worker(store, ScriptedLlm().then_text("a")).run_once()
+    await cluster.wait_status("src", "Succeeded", lambda s: s.get("phase") == "Succeeded")
+    await cluster.create("bad-fork", forkFrom={"name": "src", "seq": 5})
+    status = await cluster.wait_status("bad-fork", "Failed", lambda s: s.get("phase") == "Failed")
+    assert "forkFrom.seq" in status["message"]

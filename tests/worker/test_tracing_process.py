@@ -52,12 +52,12 @@ async def test_a_worker_process_exports_its_runs_trace(store: RunStore, database
                     deadline = time.monotonic() + 60
                     while True:
                         try:
-                            if (await http.get("/healthz")).status_code == 200:
+                            if (await http.get("/readyz")).status_code == 200:  # migrated and serving
                                 break
                         except httpx.TransportError:
                             pass
                         assert proc.returncode is None, "the worker exited"
-                        assert time.monotonic() < deadline, "the worker's API did not come up"
+                        assert time.monotonic() < deadline, "the worker did not become ready"
                         await asyncio.sleep(0.05)
                     r = await http.post("/api/runs", json={"input": "hello", "tokenBudget": 1000, "timeoutSeconds": 60},
                                         headers={"traceparent": CALLER})

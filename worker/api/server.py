@@ -6,14 +6,25 @@ import contextlib
 from collections.abc import Iterator
 
 import uvicorn
-from fastapi import FastAPI
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+
+class AppSlot:
+    """An ASGI app that forwards every request to the app it holds now, so the HTTP server can answer
+    from the first moment of the process and the worker swaps its full app in once the database is usable."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.app(scope, receive, send)
 
 
 class HttpServer(uvicorn.Server):
     """uvicorn without its own signal handlers: SIGTERM goes to the worker, which drains its runs while
     health and the API keep answering, and only then stops the HTTP server."""
 
-    def __init__(self, app: FastAPI, host: str, port: int) -> None:
+    def __init__(self, app: ASGIApp, host: str, port: int) -> None:
         super().__init__(
             uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off")
         )

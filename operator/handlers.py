@@ -245,7 +245,8 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         source = await op.source(spec, ref, retry)
         try:
             new = mapping.new_run(
-                spec, str(ref.uid), ref.namespace, ref.name, op.settings.tool_names, op.prices, source
+                spec, str(ref.uid), ref.namespace, ref.name, op.settings.tool_names, op.prices, source,
+                annotations=body.metadata.annotations,
             )
             new = dataclasses.replace(new, created_by=mapping.requester(body))
         except mapping.InvalidSpec as e:

@@ -16,6 +16,7 @@ from agentrun.worker.answer import schema_problem
 from agentrun.worker.pricing import PriceTable, cost_budget_problem
 from agentrun.worker.records import NewRun, PendingCall, Run, RunStatus
 from agentrun.worker.text import unstorable
+from agentrun.worker.tracing.context import TRACEPARENT_ANNOTATION, checked_traceparent
 
 GROUP = "agentrun.dev"
 VERSION = "v1alpha1"
@@ -91,12 +92,14 @@ def new_run(
     known_tools: Collection[str] | None = None,
     prices: PriceTable | None = None,
     source: Run | None = None,
+    annotations: Mapping[str, str] | None = None,
 ) -> NewRun:
     """The run an AgentRun asks for; raises InvalidSpec naming what is wrong.
 
     `known_tools` is what the workers offer; None skips the check (the operator was not told).
     `prices` is the workers' price table: a cost budget on a model it does not price is refused.
     `source` is the run of the AgentRun named by `spec.continueFrom` or `spec.forkFrom`, looked up.
+    The `agentrun.dev/traceparent` annotation, if any, makes the run's trace a child of that span.
     """
     fork = spec.get("forkFrom")
     text = spec.get("input")
@@ -155,6 +158,11 @@ def new_run(
                 raise InvalidSpec(f"spec.continueFrom: its run is {source.status.value}; only a Succeeded one "
                                   "can be continued (fork it instead)")
             continue_from = source.id
+    traceparent = (annotations or {}).get(TRACEPARENT_ANNOTATION)
+    try:
+        traceparent = checked_traceparent(traceparent) if isinstance(traceparent, str) else None
+    except ValueError as e:
+        raise InvalidSpec(f"annotation {TRACEPARENT_ANNOTATION} {e}") from None
     return NewRun(
         id=uuid.UUID(uid),
         input=text,
@@ -171,6 +179,7 @@ def new_run(
         output_schema=dict(schema) if schema is not None else None,
         continue_from=continue_from,
         fork_from=fork_from,
+        traceparent=traceparent,
     )
 
 

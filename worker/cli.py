@@ -126,10 +126,12 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     from agentrun.worker.db import Readiness, open_pool, wait_until_usable
     from agentrun.worker.llm.factory import llm_from_env, load_providers
     from agentrun.worker.metrics import Metrics
+    from agentrun.worker.observer import Observer, Observers
     from agentrun.worker.pricing import PriceTable
     from agentrun.worker.runner import Worker
     from agentrun.worker.store import RunStore
     from agentrun.worker.tools import ToolBox, ToolThreads, load_tool_modules
+    from agentrun.worker.tracing import tracer_from_env
 
     try:
         tools = ToolBox(load_tool_modules(settings.tool_modules), threads=ToolThreads(settings.tool_threads))
@@ -142,7 +144,12 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     providers = load_providers(settings.providers_file)
     if problem := providers.problem(settings.default_model):
         raise SystemExit(f"agentrun: AGENTRUN_DEFAULT_MODEL: {problem}")
-    llm = llm_from_env(settings, on_retry=metrics.model_retry, providers=providers) if settings.concurrency else None
+    try:
+        tracer = tracer_from_env(os.environ, settings.worker_id)
+    except (ValueError, ImportError) as e:
+        raise SystemExit(f"agentrun: {e}") from None
+    observer: Observer = Observers(metrics, tracer) if tracer is not None else metrics
+    llm = llm_from_env(settings, on_retry=observer.model_retry, providers=providers) if settings.concurrency else None
     try:
         prices = PriceTable.load(settings.prices_file)
     except (OSError, ValueError) as e:
@@ -192,7 +199,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
             if llm is None:
                 await stopping.wait()
                 break
-            worker = Worker(settings, store, llm, tools, prices, observer=metrics)
+            worker = Worker(settings, store, llm, tools, prices, observer=observer)
             if stopping.is_set():
                 worker.stop()
             try:
@@ -213,6 +220,8 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
             await http
         if pool is not None:
             await pool.close()
+        if tracer is not None:
+            await asyncio.to_thread(tracer.shutdown)  # exports the spans still buffered
     log.info("%s stopped", settings.worker_id)
     return 0
 
@@ -507,7 +516,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(YAML/JSON file of named identities with scopes, re-read on change); AGENTRUN_MAX_BODY_BYTES; "
         "AGENTRUN_LIVENESS_LOCK; AGENTRUN_MAX_CRASH_CLAIMS; "
         "AGENTRUN_TOOL_THREADS (plain-def tools running at once, default 32; a timed-out one keeps its slot "
-        "until it returns); AGENTRUN_LOG_FORMAT.",
+        "until it returns); AGENTRUN_LOG_FORMAT; OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_TRACES_EXPORTER (traces over "
+        "OTLP/HTTP, off unless set; the other standard OTEL_* variables apply) and "
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT (record prompts and outputs in spans, default false).",
     )
     _add_database(p)
     p.add_argument("--id", metavar="NAME", help="worker name in leases, steps and logs (default: host-pid)")

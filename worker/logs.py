@@ -1,8 +1,9 @@
 """Logging setup: the design's console lines by default, ECS JSON with AGENTRUN_LOG_FORMAT=json.
 
 `step_context` is the Python counterpart of a logging MDC: the engine sets run_id and step_seq in a
-context variable for the duration of a step, and every record logged meanwhile carries them. Every
-line passes through a `Redactor` on its way out, so secrets never reach a log line.
+context variable for the duration of a step (and tracing its trace.id and span.id), and every record
+logged meanwhile carries them. Every line passes through a `Redactor` on its way out, so secrets
+never reach a log line.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ _context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
 
 # Fields every record gets, so JSON lines have a stable shape (null outside a run or step).
 CONTEXT_FIELDS = ("run_id", "step_seq")
+
+# ECS fields that link a line to its trace (worker/tracing/ sets them around each span); present only
+# while a span is open, as ECS readers expect of them.
+TRACE_FIELDS = ("trace.id", "span.id")
 
 REDACTED = "[REDACTED]"
 
@@ -62,6 +67,9 @@ class ContextFilter(logging.Filter):
         for name in CONTEXT_FIELDS:
             if not hasattr(record, name):
                 setattr(record, name, ctx.get(name))
+        for name in TRACE_FIELDS:
+            if name in ctx and not hasattr(record, name):
+                setattr(record, name, ctx[name])
         return True
 
 

@@ -37,6 +37,7 @@ from agentrun.worker.records import Decision, NewRun, PendingCall, Run, RunStatu
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import DecideOutcome, RunStore
 from agentrun.worker.tools import ToolBox
+from agentrun.worker.tracing.context import TRACEPARENT_PATTERN, checked_traceparent
 
 MAX_PAGE = 200
 MAX_IDEMPOTENCY_KEY = 255
@@ -86,6 +87,12 @@ def _same_request(run: Run, new: NewRun) -> bool:
             run.cost_budget_usd, run.created_by) == (new.input, new.model, new.token_budget, new.timeout_seconds,
                                                      new.max_steps, new.tools, new.system, new.cost_budget_usd,
                                                      new.created_by)
+
+
+def _traceparent_schema(schema: dict[str, Any]) -> None:
+    """Any string (a malformed one is ignored, as W3C asks); an absent header is no value, not a JSON null."""
+    schema.pop("anyOf", None)
+    schema.update(type="string", examples=["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"])
 
 
 def _idempotency_key(value: str | None) -> str | None:
@@ -152,9 +159,22 @@ def runs_router(
             "with `Idempotent-Replayed: true`); reusing it for a different request is a 422.",
             json_schema_extra={"minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY, "pattern": "^[\\x20-\\x7e]*$"},
         )] = None,
+        traceparent: Annotated[str | None, Header(
+            description="W3C Trace Context (version 00, `" + TRACEPARENT_PATTERN + "`): the run's trace (when "
+            "workers export traces) becomes a child of this span, whichever workers drive it. A malformed value "
+            "is ignored, as the W3C specification requires of a receiver (the run gets a trace of its own); the "
+            "answer then carries `Traceparent-Ignored` saying why.",
+            json_schema_extra=_traceparent_schema,
+        )] = None,
     ) -> RunCreated:
         """Queue a run. The next free worker claims it. Scope: `submit`; the run records who as `createdBy`."""
         key = _idempotency_key(idempotency_key)
+        try:
+            caller_span = checked_traceparent(traceparent)
+        except ValueError as e:
+            # A tracing header a proxy mangled must not cost the caller its run: W3C receivers ignore it.
+            caller_span = None
+            response.headers["Traceparent-Ignored"] = f"traceparent {e}"
         source = await _source(body)
         given = body.model_fields_set
         problems = [
@@ -205,6 +225,7 @@ def runs_router(
             cost_budget_usd=cost_budget,
             idempotency_key=key,
             created_by=caller_name(request),
+            traceparent=caller_span,
             require_approval=tuple(dict.fromkeys(approval)) if approval is not None else None,
             output_schema=inherited("output_schema"),
             continue_from=body.continue_from,

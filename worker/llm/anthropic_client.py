@@ -88,6 +88,8 @@ class AnthropicClient:
             # by_alias + exclude_none: the blocks as the API sent them (minus nulls), ready to send back.
             content=[block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in message.content],
             stop_reason=message.stop_reason,
+            id=message.id,
+            model=message.model,
             usage=Usage(
                 input_tokens=usage.input_tokens,
                 output_tokens=usage.output_tokens,

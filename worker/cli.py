@@ -217,7 +217,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 body: dict[str, object] = {"input": args.input, "tokenBudget": args.budget,
                                            "timeoutSeconds": args.timeout}
                 optional = {"model": args.model, "maxSteps": args.max_steps, "tools": args.tool,
-                            "system": args.system, "costBudgetUsd": args.cost_budget}
+                            "system": args.system, "costBudgetUsd": args.cost_budget, "priority": args.priority,
+                            "delaySeconds": args.delay}
                 body.update({k: v for k, v in optional.items() if v is not None})
                 texts = [("input", args.input), ("model", args.model), ("system", args.system),
                          *((f"tools[{i}]", t) for i, t in enumerate(args.tool or ()))]
@@ -284,6 +285,11 @@ def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-steps", type=_positive_int, metavar="N", help="most steps the run may take (default: 100)")
     p.add_argument("--system", metavar="TEXT", help="system prompt")
     p.add_argument("--cost-budget", type=_positive_float, metavar="USD", help="spending limit in USD")
+    p.add_argument("--priority", type=int, metavar="N",
+                   help="higher runs are claimed first (default: 0; from -1000000 to 1000000)")
+    p.add_argument("--delay", type=duration, metavar="DURATION",
+                   help="start no sooner than this from now: seconds, or with a unit (90s, 15m, 2h, 1d); "
+                   "the timeout counts from then")
     p.add_argument("--idempotency-key", metavar="KEY",
                    help="retrying with the same key returns the same run instead of queueing another")
 
@@ -431,6 +437,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     options = story.Options(keep=args.keep, live=args.live, lease_seconds=args.lease_seconds, verbose=args.verbose)
     return story.run(options)
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> float:
+    """Seconds from `90`, `90s`, `15m`, `2h` or `30d` (--delay, --older-than)."""
+    t = text.strip().lower()
+    scale = DURATION_UNITS.get(t[-1:], None)
+    number = t[:-1] if scale is not None else t
+    try:
+        value = float(number) * (scale or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (like 90, 90s, 15m, 2h or 30d)") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a duration of zero or more")
+    return value
 
 
 def _positive_int(text: str) -> int:

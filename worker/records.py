@@ -49,6 +49,9 @@ class NewRun:
     idempotency_key: str | None = None
     k8s_namespace: str | None = None
     k8s_name: str | None = None
+    priority: int = 0  # higher first among claimable runs
+    run_at: datetime.datetime | None = None  # not claimable before; None: at once (or `delay_seconds` from now)
+    delay_seconds: float | None = None  # claimable this long after the insert, by the database's clock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +82,8 @@ class Run:
     k8s_name: str | None = None
     crashes: int = 0  # claims after which the previous holder had not handed the run back
     model_retries: int = 0  # consecutive model steps that ran out of retries on a retryable error
+    priority: int = 0
+    run_at: datetime.datetime | None = None  # when the run is (or became) claimable
 
 
 @dataclasses.dataclass(frozen=True)

@@ -72,8 +72,9 @@ def _not_found(run_id: uuid.UUID) -> ApiError:
 
 def _same_request(run: Run, new: NewRun) -> bool:
     return (run.input, run.model, run.token_budget, run.timeout_seconds, run.max_steps, run.tools, run.system,
-            run.cost_budget_usd) == (new.input, new.model, new.token_budget, new.timeout_seconds, new.max_steps,
-                                     new.tools, new.system, new.cost_budget_usd)
+            run.cost_budget_usd, run.priority) == (new.input, new.model, new.token_budget, new.timeout_seconds,
+                                                   new.max_steps, new.tools, new.system, new.cost_budget_usd,
+                                                   new.priority)
 
 
 def _idempotency_key(value: str | None) -> str | None:
@@ -113,7 +114,8 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
             json_schema_extra={"minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY, "pattern": "^[\\x20-\\x7e]*$"},
         )] = None,
     ) -> RunCreated:
-        """Queue a run. The next free worker claims it."""
+        """Queue a run. The next free worker claims it: higher `priority` first, not before `runAt` (or
+        `delaySeconds` from now)."""
         key = _idempotency_key(idempotency_key)
         problems = [
             FieldProblem(field=f"tools[{i}]", problem=f"unknown tool {name!r}; this server offers: "
@@ -132,6 +134,9 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
             system=body.system,
             cost_budget_usd=body.cost_budget(),
             idempotency_key=key,
+            priority=body.priority,
+            run_at=body.scheduled_at(),
+            delay_seconds=body.delay_seconds,
         )
         run, created = await store.create(new)
         if not created:

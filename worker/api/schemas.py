@@ -7,7 +7,7 @@ import uuid
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Annotated
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
 from agentrun.worker.records import Run, RunStatus, Step, StepKind, StepStatus
@@ -22,6 +22,8 @@ MAX_TOOLS = 256
 MAX_NAME_CHARS = 200
 MAX_SEQ = 2**31 - 1  # run_step.seq is an INT
 PREVIEW_CHARS = 120
+MAX_PRIORITY = 1_000_000
+MAX_DELAY_SECONDS = 10 * 366 * 24 * 3600  # ten years: far enough for any schedule, far from the calendar's end
 
 
 def _storable(value: str) -> str:
@@ -46,6 +48,23 @@ def _whole(value: object) -> object:
     """JSON has one number type: 300.0 is the integer 300 (JSON Schema agrees); 300.5 stays a float and
     is refused by the strict int that follows."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _rfc3339(value: str) -> datetime.datetime:
+    """An RFC 3339 time with its offset (`2026-12-01T10:00:00Z`): a time without one names no instant."""
+    try:
+        at = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("must be an RFC 3339 time such as 2026-12-01T10:00:00Z") from None
+    if at.tzinfo is None or at.utcoffset() is None:
+        raise ValueError("must carry a UTC offset (Z or +hh:mm), like 2026-12-01T10:00:00Z")
+    now = datetime.datetime.now(datetime.UTC)
+    if at > now + datetime.timedelta(seconds=MAX_DELAY_SECONDS):
+        raise ValueError("must be at most ten years ahead")
+    return at
+
+
+RunAt = Annotated[str, AfterValidator(_rfc3339), Field(json_schema_extra={"format": "date-time"})]
 
 
 # An integer as JSON Schema has it: a number without a fractional part; never a string or a bool.
@@ -85,6 +104,23 @@ class RunRequest(_Camel):
         None, ge=float(MIN_COST_BUDGET_USD), le=MAX_COST_BUDGET_USD,
         description="Optional spending limit in USD, kept to the micro-dollar (6 decimal places).",
     )
+
+    priority: Whole = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY,
+                            description="Higher first among claimable runs; equal priorities oldest first.")
+    run_at: RunAt | None = Field(None, description="RFC 3339 time before which no worker claims the run; its "
+                                 "timeout counts from then. Not with `delaySeconds`.")
+    delay_seconds: float | None = Field(None, ge=0, le=MAX_DELAY_SECONDS,
+                                        description="Seconds from now before the run may be claimed; its "
+                                        "timeout counts from then. Not with `runAt`.")
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> RunRequest:
+        if self.run_at is not None and self.delay_seconds is not None:
+            raise ValueError("give runAt or delaySeconds, not both")
+        return self
+
+    def scheduled_at(self) -> datetime.datetime | None:
+        return _rfc3339(self.run_at) if self.run_at is not None else None
 
     def cost_budget(self) -> Decimal | None:
         # Through str: the decimal the client wrote, not the binary float nearest to it; then rounded as
@@ -131,6 +167,10 @@ class RunView(_Camel):
         description="The namespace of the AgentRun this run mirrors, if any.",
     )
     k8s_name: str | None = Field(default=None, serialization_alias="k8sName", description="The name of that AgentRun.")
+    priority: int = Field(0, description="Higher first among claimable runs.")
+    run_at: datetime.datetime | None = Field(
+        None, description="When the run became (or becomes) claimable: its schedule, or the end of a backoff "
+        "after a model API outage handed it back.")
 
     @classmethod
     def of(cls, run: Run) -> RunView:
@@ -141,7 +181,7 @@ class RunView(_Camel):
             max_steps=run.max_steps, timeout_seconds=run.timeout_seconds, deadline_at=run.deadline_at,
             cancel_requested=run.cancel_requested, steps=run.steps, error=run.error, locked_by=run.locked_by,
             created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
-            k8s_namespace=run.k8s_namespace, k8s_name=run.k8s_name,
+            k8s_namespace=run.k8s_namespace, k8s_name=run.k8s_name, priority=run.priority, run_at=run.run_at,
         )
 
 

@@ -135,7 +135,7 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
             cost_budget_usd=body.cost_budget(),
             idempotency_key=key,
             priority=body.priority,
-            run_at=body.scheduled_at(),
+            run_at=body.run_at,
             delay_seconds=body.delay_seconds,
         )
         run, created = await store.create(new)

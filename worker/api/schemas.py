@@ -50,8 +50,10 @@ def _whole(value: object) -> object:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def _rfc3339(value: str) -> datetime.datetime:
+def _rfc3339(value: object) -> datetime.datetime:
     """An RFC 3339 time with its offset (`2026-12-01T10:00:00Z`): a time without one names no instant."""
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 time (a string) such as 2026-12-01T10:00:00Z")
     try:
         at = datetime.datetime.fromisoformat(value)
     except ValueError:
@@ -64,7 +66,7 @@ def _rfc3339(value: str) -> datetime.datetime:
     return at
 
 
-RunAt = Annotated[str, AfterValidator(_rfc3339), Field(json_schema_extra={"format": "date-time"})]
+RunAt = Annotated[datetime.datetime, BeforeValidator(_rfc3339)]
 
 
 # An integer as JSON Schema has it: a number without a fractional part; never a string or a bool.
@@ -118,9 +120,6 @@ class RunRequest(_Camel):
         if self.run_at is not None and self.delay_seconds is not None:
             raise ValueError("give runAt or delaySeconds, not both")
         return self
-
-    def scheduled_at(self) -> datetime.datetime | None:
-        return _rfc3339(self.run_at) if self.run_at is not None else None
 
     def cost_budget(self) -> Decimal | None:
         # Through str: the decimal the client wrote, not the binary float nearest to it; then rounded as

@@ -76,6 +76,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         liveness_lock=not args.no_liveness_lock and _env_flag("AGENTRUN_LIVENESS_LOCK", True),
         max_crash_claims=args.max_crash_claims
         or _env_positive_int("AGENTRUN_MAX_CRASH_CLAIMS", WorkerSettings.max_crash_claims),
+        retention_days=args.retention_days if args.retention_days is not None
+        else _env_positive_float("AGENTRUN_RETENTION_DAYS"),
+        retention_interval=_env_positive_float("AGENTRUN_RETENTION_INTERVAL_SECONDS")
+        or WorkerSettings.retention_interval,
+        model_limits_file=os.environ.get("AGENTRUN_MODEL_LIMITS") or None,
     )
     from agentrun.worker.presence import DuplicateWorker
 
@@ -83,6 +88,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return asyncio.run(serve_worker(settings, migrate_first=not args.no_migrate))
     except DuplicateWorker as e:
         raise SystemExit(f"agentrun: {e}") from None
+
+
+def _env_positive_float(name: str) -> float | None:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise SystemExit(f"agentrun: {name} must be a positive number, got {text!r}")
+    return value
 
 
 def _module_list(text: str) -> tuple[str, ...]:
@@ -150,17 +168,51 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         ", ".join(tools.names) or "none",
     )
     http = asyncio.create_task(server.serve())
+    retention = None
+    if settings.retention_days is not None:
+        from agentrun.worker.retention import prune_periodically
+
+        retention = asyncio.create_task(prune_periodically(
+            pool, settings.retention_days, settings.retention_interval, stopping, on_batch=metrics.pruned,
+        ), name="retention")
     try:
         if worker:
             await worker.run()
         else:
             await stopping.wait()
     finally:
+        stopping.set()
+        if retention is not None:
+            with contextlib.suppress(Exception):
+                await retention
         server.should_exit = True
         with contextlib.suppress(Exception):
             await http
         await pool.close()
     log.info("%s stopped", settings.worker_id)
+    return 0
+
+
+# -- prune -----------------------------------------------------------------------------------------
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    import datetime
+
+    import psycopg
+
+    from agentrun.worker.retention import prune
+
+    async def go() -> str:
+        async with await psycopg.AsyncConnection.connect(_database_url(args), autocommit=True) as conn:
+            pruned = await prune(conn, datetime.timedelta(seconds=args.older_than), batch_size=args.batch_size,
+                                 dry_run=args.dry_run)
+        return pruned.describe(dry_run=args.dry_run)
+
+    try:
+        print(asyncio.run(go()))
+    except psycopg.Error as e:
+        raise SystemExit(f"agentrun: prune failed: {str(e).strip() or type(e).__name__}") from None
     return 0
 
 
@@ -352,7 +404,8 @@ def build_parser() -> argparse.ArgumentParser:
         "(full-jitter backoff, defaults 1 and 30; a retry-after header is honoured); AGENTRUN_DEFAULT_MODEL; "
         "AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_API_TOKEN (bearer token the /api routes require; "
         "unset: open); AGENTRUN_MAX_BODY_BYTES; AGENTRUN_LIVENESS_LOCK; AGENTRUN_MAX_CRASH_CLAIMS; "
-        "AGENTRUN_LOG_FORMAT.",
+        "AGENTRUN_LOG_FORMAT; AGENTRUN_RETENTION_DAYS, AGENTRUN_RETENTION_INTERVAL_SECONDS (pruning, default every "
+        "600 s); AGENTRUN_MODEL_LIMITS (YAML or JSON file of fleet-wide model limits).",
     )
     _add_database(p)
     p.add_argument("--id", metavar="NAME", help="worker name in leases, steps and logs (default: host-pid)")
@@ -375,6 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-crash-claims", type=_positive_int, metavar="N", default=None,
                    help="a run taken over this many times from a worker that died mid-step ends FAILED "
                    "instead (default: $AGENTRUN_MAX_CRASH_CLAIMS or 10)")
+    p.add_argument("--retention-days", type=_positive_float, default=None, metavar="D",
+                   help="prune runs finished more than D days ago, one worker of the fleet at a time "
+                   "(default: $AGENTRUN_RETENTION_DAYS; unset: keep everything)")
     p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
     p.add_argument("--no-liveness-lock", action="store_true",
                    help="do not hold the session advisory lock that lets other workers take over this "
@@ -382,6 +438,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "mode, where a dead worker's runs then wait out their lease. Use the same setting on "
                    "every worker, and a unique --id per live worker (env: AGENTRUN_LIVENESS_LOCK=false)")
     p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser(
+        "prune",
+        help="delete finished runs older than a cutoff",
+        description="Delete runs that finished (SUCCEEDED, FAILED, CANCELLED, TIMED_OUT) before the cutoff, "
+        "with their steps, lease history and decisions, a batch of runs per short transaction, so workers "
+        "are never blocked for long. Queued, running and waiting runs are never deleted, nor a run another "
+        "kept run was continued or forked from. Prints what it deleted. Reads AGENTRUN_DATABASE_URL.",
+    )
+    _add_database(p)
+    p.add_argument("--older-than", type=duration, required=True, metavar="AGE",
+                   help="finished at least this long ago: seconds, or with a unit (30d, 12h, 90m)")
+    p.add_argument("--dry-run", action="store_true", help="count what would be deleted; delete nothing")
+    p.add_argument("--batch-size", type=_positive_int, default=100, metavar="N",
+                   help="runs deleted per statement (default: 100)")
+    p.set_defaults(func=cmd_prune)
 
     p = sub.add_parser(
         "operator",

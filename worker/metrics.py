@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from decimal import Decimal
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -33,6 +34,11 @@ METRIC_NAMES: tuple[str, ...] = (
     "agentrun_model_retries_total",
     "agentrun_tool_errors_total",
     "agentrun_runs_in_flight",
+    "agentrun_pruned_rows_total",
+    "agentrun_model_limit_waits_total",
+    "agentrun_model_limit_wait_seconds_total",
+    "agentrun_model_limit_use",
+    "agentrun_model_limit",
 )
 
 # Model steps take seconds and tools anything from milliseconds to minutes.
@@ -84,6 +90,23 @@ class Metrics:
         self.retries = Counter("agentrun_model_retries", "Model calls retried, by HTTP status", ["status"], registry=r)
         self.tool_errors = Counter("agentrun_tool_errors", "Tool calls that ended in an error", ["tool"], registry=r)
         self.runs_in_flight = Gauge("agentrun_runs_in_flight", "Runs this worker drives now", registry=r)
+        self.pruned_rows = Counter(
+            "agentrun_pruned_rows", "Rows deleted by retention, by table", ["table"], registry=r
+        )
+        self.limit_waits = Counter(
+            "agentrun_model_limit_waits", "Model calls that waited for a fleet-wide limit", ["limit"], registry=r
+        )
+        self.limit_wait_seconds = Counter(
+            "agentrun_model_limit_wait_seconds", "Seconds model calls waited for a fleet-wide limit", ["limit"],
+            registry=r,
+        )
+        self.limit_use = Gauge(
+            "agentrun_model_limit_use", "Fleet-wide use of a model limit at this worker's last reservation",
+            ["limit", "kind"], registry=r,
+        )
+        self.limit_value = Gauge(
+            "agentrun_model_limit", "A model limit in force (tightened after a 429)", ["limit", "kind"], registry=r,
+        )
         self._runs = _RunsByStatus()
         r.register(self._runs)
         for kind in ("MODEL", "TOOL"):  # so dashboards see the series before the first step
@@ -126,6 +149,20 @@ class Metrics:
 
     def model_retry(self, status: int) -> None:
         self.retries.labels(str(status)).inc()
+
+    def pruned(self, pruned: Any) -> None:
+        """Rows one retention batch deleted (`retention.Pruned`)."""
+        for table, n in pruned.rows.items():
+            self.pruned_rows.labels(table).inc(n)
+
+    def limit_waited(self, limit: str, seconds: float) -> None:
+        self.limit_waits.labels(limit).inc()
+        self.limit_wait_seconds.labels(limit).inc(seconds)
+
+    def limit_seen(self, limit: str, kind: str, use: float, value: float) -> None:
+        """Use vs limit of one kind (concurrent, requests_per_minute, tokens_per_minute)."""
+        self.limit_use.labels(limit, kind).set(use)
+        self.limit_value.labels(limit, kind).set(value)
 
     # -- scraping ---------------------------------------------------------------------------------
 

@@ -82,6 +82,18 @@ class WorkerSettings:
     FAILED instead of being taken again (AGENTRUN_MAX_CRASH_CLAIMS, --max-crash-claims): a step that
     kills its worker (out of memory, a segfault in a tool) must not kill every worker in turn."""
 
+    retention_days: float | None = None
+    """Prune runs finished more than this many days ago, with their steps and lease history
+    (AGENTRUN_RETENTION_DAYS, --retention-days); None keeps everything. One worker of the fleet prunes
+    at a time (an advisory lock), in small batches."""
+
+    retention_interval: float = 600.0
+    """Seconds between a worker's pruning passes (AGENTRUN_RETENTION_INTERVAL_SECONDS): ten minutes keeps
+    each pass small on a busy database, while the lock makes extra passes of other workers free."""
+
+    model_limits_file: str | None = None
+    """YAML or JSON file of fleet-wide model limits (AGENTRUN_MODEL_LIMITS); None: no limits."""
+
     pool_size: int = 10
     """Database connections. Steps hold a connection only while they write, so a few serve many runs."""
 

@@ -327,7 +327,8 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
     assert {"/api/runs", "/api/runs/{id}", "/api/runs/{id}/timeline", "/api/runs/{id}/steps/{seq}",
             "/api/runs/{id}/cancel", "/healthz", "/readyz", "/metrics"} <= set(doc["paths"])
     props = doc["components"]["schemas"]["RunRequest"]["properties"]
-    assert {"input", "model", "tokenBudget", "timeoutSeconds", "maxSteps", "tools", "system", "costBudgetUsd"} == set(props)
+    assert {"input", "model", "tokenBudget", "timeoutSeconds", "maxSteps", "tools", "system", "costBudgetUsd",
+            "priority", "runAt", "delaySeconds"} == set(props)
     assert "next" in doc["paths"]["/api/runs"]["get"]["description"]
 
 

@@ -136,6 +136,7 @@ async def test_api_fields(client: httpx.AsyncClient) -> None:
     ({"runAt": "tomorrow"}, "runAt"),
     ({"runAt": "2026-12-01T10:00:00"}, "runAt"),  # no offset: no instant
     ({"runAt": "9999-12-31T23:59:59Z"}, "runAt"),
+    ({"runAt": None, "delaySeconds": 5}, "body"),
     ({"runAt": 12}, "runAt"),
     ({"delaySeconds": -1}, "delaySeconds"),
     ({"delaySeconds": "soon"}, "delaySeconds"),

@@ -60,13 +60,13 @@ def _rfc3339(value: object) -> datetime.datetime:
         raise ValueError("must be an RFC 3339 time such as 2026-12-01T10:00:00Z") from None
     if at.tzinfo is None or at.utcoffset() is None:
         raise ValueError("must carry a UTC offset (Z or +hh:mm), like 2026-12-01T10:00:00Z")
-    now = datetime.datetime.now(datetime.UTC)
-    if at > now + datetime.timedelta(seconds=MAX_DELAY_SECONDS):
-        raise ValueError("must be at most ten years ahead")
+    if at.astimezone(datetime.UTC).year >= 9000:  # its deadline must stay within the calendar's years
+        raise ValueError("must be before the year 9000")
     return at
 
 
-RunAt = Annotated[datetime.datetime, BeforeValidator(_rfc3339)]
+RunAt = Annotated[datetime.datetime, BeforeValidator(_rfc3339),
+                  Field(json_schema_extra={"pattern": "^[0-8][0-9]{3}-"})]
 
 
 # An integer as JSON Schema has it: a number without a fractional part; never a string or a bool.
@@ -87,7 +87,8 @@ class RunRequest(_Camel):
     """A run to start. Unknown fields are refused, so a misspelt budget does not pass unnoticed."""
 
     # strict: a number must be a JSON number and text a JSON string; nothing is coerced (but see Whole).
-    model_config = ConfigDict(extra="forbid", strict=True)  # merged with _Camel's
+    model_config = ConfigDict(extra="forbid", strict=True,  # merged with _Camel's
+                              json_schema_extra={"not": {"required": ["runAt", "delaySeconds"]}})
 
     input: Annotated[
         str, Field(min_length=1, description="The user's request: the first message.",
@@ -117,7 +118,7 @@ class RunRequest(_Camel):
 
     @model_validator(mode="after")
     def _one_schedule(self) -> RunRequest:
-        if self.run_at is not None and self.delay_seconds is not None:
+        if {"run_at", "delay_seconds"} <= self.model_fields_set:
             raise ValueError("give runAt or delaySeconds, not both")
         return self
 

@@ -152,7 +152,8 @@ def main() -> None:
         print(f"  {x['queued']:>7} queued: p50 {x['p50_ms']} ms, p99 {x['p99_ms']} ms, max {x['max_ms']} ms, "
               f"{x['claims_per_s']} claims/s, double claims {x['double_claims']}")
     print(f"  p99 ratio {ratio:.2f} (target ≤ 2: {'met' if ratio <= 2 else 'MISSED'}); "
-          f"claims recorded = claims made, run by run: {consistent}; claim plan uses run_claim_priority_idx: {uses_index}")
+          f"claims recorded = claims made, run by run: {consistent}; "
+          f"claim plan uses run_claim_priority_idx: {uses_index}")
     print("  plan: " + r["plan"].replace("\n", "\n        "))
     _pg.emit(figures)
 

@@ -138,7 +138,17 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     # Before any connection is opened, so a missing or bad setting exits with its message alone.
     # An API-only process (--concurrency 0) needs no model.
     metrics = Metrics(cache_seconds=settings.metrics_cache_seconds)
-    llm = llm_from_env(settings, on_retry=metrics.model_retry) if settings.concurrency > 0 else None
+    limiter = None
+    if settings.model_limits_file is not None and settings.concurrency > 0:
+        from agentrun.worker.llm.limits import Limiter, ModelLimits
+
+        try:
+            limits = ModelLimits.load(settings.model_limits_file)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"agentrun: cannot read the model limits (AGENTRUN_MODEL_LIMITS): {e}") from None
+        limiter = Limiter(limits, on_wait=metrics.limit_waited, on_use=metrics.limit_seen)
+    llm = (llm_from_env(settings, on_retry=metrics.model_retry, limiter=limiter)
+           if settings.concurrency > 0 else None)
     try:
         prices = PriceTable.load(settings.prices_file)
     except (OSError, ValueError) as e:
@@ -147,6 +157,8 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         await migrate.migrate(settings.database_url)
     pool = await open_pool(settings.database_url, max_size=settings.pool_max)
     store = RunStore(pool)
+    if limiter is not None:
+        limiter.attach(pool)
     metrics.count_runs_with(store.count_by_status)
     worker = Worker(settings, store, llm, tools, prices, observer=metrics) if llm is not None else None
     stopping = worker.stopping if worker else asyncio.Event()

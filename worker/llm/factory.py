@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from agentrun.worker.llm.anthropic_client import AnthropicClient
+from agentrun.worker.llm.limits import Limited, Limiter
 from agentrun.worker.llm.retry import Retrying
 from agentrun.worker.llm.timeout import TimeLimited
 from agentrun.worker.llm.types import LlmClient
@@ -80,13 +81,19 @@ def build_llm(
     api_key: str | None = None,
     base_url: str | None = None,
     on_retry: Callable[[int], None] | None = None,
+    limiter: Limiter | None = None,
 ) -> Retrying:
-    """`Retrying(TimeLimited(AnthropicClient))`: the retry loop outside, the attempt limit inside it."""
+    """`Retrying(TimeLimited(AnthropicClient))`: the retry loop outside, the attempt limit inside it;
+    with a `limiter`, `Retrying(Limited(TimeLimited(...)))`: each attempt waits for the fleet-wide limit,
+    and the wait is not counted as the attempt's time."""
     client = AnthropicClient(
         api_key=api_key, base_url=base_url, http_timeout=llm.timeout_seconds + llm.http_margin_seconds
     )
+    attempt: LlmClient = TimeLimited(client, llm.timeout_seconds)
+    if limiter is not None:
+        attempt = Limited(attempt, limiter)
     return Retrying(
-        TimeLimited(client, llm.timeout_seconds),
+        attempt,
         max_attempts=llm.max_attempts,
         base=llm.backoff_base_seconds,
         cap=llm.backoff_cap_seconds,
@@ -98,6 +105,7 @@ def llm_from_env(
     settings: WorkerSettings,
     environ: Mapping[str, str] | None = None,
     on_retry: Callable[[int], None] | None = None,
+    limiter: Limiter | None = None,
 ) -> LlmClient:
     """The worker's model client from ANTHROPIC_* and AGENTRUN_LLM_* variables; exits with a clear message
     when no model API is configured or a variable is bad."""
@@ -117,4 +125,4 @@ def llm_from_env(
         "model API %s: %d attempts of at most %gs each",
         base_url or "https://api.anthropic.com", llm.max_attempts, llm.timeout_seconds,
     )
-    return build_llm(llm, api_key=api_key, base_url=base_url, on_retry=on_retry)
+    return build_llm(llm, api_key=api_key, base_url=base_url, on_retry=on_retry, limiter=limiter)

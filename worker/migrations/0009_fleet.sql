@@ -17,7 +17,8 @@ CREATE INDEX run_finished_idx ON run (finished_at)
 -- changed by one statement per reservation. Rates are token buckets refilled continuously at
 -- limit / 60 per second, up to a minute's worth; requests in flight are reservation ids with the time
 -- by which they end at the latest, so a worker that dies mid-call frees its slots when they expire.
--- A 429 scales every limit of the row by `factor` until `tight_until`, for every worker at once.
+-- A 429 scales every limit of the row by `factor` until `tight_until` and pauses every call until
+-- `paused_until`, for every worker at once.
 CREATE TABLE model_limit (
     key          TEXT PRIMARY KEY,
     requests     FLOAT8 NOT NULL DEFAULT 0,         -- requests left in the bucket
@@ -25,5 +26,6 @@ CREATE TABLE model_limit (
     refilled_at  TIMESTAMPTZ NOT NULL DEFAULT now(),
     in_flight    JSONB NOT NULL DEFAULT '{}',       -- reservation id → epoch seconds it expires at
     factor       FLOAT8 NOT NULL DEFAULT 1 CHECK (factor > 0 AND factor <= 1),
-    tight_until  TIMESTAMPTZ
+    tight_until  TIMESTAMPTZ,
+    paused_until TIMESTAMPTZ                        -- no call starts before (a 429's retry-after)
 );

@@ -8,7 +8,7 @@ The limits file (AGENTRUN_MODEL_LIMITS, YAML or JSON) maps a model name or glob 
 
 A model takes the limit named exactly after it, else the first glob that matches it in file order.
 Each attempt reserves before it is sent, in ONE statement: a slot in flight, one request and its tokens
-(the request's size, estimated at four characters a token, plus its `max_tokens`) from buckets refilled
+(the request's size, estimated at three characters a token, plus its `max_tokens`) from buckets refilled
 continuously at the per-minute rate up to a minute's worth, the way the API's own limits work. After
 the call, one more statement frees the slot and corrects the tokens from the usage the API reported.
 A call that may not go yet waits: inside the model step, so the lease heartbeat keeps the run, its
@@ -52,6 +52,9 @@ its slots by then. It should exceed the longest attempt (AGENTRUN_LLM_TIMEOUT_SE
 MIN_POLL, MAX_POLL = 0.05, 0.25
 """While every slot is taken, a waiting call looks again this often (jittered): a slot frees when
 another worker's call ends, which no clock can predict."""
+MAX_RATE_WAIT = 1.0
+"""A wait for a rate is computed from the bucket, but calls in flight give back what they reserved
+beyond their usage when they end: a waiting call looks again at least this often to see it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,9 +119,10 @@ class ModelLimits:
 
 
 def estimate_tokens(request: LlmRequest) -> int:
-    """What a request may cost before it is sent: its text at four characters a token, plus max_tokens."""
+    """What a request may cost before it is sent: its JSON at three characters a token (English runs near
+    four, so this errs high), plus max_tokens, the most it can answer. The usage corrects it after."""
     size = len(orjson.dumps([request.system, request.messages, request.tools]))
-    return size // 4 + request.max_tokens
+    return size // 3 + request.max_tokens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -261,7 +265,7 @@ class Limiter:
                     self.on_wait(limit.key, time.monotonic() - started)
                 return Grant(limit, grant_id, float(row["cost"]))
             waited = True
-            wait = float(row["wait"])
+            wait = min(float(row["wait"]), MAX_RATE_WAIT)
             if row["full"]:
                 wait = max(wait, self._rng.uniform(MIN_POLL, MAX_POLL))
             # A rate wait is exact; a little jitter keeps workers that wait for the same refill apart.

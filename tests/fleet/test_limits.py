@@ -157,7 +157,7 @@ async def test_a_burst_of_429s_slows_every_worker(store: RunStore, database_url:
     async with CountingServer(honest_usage()) as server:
         server.script(Reply.rate_limited(retry_after=3), Reply.rate_limited(retry_after=3))
         async with fleet(database_url, server.base_url, {"claude-*": {"requestsPerMinute": 600}}, tmp_path) as ports:
-            ids = [(await store.create(new_run(f"run {i}")))[0].id for i in range(40)]
+            ids = [(await store.create(new_run(f"run {i}")))[0].id for i in range(25)]
             await eventually(lambda: _all_done(store, ids), timeout=120, what="every run to end")
             metrics = [await _metrics(p) for p in ports]
     first_429 = min(t for t, status, _ in server.arrivals if status == 429)
@@ -166,7 +166,7 @@ async def test_a_burst_of_429s_slows_every_worker(store: RunStore, database_url:
     assert quiet == [], f"{len(quiet)} requests during the pause a 429 asked for"
     after = [t for t, status, _ in server.arrivals if status == 200 and first_429 + 2.5 <= t]
     assert after, "nothing was sent after the pause"
-    # Halved to 300 a minute (5 a second) from an empty bucket: 40 runs take seconds, not one.
+    # Halved to 300 a minute (5 a second) from an empty bucket: 25 runs take seconds, not one.
     span = after[-1] - after[0]
     assert len(after) <= 5 * span + 2, f"{len(after)} requests in {span:.1f}s after the 429s"
     assert sum(1 for m in metrics if _sample(m, 'agentrun_model_limit_waits_total{limit="claude-*"}') > 0) >= 2

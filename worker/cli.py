@@ -297,7 +297,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 show(run, client.run_details(run))
             elif args.runs_command == "timeline":
                 steps = api.timeline(args.id)
-                show(steps, client.timeline_table(steps))
+                claimable = "" if args.json else f"claimable from {api.get(args.id).get('runAt') or '-'}\n"
+                show(steps, claimable + client.timeline_table(steps))
             elif args.runs_command == "cancel":
                 run = api.cancel(args.id)
                 requested = " (cancel requested)" if run["status"] == "RUNNING" else ""

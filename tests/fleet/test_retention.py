@@ -150,3 +150,45 @@ async def test_cli_prune(store: RunStore, db: psycopg.AsyncConnection[Any], data
     bad = await asyncio.to_thread(cli, "--older-than", "30d", "--batch-size", "0")
     assert bad.returncode == 2
     assert (await store.get(next(iter(await _ids(db))))).status is RunStatus.SUCCEEDED  # type: ignore[union-attr]
+
+
+async def test_worker_process_prunes_with_retention_days(store: RunStore, db: psycopg.AsyncConnection[Any],
+                                                         database_url: str, tmp_path: Any) -> None:
+    """`agentrun worker --retention-days 30` prunes by itself and counts the rows on /metrics."""
+    import httpx
+
+    from tests.fleet.test_limits import _free_port
+
+    old = await _run(store, db, "SUCCEEDED", 40, steps=2)
+    kept = await _run(store, db, "SUCCEEDED", 1, steps=2)
+    port = _free_port()
+    env = {**os.environ, "AGENTRUN_DATABASE_URL": database_url, "ANTHROPIC_BASE_URL": "http://127.0.0.1:9",
+           "AGENTRUN_RETENTION_INTERVAL_SECONDS": "0.2"}
+    log = (tmp_path / "worker.log").open("w")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", "pruner", "--port", str(port),
+        "--host", "127.0.0.1", "--concurrency", "1", "--retention-days", "30", "--no-migrate",
+        env=env, stdout=log, stderr=log,
+    )
+    try:
+        async def pruned() -> bool:
+            if proc.returncode is not None:
+                raise AssertionError((tmp_path / "worker.log").read_text()[-2000:])
+            return old not in await _ids(db)
+
+        await eventually(pruned, timeout=60, what="the worker to prune")
+        assert kept in await _ids(db)
+
+        async def counted() -> bool:
+            try:
+                async with httpx.AsyncClient() as c:
+                    text = (await c.get(f"http://127.0.0.1:{port}/metrics")).text
+            except httpx.TransportError:
+                return False
+            return 'agentrun_pruned_rows_total{table="run_step"} 2.0' in text
+
+        await eventually(counted, timeout=30, what="the pruned rows on /metrics")
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        assert await asyncio.wait_for(proc.wait(), 30) == 0

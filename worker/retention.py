@@ -7,6 +7,7 @@ import asyncio
 import dataclasses
 import datetime
 import logging
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -27,6 +28,9 @@ FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
 # Key of the advisory lock that lets one worker of the fleet prune at a time ("agRp").
 PRUNE_LOCK_KEY = 0x61675270
 DEFAULT_BATCH = 100
+REST = 2.0
+"""After each batch the prune rests twice as long as the batch took: it takes at most a third of one
+database core, whatever the machine, so the workers' claims and checkpoints keep theirs (bench B7)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,13 +150,14 @@ async def prune(
     *,
     batch_size: int = DEFAULT_BATCH,
     dry_run: bool = False,
-    pause: float = 0.0,
+    rest: float = REST,
     on_batch: Callable[[Pruned], None] | None = None,
     stopping: asyncio.Event | None = None,
 ) -> Pruned:
     """Prune finished runs that finished more than `older_than` ago (by the database's clock), batch by
     batch until none is left; returns the totals. `conn` must be in autocommit mode, so each batch is
-    its own transaction. `pause` seconds between batches leave the database to the workers."""
+    its own transaction. After each batch it rests `rest` times as long as the batch took, leaving the
+    database to the workers: the busier the database, the slower the prune."""
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
     cur = await conn.execute("SELECT now() - %s::interval", (older_than,))
@@ -164,15 +169,17 @@ async def prune(
         return await count_prunable(conn, cutoff, tables, parents)
     total: dict[str, int] = {t: 0 for t in [*tables, "run"]}
     while stopping is None or not stopping.is_set():
+        t0 = time.monotonic()
         pruned = await prune_batch(conn, cutoff, batch_size, tables, parents)
+        took = time.monotonic() - t0
         for table, n in pruned.rows.items():
             total[table] = total.get(table, 0) + n
         if on_batch is not None:
             on_batch(pruned)
         if pruned.runs == 0:
             break
-        if pause > 0:
-            await asyncio.sleep(pause)
+        if rest > 0:
+            await asyncio.sleep(took * rest)
     return Pruned(total)
 
 
@@ -181,7 +188,7 @@ async def prune_if_first(
     older_than: datetime.timedelta,
     *,
     batch_size: int = DEFAULT_BATCH,
-    pause: float = 0.0,
+    rest: float = REST,
     on_batch: Callable[[Pruned], None] | None = None,
     stopping: asyncio.Event | None = None,
 ) -> Pruned | None:
@@ -195,7 +202,7 @@ async def prune_if_first(
         if not row or not row[0]:
             return None
         try:
-            return await prune(conn, older_than, batch_size=batch_size, pause=pause, on_batch=on_batch,
+            return await prune(conn, older_than, batch_size=batch_size, rest=rest, on_batch=on_batch,
                                stopping=stopping)
         finally:
             await conn.execute("SELECT pg_advisory_unlock(%s)", (PRUNE_LOCK_KEY,))
@@ -208,14 +215,14 @@ async def prune_periodically(
     stopping: asyncio.Event,
     on_batch: Callable[[Pruned], None] | None = None,
     batch_size: int = DEFAULT_BATCH,
-    pause: float = 0.05,
+    rest: float = REST,
 ) -> None:
     """A worker's retention task: every `interval` seconds (the first soon after start), prune runs
     finished more than `days` ago, if no other worker is at it. Errors are logged and retried next time."""
     older_than = datetime.timedelta(days=days)
     while not stopping.is_set():
         try:
-            pruned = await prune_if_first(pool, older_than, batch_size=batch_size, pause=pause,
+            pruned = await prune_if_first(pool, older_than, batch_size=batch_size, rest=rest,
                                           on_batch=on_batch, stopping=stopping)
             if pruned is not None and pruned.runs:
                 log.info("retention: %s (finished over %g days ago)", pruned.describe(), days)

@@ -1,6 +1,6 @@
-"""B7: pruning under load. A worker runs the B1 workload twice over a table holding `--steps` steps of
-old finished runs: once alone, once while `agentrun prune` deletes all of them; B1 steps/s with pruning
-≥ 0.7 × without, and claim p99 ≤ 2 × without.
+"""B7: pruning under load. A worker runs the B1 workload over a table holding `--steps` steps of old
+finished runs: alone, then again and again while `agentrun prune` deletes all of them, then alone once
+more; B1 steps/s with pruning (the worst pass) ≥ 0.7 × without, and claim p99 ≤ 2 × without.
 """
 
 from __future__ import annotations
@@ -112,6 +112,12 @@ async def bench(url: str, steps: int, steps_per_run: int, runs: int, turns: int,
                 break
         pruned = await pruning
         prune_seconds = time.perf_counter() - t0
+    # Alone again afterwards: on a shared machine the load drifts, so the figure without pruning is the
+    # mean of one before and one after.
+    after = await b1(url, runs, turns, concurrency)
+    alone = {"steps_per_s": round((alone["steps_per_s"] + after["steps_per_s"]) / 2, 1),
+             "claim_p99_ms": round((alone["claim_p99_ms"] + after["claim_p99_ms"]) / 2, 3),
+             "before": alone, "after": after}
     worst = min(during, key=lambda x: x["steps_per_s"])
     return {"steps_filled": filled, "alone": alone, "during": during, "worst_during": worst,
             "pruned": dict(pruned.rows), "prune_seconds": round(prune_seconds, 3),
@@ -137,7 +143,8 @@ def main() -> None:
     met = throughput_ratio >= 0.7 and claim_ratio <= 2.0
     print(f"B7 prune under load: {r['steps_filled']} old steps, pruned in {r['prune_seconds']} s "
           f"({r['steps_pruned_per_s']} steps/s, batches of {args.batch_size} runs): {r['pruned']}")
-    print(f"  B1 alone: {alone['steps_per_s']} steps/s, claim p99 {alone['claim_p99_ms']} ms")
+    print(f"  B1 alone (mean of before and after): {alone['steps_per_s']} steps/s, "
+          f"claim p99 {alone['claim_p99_ms']} ms")
     for x in r["during"]:
         print(f"  B1 while pruning: {x['steps_per_s']} steps/s, claim p99 {x['claim_p99_ms']} ms")
     print(f"  throughput ratio {throughput_ratio:.2f} (target ≥ 0.7), claim p99 ratio {claim_ratio:.2f} "

@@ -94,10 +94,10 @@ class Metrics:
             "agentrun_pruned_rows", "Rows deleted by retention, by table", ["table"], registry=r
         )
         self.limit_waits = Counter(
-            "agentrun_model_limit_waits", "Model calls that waited for a fleet-wide limit", ["limit"], registry=r
+            "agentrun_model_limit_waits", "Model calls that waited for a fleet-wide limit", ["model"], registry=r
         )
         self.limit_wait_seconds = Counter(
-            "agentrun_model_limit_wait_seconds", "Seconds model calls waited for a fleet-wide limit", ["limit"],
+            "agentrun_model_limit_wait_seconds", "Seconds model calls waited for a fleet-wide limit", ["model"],
             registry=r,
         )
         self.limit_use = Gauge(
@@ -155,9 +155,9 @@ class Metrics:
         for table, n in pruned.rows.items():
             self.pruned_rows.labels(table).inc(n)
 
-    def limit_waited(self, limit: str, seconds: float) -> None:
-        self.limit_waits.labels(limit).inc()
-        self.limit_wait_seconds.labels(limit).inc(seconds)
+    def limit_waited(self, model: str, seconds: float) -> None:
+        self.limit_waits.labels(model).inc()
+        self.limit_wait_seconds.labels(model).inc(seconds)
 
     def limit_seen(self, limit: str, kind: str, use: float, value: float) -> None:
         """Use vs limit of one kind (concurrent, requests_per_minute, tokens_per_minute)."""

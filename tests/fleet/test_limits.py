@@ -130,7 +130,7 @@ async def test_three_workers_never_exceed_max_concurrent_requests(store: RunStor
     runs = await store.get_many(ids)
     assert {r.status for r in runs} == {RunStatus.SUCCEEDED}, [r.error for r in runs]
     assert server.most_in_flight == 2  # the limit, reached but never passed, by 3 × 4 slots
-    waited = [_sample(m, 'agentrun_model_limit_waits_total{limit="claude-*"}') for m in metrics]
+    waited = [_sample(m, f'agentrun_model_limit_waits_total{{model="{MODEL}"}}') for m in metrics]
     assert sum(waited) > 0
     assert 'agentrun_model_limit{kind="concurrent",limit="claude-*"} 2.0' in "".join(metrics)
 
@@ -169,7 +169,7 @@ async def test_a_burst_of_429s_slows_every_worker(store: RunStore, database_url:
     # Halved to 300 a minute (5 a second) from an empty bucket: 25 runs take seconds, not one.
     span = after[-1] - after[0]
     assert len(after) <= 5 * span + 2, f"{len(after)} requests in {span:.1f}s after the 429s"
-    assert sum(1 for m in metrics if _sample(m, 'agentrun_model_limit_waits_total{limit="claude-*"}') > 0) >= 2
+    assert sum(1 for m in metrics if _sample(m, f'agentrun_model_limit_waits_total{{model="{MODEL}"}}') > 0) >= 2
     runs = await store.get_many(ids)
     assert {r.status for r in runs} == {RunStatus.SUCCEEDED}  # never failed for a limit
 

@@ -194,7 +194,7 @@ TIGHTEN = """UPDATE model_limit SET
              WHERE key = %(key)s"""
 
 
-WaitHook = Callable[[str, float], None]
+WaitHook = Callable[[str, float], None]  # (model, seconds waited)
 UseHook = Callable[[str, str, float, float], None]
 
 
@@ -262,7 +262,7 @@ class Limiter:
             self._seen(limit, row)
             if row["ok"]:
                 if waited and self.on_wait is not None:
-                    self.on_wait(limit.key, time.monotonic() - started)
+                    self.on_wait(model, time.monotonic() - started)
                 return Grant(limit, grant_id, float(row["cost"]))
             waited = True
             wait = min(float(row["wait"]), MAX_RATE_WAIT)

@@ -95,8 +95,8 @@ async def test_a_forked_from_run_is_kept_while_its_child_is(store: RunStore, db:
     assert (await retention.prune(db, 30 * DAY)).runs == 1
     assert await _ids(db) == {parent, child}
     # Once the child is old enough too, both go: the child first, its parent in the next batch.
-    assert (await retention.prune(db, 30 * DAY * 0 + datetime.timedelta(days=1), dry_run=True)).runs == 2
-    assert (await retention.prune(db, datetime.timedelta(days=1))).runs == 2
+    assert (await retention.prune(db, DAY, dry_run=True)).runs == 2
+    assert (await retention.prune(db, DAY)).runs == 2
     assert await _ids(db) == set()
     assert lone not in await _ids(db)
 
@@ -192,3 +192,17 @@ async def test_worker_process_prunes_with_retention_days(store: RunStore, db: ps
         if proc.returncode is None:
             proc.terminate()
         assert await asyncio.wait_for(proc.wait(), 30) == 0
+
+
+async def test_decisions_are_pruned_with_their_runs(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
+    """Issue 13's run_decision (here its essentials) goes with its run, once that table exists."""
+    await db.execute("""CREATE TABLE IF NOT EXISTS run_decision (
+        run_id UUID NOT NULL REFERENCES run (id), tool_use_id TEXT NOT NULL, PRIMARY KEY (run_id, tool_use_id))""")
+    old = await _run(store, db, "SUCCEEDED", 40, steps=1)
+    waiting = await _run(store, db, "RUNNING", None, steps=1)
+    for run_id in (old, waiting):
+        await db.execute("INSERT INTO run_decision (run_id, tool_use_id) VALUES (%s, 'toolu_1')", (run_id,))
+    assert (await retention.prune(db, 30 * DAY, dry_run=True)).rows["run_decision"] == 1
+    assert (await retention.prune(db, 30 * DAY)).rows == {"run_step": 1, "run_lease": 1, "run_decision": 1, "run": 1}
+    cur = await db.execute("SELECT run_id FROM run_decision")
+    assert [r[0] for r in await cur.fetchall()] == [waiting]

@@ -29,3 +29,11 @@ GRANT SELECT, INSERT, DELETE ON worker_suspect TO agentrun_runtime;
 GRANT SELECT, INSERT, UPDATE ON run_decision TO agentrun_runtime;
 -- /readyz and `agentrun worker` (without --no-migrate) read the applied versions.
 GRANT SELECT ON schema_migration TO agentrun_runtime;
+-- Fleet-wide model limits (worker/llm/limits.py): one row per limit, reserved and freed by workers.
+GRANT SELECT, INSERT, UPDATE ON model_limit TO agentrun_runtime;
+
+-- [retention] only if workers prune by themselves (--retention-days, chart value retention.days), as
+-- agentrun_owner: the runtime role may then delete finished runs with their steps and lease history.
+-- Without this section, run `agentrun prune --older-than 30d` as agentrun_owner (a CronJob, say).
+GRANT DELETE ON run, run_step TO agentrun_runtime;
+GRANT SELECT, DELETE ON run_lease TO agentrun_runtime;

@@ -180,6 +180,7 @@ def new_run(
         continue_from=continue_from,
         fork_from=fork_from,
         traceparent=traceparent,
+        **_schedule(spec),
     )
 
 
@@ -188,6 +189,33 @@ def source_name(spec: Mapping[str, Any]) -> str | None:
     fork = spec.get("forkFrom")
     name = fork.get("name") if isinstance(fork, Mapping) else spec.get("continueFrom")
     return name if isinstance(name, str) and name else None
+
+
+MAX_PRIORITY = 1_000_000
+MAX_DELAY_SECONDS = 10 * 366 * 24 * 3600
+
+
+def _schedule(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """spec.priority, spec.runAt and spec.delaySeconds as NewRun fields (the CRD's bounds, checked again)."""
+    priority = spec.get("priority", 0)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not -MAX_PRIORITY <= priority <= MAX_PRIORITY:
+        raise InvalidSpec(f"spec.priority must be an integer from {-MAX_PRIORITY} to {MAX_PRIORITY}, "
+                          f"got {str(priority)[:40]}")
+    run_at, delay = spec.get("runAt"), spec.get("delaySeconds")
+    if run_at is not None and delay is not None:
+        raise InvalidSpec("give spec.runAt or spec.delaySeconds, not both")
+    at = None
+    if run_at is not None:
+        try:
+            at = datetime.datetime.fromisoformat(run_at) if isinstance(run_at, str) else None
+        except ValueError:
+            at = None
+        if at is None or at.utcoffset() is None or at.year > 9000:
+            raise InvalidSpec(f"spec.runAt must be an RFC 3339 time like 2026-12-01T10:00:00Z, got {str(run_at)[:40]}")
+    if delay is not None and (isinstance(delay, bool) or not isinstance(delay, int)
+                              or not 0 <= delay <= MAX_DELAY_SECONDS):
+        raise InvalidSpec(f"spec.delaySeconds must be an integer from 0 to {MAX_DELAY_SECONDS}, got {str(delay)[:40]}")
+    return {"priority": priority, "run_at": at, "delay_seconds": float(delay) if delay is not None else None}
 
 
 def _positive_int(spec: Mapping[str, Any], field: str, default: int, limit: int) -> int:

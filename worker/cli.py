@@ -86,6 +86,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
         max_crash_claims=args.max_crash_claims
         or _env_positive_int("AGENTRUN_MAX_CRASH_CLAIMS", WorkerSettings.max_crash_claims),
         tool_threads=_env_positive_int("AGENTRUN_TOOL_THREADS", WorkerSettings.tool_threads),
+        retention_days=args.retention_days if args.retention_days is not None
+        else _env_positive_float("AGENTRUN_RETENTION_DAYS"),
+        retention_interval=_env_positive_float("AGENTRUN_RETENTION_INTERVAL_SECONDS")
+        or WorkerSettings.retention_interval,
+        model_limits_file=os.environ.get("AGENTRUN_MODEL_LIMITS") or None,
     )
     from agentrun.worker.presence import DuplicateWorker
 
@@ -93,6 +98,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return asyncio.run(serve_worker(settings, migrate_first=not args.no_migrate))
     except DuplicateWorker as e:
         raise SystemExit(f"agentrun: {e}") from None
+
+
+def _env_positive_float(name: str) -> float | None:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise SystemExit(f"agentrun: {name} must be a positive number, got {text!r}")
+    return value
 
 
 def _module_list(text: str) -> tuple[str, ...]:
@@ -159,7 +177,17 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     except (ValueError, ImportError) as e:
         raise SystemExit(f"agentrun: {e}") from None
     observer: Observer = Observers(metrics, tracer) if tracer is not None else metrics
-    llm = llm_from_env(settings, on_retry=observer.model_retry, providers=providers) if settings.concurrency else None
+    limiter = None
+    if settings.model_limits_file is not None and settings.concurrency > 0:
+        from agentrun.worker.llm.limits import Limiter, ModelLimits
+
+        try:
+            limits = ModelLimits.load(settings.model_limits_file)
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"agentrun: cannot read the model limits (AGENTRUN_MODEL_LIMITS): {e}") from None
+        limiter = Limiter(limits, on_wait=metrics.limit_waited, on_use=metrics.limit_seen)
+    llm = (llm_from_env(settings, on_retry=observer.model_retry, providers=providers, limiter=limiter)
+           if settings.concurrency else None)
     try:
         prices = PriceTable.load(settings.prices_file)
     except (OSError, ValueError) as e:
@@ -190,6 +218,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
             raise SystemExit(f"agentrun: cannot serve HTTP on {settings.host}:{settings.port}")
         await asyncio.sleep(0.01)
     pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
+    retention: asyncio.Task[None] | None = None
     try:
         while await wait_until_usable(settings.database_url, readiness, stopping, migrate_first=migrate_first):
             try:
@@ -199,6 +228,14 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
                             settings.worker_id, e)
                 continue
             store = RunStore(pool)
+            if limiter is not None:
+                limiter.attach(pool)
+            if settings.retention_days is not None and retention is None:
+                from agentrun.worker.retention import prune_periodically
+
+                retention = asyncio.create_task(prune_periodically(
+                    pool, settings.retention_days, settings.retention_interval, stopping, on_batch=metrics.pruned,
+                ), name="retention")
             metrics.count_runs_with(store.count_by_status)
             if llm is not None:
                 worker = Worker(settings, store, llm, tools, prices, observer=observer)
@@ -227,6 +264,10 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
             await pool.close()
             pool = None
     finally:
+        stopping.set()
+        if retention is not None:
+            with contextlib.suppress(Exception):
+                await retention
         server.should_exit = True
         with contextlib.suppress(Exception):
             await http
@@ -235,6 +276,29 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         if tracer is not None:
             await asyncio.to_thread(tracer.shutdown)  # exports the spans still buffered
     log.info("%s stopped", settings.worker_id)
+    return 0
+
+
+# -- prune -----------------------------------------------------------------------------------------
+
+
+def cmd_prune(args: argparse.Namespace) -> int:
+    import datetime
+
+    import psycopg
+
+    from agentrun.worker.retention import prune
+
+    async def go() -> str:
+        async with await psycopg.AsyncConnection.connect(_database_url(args), autocommit=True) as conn:
+            pruned = await prune(conn, datetime.timedelta(seconds=args.older_than), batch_size=args.batch_size,
+                                 dry_run=args.dry_run)
+        return pruned.describe(dry_run=args.dry_run)
+
+    try:
+        print(asyncio.run(go()))
+    except psycopg.Error as e:
+        raise SystemExit(f"agentrun: prune failed: {str(e).strip() or type(e).__name__}") from None
     return 0
 
 
@@ -342,7 +406,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
                             "system": args.system, "costBudgetUsd": args.cost_budget,
                             "continueFrom": client._run_id(args.continue_from, "--continue-from")
                             if args.continue_from else None,
-                            "requireApproval": args.require_approval}
+                            "requireApproval": args.require_approval, "priority": args.priority,
+                            "delaySeconds": args.delay}
                 body.update({k: v for k, v in optional.items() if v is not None})
                 texts = [("input", args.input), ("model", args.model), ("system", args.system),
                          *((f"tools[{i}]", t) for i, t in enumerate(args.tool or ()))]
@@ -374,7 +439,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 show(run, client.run_details(run))
             elif args.runs_command == "timeline":
                 steps = api.timeline(args.id)
-                show(steps, client.timeline_table(steps))
+                claimable = "" if args.json else f"claimable from {api.get(args.id).get('runAt') or '-'}\n"
+                show(steps, claimable + client.timeline_table(steps))
             elif args.runs_command == "cancel":
                 run = api.cancel(args.id)
                 requested = " (cancel requested)" if run["status"] == "RUNNING" else ""
@@ -428,6 +494,11 @@ def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--max-steps", type=_positive_int, metavar="N", help="most steps the run may take (default: 100)")
     p.add_argument("--system", metavar="TEXT", help="system prompt")
     p.add_argument("--cost-budget", type=_positive_float, metavar="USD", help="spending limit in USD")
+    p.add_argument("--priority", type=int, metavar="N",
+                   help="higher runs are claimed first (default: 0; from -1000000 to 1000000)")
+    p.add_argument("--delay", type=duration, metavar="DURATION",
+                   help="start no sooner than this from now: seconds, or with a unit (90s, 15m, 2h, 1d); "
+                   "the timeout counts from then")
     p.add_argument("--idempotency-key", metavar="KEY",
                    help="retrying with the same key returns the same run instead of queueing another")
     p.add_argument("--continue-from", metavar="ID",
@@ -530,7 +601,9 @@ def build_parser() -> argparse.ArgumentParser:
         "AGENTRUN_TOOL_THREADS (plain-def tools running at once, default 32; a timed-out one keeps its slot "
         "until it returns); AGENTRUN_LOG_FORMAT; OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_TRACES_EXPORTER (traces over "
         "OTLP/HTTP, off unless set; the other standard OTEL_* variables apply) and "
-        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT (record prompts and outputs in spans, default false).",
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT (record prompts and outputs in spans, default false); "
+        "AGENTRUN_RETENTION_DAYS, AGENTRUN_RETENTION_INTERVAL_SECONDS (pruning, default every 600 s); "
+        "AGENTRUN_MODEL_LIMITS (YAML or JSON file of fleet-wide model limits).",
     )
     _add_database(p)
     p.add_argument("--id", metavar="NAME", help="worker name in leases, steps and logs (default: host-pid)")
@@ -553,6 +626,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-crash-claims", type=_positive_int, metavar="N", default=None,
                    help="a run taken over this many times from a worker that died mid-step ends FAILED "
                    "instead (default: $AGENTRUN_MAX_CRASH_CLAIMS or 10)")
+    p.add_argument("--retention-days", type=_positive_float, default=None, metavar="D",
+                   help="prune runs finished more than D days ago, one worker of the fleet at a time "
+                   "(default: $AGENTRUN_RETENTION_DAYS; unset: keep everything)")
     p.add_argument("--no-migrate", action="store_true",
                    help="do not apply migrations at start; wait, not ready, until they are applied")
     p.add_argument("--no-liveness-lock", action="store_true",
@@ -561,6 +637,22 @@ def build_parser() -> argparse.ArgumentParser:
                    "mode, where a dead worker's runs then wait out their lease. Use the same setting on "
                    "every worker, and a unique --id per live worker (env: AGENTRUN_LIVENESS_LOCK=false)")
     p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser(
+        "prune",
+        help="delete finished runs older than a cutoff",
+        description="Delete runs that finished (SUCCEEDED, FAILED, CANCELLED, TIMED_OUT) before the cutoff, "
+        "with their steps, lease history and decisions, a batch of runs per short transaction, so workers "
+        "are never blocked for long. Queued, running and waiting runs are never deleted, nor a run another "
+        "kept run was continued or forked from. Prints what it deleted. Reads AGENTRUN_DATABASE_URL.",
+    )
+    _add_database(p)
+    p.add_argument("--older-than", type=duration, required=True, metavar="AGE",
+                   help="finished at least this long ago: seconds, or with a unit (30d, 12h, 90m)")
+    p.add_argument("--dry-run", action="store_true", help="count what would be deleted; delete nothing")
+    p.add_argument("--batch-size", type=_positive_int, default=100, metavar="N",
+                   help="runs deleted per statement (default: 100)")
+    p.set_defaults(func=cmd_prune)
 
     p = sub.add_parser(
         "operator",
@@ -623,6 +715,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     options = story.Options(keep=args.keep, live=args.live, lease_seconds=args.lease_seconds, verbose=args.verbose)
     return story.run(options)
+
+
+DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration(text: str) -> float:
+    """Seconds from `90`, `90s`, `15m`, `2h` or `30d` (--delay, --older-than)."""
+    t = text.strip().lower()
+    scale = DURATION_UNITS.get(t[-1:], None)
+    number = t[:-1] if scale is not None else t
+    try:
+        value = float(number) * (scale or 1)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration (like 90, 90s, 15m, 2h or 30d)") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a duration of zero or more")
+    return value
 
 
 def _positive_int(text: str) -> int:

@@ -191,6 +191,7 @@ def run_details(run: Mapping[str, Any]) -> str:
         ("tools", ", ".join(run["tools"]) if run.get("tools") is not None else "all"),
         ("worker", run.get("lockedBy") or "-"), ("created", run["createdAt"]),
         ("started", run.get("startedAt") or "-"), ("finished", run.get("finishedAt") or "-"),
+        ("priority", str(run.get("priority", 0))), ("claimable", run.get("runAt") or "-"),
     ]
     if run.get("createdBy"):
         fields.append(("created by", run["createdBy"]))

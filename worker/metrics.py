@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from decimal import Decimal
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -41,6 +42,11 @@ METRIC_NAMES: tuple[str, ...] = (
     "agentrun_tool_threads_overdue",
     "agentrun_decisions_total",
     "agentrun_waiting_seconds",
+    "agentrun_pruned_rows_total",
+    "agentrun_model_limit_waits_total",
+    "agentrun_model_limit_wait_seconds_total",
+    "agentrun_model_limit_use",
+    "agentrun_model_limit",
 )
 
 # Model steps take seconds and tools anything from milliseconds to minutes.
@@ -114,6 +120,23 @@ class Metrics(NoObserver):
         for kind, answers in (("approval", ("approve", "deny")), ("in_doubt", ("retry", "record", "fail"))):
             for answer in answers:
                 self.decisions.labels(kind, answer)
+        self.pruned_rows = Counter(
+            "agentrun_pruned_rows", "Rows deleted by retention, by table", ["table"], registry=r
+        )
+        self.limit_waits = Counter(
+            "agentrun_model_limit_waits", "Model calls that waited for a fleet-wide limit", ["model"], registry=r
+        )
+        self.limit_wait_seconds = Counter(
+            "agentrun_model_limit_wait_seconds", "Seconds model calls waited for a fleet-wide limit", ["model"],
+            registry=r,
+        )
+        self.limit_use = Gauge(
+            "agentrun_model_limit_use", "Fleet-wide use of a model limit at this worker's last reservation",
+            ["limit", "kind"], registry=r,
+        )
+        self.limit_value = Gauge(
+            "agentrun_model_limit", "A model limit in force (tightened after a 429)", ["limit", "kind"], registry=r,
+        )
         self._runs = _RunsByStatus()
         r.register(self._runs)
         for kind in ("MODEL", "TOOL"):  # so dashboards see the series before the first step
@@ -167,6 +190,20 @@ class Metrics(NoObserver):
 
     def model_retry(self, status: int) -> None:
         self.retries.labels(str(status)).inc()
+
+    def pruned(self, pruned: Any) -> None:
+        """Rows one retention batch deleted (`retention.Pruned`)."""
+        for table, n in pruned.rows.items():
+            self.pruned_rows.labels(table).inc(n)
+
+    def limit_waited(self, model: str, seconds: float) -> None:
+        self.limit_waits.labels(model).inc()
+        self.limit_wait_seconds.labels(model).inc(seconds)
+
+    def limit_seen(self, limit: str, kind: str, use: float, value: float) -> None:
+        """Use vs limit of one kind (concurrent, requests_per_minute, tokens_per_minute)."""
+        self.limit_use.labels(limit, kind).set(use)
+        self.limit_value.labels(limit, kind).set(value)
 
     # -- scraping ---------------------------------------------------------------------------------
 

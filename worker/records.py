@@ -78,6 +78,9 @@ class NewRun:
     continue_from: uuid.UUID | None = None  # a SUCCEEDED run whose conversation this run goes on with
     fork_from: tuple[uuid.UUID, int] | None = None  # (run, seq): start from that run's first seq steps
     traceparent: str | None = None  # W3C, version 00: the run's trace is a child of the caller's span
+    priority: int = 0  # higher first among claimable runs
+    run_at: datetime.datetime | None = None  # not claimable before; None: at once (or `delay_seconds` from now)
+    delay_seconds: float | None = None  # claimable this long after the insert, by the database's clock
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +125,8 @@ class Run:
 
     def needs_approval(self, tool: str) -> bool:
         return self.require_approval is not None and ("*" in self.require_approval or tool in self.require_approval)
+    priority: int = 0
+    run_at: datetime.datetime | None = None  # when the run is (or became) claimable
 
 
 @dataclasses.dataclass(frozen=True)

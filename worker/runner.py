@@ -108,14 +108,19 @@ class Worker:
         return claimed
 
     async def _idle_for(self) -> float:
-        """How long to idle after a claim found nothing: the poll interval, or less when a holder's
+        """How long to idle after a claim found nothing: the poll interval, or less when a scheduled run
+        comes due sooner (it is claimed on time, by one wake-up, not by polling faster) or a holder's
         liveness lock was found free, so its runs are taken as soon as its grace has passed."""
+        idle = self.settings.poll_interval
+        due = await self.store.next_run_in()
+        if due is not None:
+            idle = min(idle, due + 0.005)
         if not self.settings.liveness_lock:
-            return self.settings.poll_interval
+            return idle
         wait = await self.store.suspect(self.id, self.settings.takeover_grace)
         if wait is None:
-            return self.settings.poll_interval
-        return min(self.settings.poll_interval, wait + 0.02)
+            return idle
+        return min(idle, wait + 0.02)
 
     async def run(self) -> None:
         """Serve until stop(): claim, drive, repeat; then wait for in-flight runs within the grace."""

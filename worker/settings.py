@@ -96,6 +96,18 @@ class WorkerSettings:
     until the tool returns (agentrun_tool_threads_overdue); with every slot busy a call is refused with an
     error the model sees, rather than queued behind them."""
 
+    retention_days: float | None = None
+    """Prune runs finished more than this many days ago, with their steps and lease history
+    (AGENTRUN_RETENTION_DAYS, --retention-days); None keeps everything. One worker of the fleet prunes
+    at a time (an advisory lock), in small batches."""
+
+    retention_interval: float = 600.0
+    """Seconds between a worker's pruning passes (AGENTRUN_RETENTION_INTERVAL_SECONDS): ten minutes keeps
+    each pass small on a busy database, while the lock makes extra passes of other workers free."""
+
+    model_limits_file: str | None = None
+    """YAML or JSON file of fleet-wide model limits (AGENTRUN_MODEL_LIMITS); None: no limits."""
+
     pool_size: int = 10
     """Database connections. Steps hold a connection only while they write, so a few serve many runs."""
 

@@ -83,7 +83,7 @@ RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_bu
     r.cost_budget_usd, r.cost_usd, r.max_steps, r.timeout_seconds, r.deadline_at, r.cancel_requested,
     r.error, r.locked_by, r.locked_until, r.created_at, r.started_at, r.finished_at,
     r.idempotency_key, r.k8s_namespace, r.k8s_name, r.crashes, r.model_retries, r.created_by,
-    r.cancelled_by, r.traceparent,
+    r.cancelled_by, r.traceparent, r.priority, r.run_at,
     r.require_approval, r.output_schema, r.output, r.parent_run_id, r.forked_at_seq, r.inherited_steps,
     CASE WHEN r.status = 'WAITING' THEN (SELECT count(*) FROM run_decision d
          WHERE d.run_id = r.id AND d.decision IS NULL) ELSE 0 END AS pending,
@@ -230,6 +230,9 @@ class RunStore:
             "name": new.k8s_name,
             "by": new.created_by,
             "traceparent": new.traceparent,
+            "priority": new.priority,
+            "run_at": new.run_at,
+            "delay": new.delay_seconds,
         }
         params.update({
             "approval": list(new.require_approval) if new.require_approval is not None else None,
@@ -237,19 +240,26 @@ class RunStore:
             "parent": new.continue_from or (new.fork_from[0] if new.fork_from else None),
             "fork_seq": new.fork_from[1] if new.fork_from else None,
         })
+        # The deadline counts from when the run becomes claimable: a run scheduled for tomorrow has its
+        # whole timeout from tomorrow. A time already past means at once.
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(
-                b"""WITH ins AS (
+                b"""WITH at AS (
+                        SELECT greatest(now(), coalesce(%(run_at)s::timestamptz,
+                                                        now() + make_interval(secs => %(delay)s::float8),
+                                                        now())) AS run_at),
+                    ins AS (
                         INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd,
                                          max_steps, timeout_seconds, deadline_at, idempotency_key,
                                          k8s_namespace, k8s_name, require_approval, output_schema,
-                                         parent_run_id, forked_at_seq, created_by, traceparent)
-                        VALUES (%(id)s, %(input)s, %(model)s, %(system)s, %(tools)s, %(token_budget)s,
-                                %(cost_budget_usd)s, %(max_steps)s, %(timeout_seconds)s,
-                                now() + make_interval(secs => %(timeout_seconds)s), %(key)s, %(ns)s, %(name)s,
-                                %(approval)s, %(schema)s, %(parent)s, %(fork_seq)s, %(by)s,
-                                %(traceparent)s)
+                                         parent_run_id, forked_at_seq, created_by, traceparent, priority, run_at)
+                        SELECT %(id)s, %(input)s, %(model)s, %(system)s, %(tools)s, %(token_budget)s,
+                               %(cost_budget_usd)s, %(max_steps)s, %(timeout_seconds)s,
+                               at.run_at + make_interval(secs => %(timeout_seconds)s), %(key)s, %(ns)s, %(name)s,
+                               %(approval)s, %(schema)s, %(parent)s, %(fork_seq)s, %(by)s, %(traceparent)s,
+                               %(priority)s, at.run_at
+                        FROM at
                         ON CONFLICT DO NOTHING
                         RETURNING id)
                     SELECT (SELECT id FROM ins) AS inserted""",
@@ -341,7 +351,8 @@ class RunStore:
     async def claim(
         self, worker: str, lease_seconds: float, liveness: bool = False, liveness_grace: float = 1.0
     ) -> Claim | None:
-        """Take the oldest claimable run: queued, or running under a lease that has lapsed.
+        """Take the claimable run of highest priority, oldest first: queued, or running under a lease
+        that has lapsed, and whose `run_at` has come.
 
         With `liveness`, also a running run whose worker is dead: its liveness lock (presence.py) is free,
         and has stayed free for `liveness_grace` seconds since a claim first found it so (`suspect`). A
@@ -358,7 +369,7 @@ class RunStore:
                           WHEN NOT EXISTS (SELECT 1 FROM worker_suspect ws WHERE ws.worker = run.locked_by
                                            AND ws.since <= now() - make_interval(secs => %(grace)s)) THEN false
                           ELSE pg_try_advisory_xact_lock(%(lock_class)s, hashtext(locked_by)) END
-                    ORDER BY run_at FOR UPDATE SKIP LOCKED LIMIT 1)
+                    ORDER BY priority DESC, run_at FOR UPDATE SKIP LOCKED LIMIT 1)
                 UPDATE run r SET status = 'RUNNING', locked_by = %(worker)s,
                        locked_until = now() + make_interval(secs => %(lease)s),
                        started_at = coalesce(r.started_at, now()), claims = r.claims + 1,
@@ -399,6 +410,17 @@ class RunStore:
                     (SELECT min(since) FROM noted))
                     + make_interval(secs => %(grace)s) - now())::float8 AS wait""",
             {"worker": worker, "lock_class": LIVENESS_LOCK_CLASS, "grace": liveness_grace},
+        )
+        wait = row["wait"] if row else None
+        return None if wait is None else max(float(wait), 0.0)
+
+    async def next_run_in(self) -> float | None:
+        """Seconds until the earliest scheduled run (or one handed back with a delay) becomes claimable;
+        None if there is none. An idle worker sleeps no longer than this, so a scheduled run starts on time."""
+        row = await self._one(
+            """SELECT extract(epoch FROM min(run_at) - now())::float8 AS wait FROM run
+               WHERE status IN ('QUEUED', 'RUNNING') AND run_at > now()""",
+            (),
         )
         wait = row["wait"] if row else None
         return None if wait is None else max(float(wait), 0.0)

@@ -57,7 +57,8 @@ async def test_submit_watch_timeline_get_list(server_url: str, capsys: pytest.Ca
 
     code, out, _ = await agentrun(capsys, "runs", "timeline", run_id, "--url", server_url)
     assert code == 0
-    rows = out.splitlines()
+    claimable, *rows = out.splitlines()
+    assert claimable.startswith("claimable from 20")  # the run's runAt
     assert rows[0].split() == ["SEQ", "KIND", "TOOL", "STATUS", "STOP", "IN", "OUT", "CACHE", "W/R", "LATENCY", "WORKER"]
     assert [r.split()[:4] for r in rows[1:]] == [
         ["1", "MODEL", "-", "DONE"], ["2", "TOOL", "noop", "DONE"], ["3", "MODEL", "-", "DONE"],
@@ -70,6 +71,7 @@ async def test_submit_watch_timeline_get_list(server_url: str, capsys: pytest.Ca
 
     code, out, _ = await agentrun(capsys, "runs", "get", run_id, "--url", server_url)
     assert code == 0 and "SUCCEEDED" in out and "Which acme tickets are overdue?" in out
+    assert "\npriority   0\n" in out and "\nclaimable  20" in out
 
     code, out, _ = await agentrun(capsys, "runs", "list", "--url", server_url, "--status", "SUCCEEDED")
     assert code == 0 and run_id in out
@@ -128,3 +130,17 @@ def test_every_runs_command_says_what_it_does_and_reads(command: str, capsys: py
     assert exit.value.code == 0
     out = capsys.readouterr().out
     assert "AGENTRUN_URL" in out and "AGENTRUN_API_TOKEN" in out
+
+
+async def test_submit_with_priority_and_delay(server_url: str, store: RunStore, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = await agentrun(capsys, "runs", "submit", "later", "--url", server_url, "--priority", "7",
+                                    "--delay", "2h", "--json")
+    assert code == 0, err
+    run = await store.get(uuid.UUID(json.loads(out)["id"]))
+    assert run is not None and run.priority == 7 and run.run_at is not None
+    assert abs((run.run_at - run.created_at).total_seconds() - 7200) < 1
+    with pytest.raises(SystemExit) as exit:
+        await agentrun(capsys, "runs", "submit", "x", "--url", server_url, "--delay", "soon")
+    assert exit.value.code == 2 and "not a duration" in capsys.readouterr().err
+    code, _, err = await agentrun(capsys, "runs", "submit", "x", "--url", server_url, "--priority", "10000000")
+    assert code == 1 and "priority" in err

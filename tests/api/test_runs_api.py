@@ -342,7 +342,7 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
             "/readyz", "/metrics"} <= set(doc["paths"])
     props = doc["components"]["schemas"]["RunRequest"]["properties"]
     assert {"input", "model", "tokenBudget", "timeoutSeconds", "maxSteps", "tools", "system", "costBudgetUsd",
-            "requireApproval", "continueFrom", "forkFrom", "outputSchema"} == set(props)
+            "requireApproval", "continueFrom", "forkFrom", "outputSchema", "priority", "runAt", "delaySeconds"} == set(props)
     assert "next" in doc["paths"]["/api/runs"]["get"]["description"]
 
 

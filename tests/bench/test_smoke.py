@@ -76,3 +76,12 @@ async def test_memory_reports_an_in_flight_target_never_reached(database_url: st
     figures = await asyncio.wait_for(memory.bench(database_url, runs=3, turns=1, latency=0.0, concurrency=1), 120)
     assert figures["peak_in_flight"] <= 1 and figures["rss_in_flight_max_mb"] is None and figures["met"] is False
     assert isinstance(figures["rss_peak_mb"], float) and figures["rss_peak_mb"] > 0
+
+
+async def test_prune_bench_prunes_every_old_step(database_url: str) -> None:
+    from bench import prune
+
+    figures = await prune.bench(database_url, steps=200, steps_per_run=10, runs=4, turns=1, concurrency=2,
+                                batch_size=5)
+    assert figures["pruned"] == {"run_step": 200, "run_lease": 20, "run": 20}
+    assert figures["alone"]["before"]["steps"] == figures["alone"]["after"]["steps"] == 4 * 3

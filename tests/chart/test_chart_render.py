@@ -160,7 +160,7 @@ def test_everything_with_keda(render: Render) -> None:
     trigger = scaled["spec"]["triggers"][0]
     assert trigger["type"] == "postgresql"
     assert trigger["metadata"]["query"] == (
-        "SELECT count(*) FROM run WHERE status = 'QUEUED' OR (status = 'RUNNING' AND locked_until < now())"
+        "SELECT count(*) FROM run WHERE status IN ('QUEUED', 'RUNNING') AND run_at <= now()"
     )
     assert trigger["metadata"]["connectionFromEnv"] == "AGENTRUN_DATABASE_URL"
     assert "HorizontalPodAutoscaler" not in kinds(manifests)

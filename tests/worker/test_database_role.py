@@ -59,7 +59,7 @@ def run_section(url: str, script: str) -> None:
 
 async def test_a_worker_runs_as_the_least_privileged_role(postgres_url: str, roles: dict[str, str]) -> None:
     parts = sections(roles)
-    assert set(parts) == {"cluster", "database", "after migrate"}
+    assert set(parts) == {"cluster", "database", "after migrate", "retention"}
     run_section(postgres_url, parts["cluster"])
     # As the file says: set the passwords. A server that asks for them (testcontainers' postgres image,
     # a managed one behind AGENTRUN_TEST_DATABASE_URL) then lets the roles in; one that trusts local

@@ -84,9 +84,9 @@ def _not_found(run_id: uuid.UUID) -> ApiError:
 def _same_request(run: Run, new: NewRun) -> bool:
     # The identity too: another identity reusing a key is not retrying, and must not be handed the run.
     return (run.input, run.model, run.token_budget, run.timeout_seconds, run.max_steps, run.tools, run.system,
-            run.cost_budget_usd, run.created_by) == (new.input, new.model, new.token_budget, new.timeout_seconds,
-                                                     new.max_steps, new.tools, new.system, new.cost_budget_usd,
-                                                     new.created_by)
+            run.cost_budget_usd, run.created_by, run.priority) == (
+                new.input, new.model, new.token_budget, new.timeout_seconds, new.max_steps, new.tools, new.system,
+                new.cost_budget_usd, new.created_by, new.priority)
 
 
 def _traceparent_schema(schema: dict[str, Any]) -> None:
@@ -167,7 +167,8 @@ def runs_router(
             json_schema_extra=_traceparent_schema,
         )] = None,
     ) -> RunCreated:
-        """Queue a run. The next free worker claims it. Scope: `submit`; the run records who as `createdBy`."""
+        """Queue a run. The next free worker claims it: higher `priority` first, not before `runAt` (or
+        `delaySeconds` from now). Scope: `submit`; the run records who as `createdBy`."""
         key = _idempotency_key(idempotency_key)
         try:
             caller_span = checked_traceparent(traceparent)
@@ -230,6 +231,9 @@ def runs_router(
             output_schema=inherited("output_schema"),
             continue_from=body.continue_from,
             fork_from=(body.fork_from.run_id, body.fork_from.seq) if body.fork_from is not None else None,
+            priority=body.priority,
+            run_at=body.run_at,
+            delay_seconds=body.delay_seconds,
         )
         run, created = await store.create(new)
         if not created:

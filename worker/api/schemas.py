@@ -25,6 +25,8 @@ MAX_TOOLS = 256
 MAX_NAME_CHARS = 200
 MAX_SEQ = 2**31 - 1  # run_step.seq is an INT
 PREVIEW_CHARS = 120
+MAX_PRIORITY = 1_000_000
+MAX_DELAY_SECONDS = 10 * 366 * 24 * 3600  # ten years: far enough for any schedule, far from the calendar's end
 
 
 def _storable(value: str) -> str:
@@ -49,6 +51,25 @@ def _whole(value: object) -> object:
     """JSON has one number type: 300.0 is the integer 300 (JSON Schema agrees); 300.5 stays a float and
     is refused by the strict int that follows."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def _rfc3339(value: object) -> datetime.datetime:
+    """An RFC 3339 time with its offset (`2026-12-01T10:00:00Z`): a time without one names no instant."""
+    if not isinstance(value, str):
+        raise ValueError("must be an RFC 3339 time (a string) such as 2026-12-01T10:00:00Z")
+    try:
+        at = datetime.datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError("must be an RFC 3339 time such as 2026-12-01T10:00:00Z") from None
+    if at.tzinfo is None or at.utcoffset() is None:
+        raise ValueError("must carry a UTC offset (Z or +hh:mm), like 2026-12-01T10:00:00Z")
+    if at.astimezone(datetime.UTC).year >= 9000:  # its deadline must stay within the calendar's years
+        raise ValueError("must be before the year 9000")
+    return at
+
+
+RunAt = Annotated[datetime.datetime, BeforeValidator(_rfc3339),
+                  Field(json_schema_extra={"pattern": "^[0-8][0-9]{3}-"})]
 
 
 # An integer as JSON Schema has it: a number without a fractional part; never a string or a bool.
@@ -88,7 +109,8 @@ class RunRequest(_Camel):
     """A run to start. Unknown fields are refused, so a misspelt budget does not pass unnoticed."""
 
     # strict: a number must be a JSON number and text a JSON string; nothing is coerced (but see Whole).
-    model_config = ConfigDict(extra="forbid", strict=True)  # merged with _Camel's
+    model_config = ConfigDict(extra="forbid", strict=True,  # merged with _Camel's
+                              json_schema_extra={"not": {"required": ["runAt", "delaySeconds"]}})
 
     input: Annotated[
         str, Field(min_length=1, description="The user's request: the first message (with `continueFrom`, the "
@@ -142,6 +164,19 @@ class RunRequest(_Camel):
                     raise PydanticCustomError("not_null", "{key}: may be left out, but must not be null",
                                               {"key": key})
         return data
+    priority: Whole = Field(0, ge=-MAX_PRIORITY, le=MAX_PRIORITY,
+                            description="Higher first among claimable runs; equal priorities oldest first.")
+    run_at: RunAt | None = Field(None, description="RFC 3339 time before which no worker claims the run; its "
+                                 "timeout counts from then. Not with `delaySeconds`.")
+    delay_seconds: float | None = Field(None, ge=0, le=MAX_DELAY_SECONDS,
+                                        description="Seconds from now before the run may be claimed; its "
+                                        "timeout counts from then. Not with `runAt`.")
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> RunRequest:
+        if {"run_at", "delay_seconds"} <= self.model_fields_set:
+            raise ValueError("give runAt or delaySeconds, not both")
+        return self
 
     def cost_budget(self) -> Decimal | None:
         # Through str: the decimal the client wrote, not the binary float nearest to it; then rounded as
@@ -204,6 +239,10 @@ class RunView(_Camel):
     output_schema: dict[str, Any] | None = Field(None, description="The JSON Schema the answer must satisfy.")
     parent_run_id: uuid.UUID | None = Field(None, description="The run this one was continued or forked from.")
     forked_at_seq: int | None = Field(None, description="A fork: how many of the parent's steps it started with.")
+    priority: int = Field(0, description="Higher first among claimable runs.")
+    run_at: datetime.datetime | None = Field(
+        None, description="When the run became (or becomes) claimable: its schedule, or the end of a backoff "
+        "after a model API outage handed it back.")
 
     @classmethod
     def of(cls, run: Run) -> RunView:
@@ -218,6 +257,7 @@ class RunView(_Camel):
             cancelled_by=run.cancelled_by, pending=run.pending, output=run.output,
             require_approval=list(run.require_approval) if run.require_approval is not None else None,
             output_schema=run.output_schema, parent_run_id=run.parent_run_id, forked_at_seq=run.forked_at_seq,
+            priority=run.priority, run_at=run.run_at,
         )
 
 

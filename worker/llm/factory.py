@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from agentrun.worker.llm.anthropic_client import AnthropicClient
 from agentrun.worker.llm.cloud import ProviderUnavailable
+from agentrun.worker.llm.limits import Limited, Limiter
 from agentrun.worker.llm.providers import ANTHROPIC, BEDROCK, VERTEX, Endpoint, Providers, split
 from agentrun.worker.llm.retry import Retrying
 from agentrun.worker.llm.router import Factory, ProviderRouter
@@ -85,20 +86,29 @@ def build_llm(
     on_retry: Callable[[int], None] | None = None,
     providers: Providers | None = None,
     environ: Mapping[str, str] | None = None,
+    limiter: Limiter | None = None,
 ) -> Retrying:
     """`Retrying(TimeLimited(ProviderRouter))`: the retry loop outside, the attempt limit inside it, and
-    inside that the client of the model's provider, so every provider gets the same policy and metrics.
+    inside that the client of the model's provider, so every provider gets the same policy and metrics;
+    with a `limiter`, each attempt first waits for the fleet-wide limit (`Limited`).
 
     Without `api_key` and `base_url`, an Anthropic model fails its run saying what to set.
     """
     return decorated(llm, build_router(llm, api_key=api_key, base_url=base_url, providers=providers, environ=environ),
-                     on_retry)
+                     on_retry, limiter)
 
 
-def decorated(llm: LlmSettings, client: LlmClient, on_retry: Callable[[int], None] | None = None) -> Retrying:
-    """`client` with the shared retry policy and per-attempt time limit of `llm`."""
+def decorated(
+    llm: LlmSettings, client: LlmClient, on_retry: Callable[[int], None] | None = None, limiter: Limiter | None = None
+) -> Retrying:
+    """`client` with the shared retry policy and per-attempt time limit of `llm`; with a `limiter`,
+    `Retrying(Limited(TimeLimited(...)))`: each attempt waits for the fleet-wide limit, and the wait is not
+    counted as the attempt's time."""
+    attempt: LlmClient = TimeLimited(client, llm.timeout_seconds)
+    if limiter is not None:
+        attempt = Limited(attempt, limiter)
     return Retrying(
-        TimeLimited(client, llm.timeout_seconds),
+        attempt,
         max_attempts=llm.max_attempts,
         base=llm.backoff_base_seconds,
         cap=llm.backoff_cap_seconds,
@@ -175,6 +185,7 @@ def llm_from_env(
     environ: Mapping[str, str] | None = None,
     on_retry: Callable[[int], None] | None = None,
     providers: Providers | None = None,
+    limiter: Limiter | None = None,
 ) -> LlmClient:
     """The worker's model client from ANTHROPIC_*, AGENTRUN_LLM_* and the providers' variables; exits with
     a clear message when a variable is bad, the providers file is, or the default model's provider
@@ -211,4 +222,4 @@ def llm_from_env(
         ", ".join(providers.names), default, base_url or "https://api.anthropic.com",
         llm.max_attempts, llm.timeout_seconds,
     )
-    return decorated(llm, router, on_retry)
+    return decorated(llm, router, on_retry, limiter)

@@ -1,0 +1,1 @@
+from tests.api.conftest import app, client, metrics, settings, toolbox  # noqa: F401  (fixtures)

@@ -32,6 +32,9 @@ more): finding out within a second leaves time to take the lock back first."""
 PROBE_TIMEOUT = 2.0
 """How long a check may take before the connection counts as dead (a socket that went silent)."""
 
+VOUCH_TIMEOUT = 0.5
+"""How long one vouch through the pool may take while the session is down (it is retried at once)."""
+
 CONNECT_TIMEOUT = 5.0
 """How long one connection attempt may take (an unreachable host would otherwise hang it)."""
 
@@ -180,4 +183,15 @@ class Presence:
                 else:
                     log.debug("%s presence connection still down: %s", self.worker_id, e)
                 await self._disconnect()
+                await self._vouch()
                 await asyncio.sleep(reconnect_delay(self._rng))
+
+    async def _vouch(self) -> None:
+        """While the session is down, its lock is free, and another worker may note this worker as gone
+        (store.suspect): the pool, if it still reaches the database, says otherwise, so the runs stay
+        with this live worker until the session is back. A worker that is really gone cannot vouch."""
+        if not self.liveness_lock or isinstance(self._duplicate, DuplicateWorker):
+            return
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(VOUCH_TIMEOUT):
+                await self.store.vouch(self.worker_id)

@@ -82,9 +82,10 @@ class WorkerSettings:
 
     liveness_grace: float | None = None
     """Seconds a holder's liveness lock must stay free before its runs are taken from a live lease; None:
-    a thirtieth of the lease (1 s of the default 30 s). A live worker whose connection dropped takes its
-    lock back well within it (presence.py reconnects in a fraction of a second), so a blip hands no run
-    over, while a killed worker's runs move within about poll_interval + this."""
+    a thirtieth of the lease, at least 1 s (1 s of the default 30 s). A live worker whose connection
+    dropped takes its lock back well within it, and vouches for itself through its pool until then
+    (presence.py), so a blip hands no run over, while a killed worker's runs move within about
+    poll_interval + this."""
 
     max_crash_claims: int = 10
     """Claims of a run whose previous holder died (or lost its lease) mid-step, after which the run ends
@@ -113,7 +114,7 @@ class WorkerSettings:
 
     @property
     def takeover_grace(self) -> float:
-        return self.liveness_grace if self.liveness_grace is not None else self.lease_seconds / 30
+        return self.liveness_grace if self.liveness_grace is not None else max(self.lease_seconds / 30, 1.0)
 
     @property
     def pool_max(self) -> int:

@@ -37,3 +37,4 @@ GRANT SELECT, INSERT, UPDATE ON model_limit TO agentrun_runtime;
 -- Without this section, run `agentrun prune --older-than 30d` as agentrun_owner (a CronJob, say).
 GRANT DELETE ON run, run_step TO agentrun_runtime;
 GRANT SELECT, DELETE ON run_lease TO agentrun_runtime;
+GRANT DELETE ON run_decision TO agentrun_runtime;

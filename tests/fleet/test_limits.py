@@ -41,12 +41,12 @@ class CountingServer(FakeAnthropic):
         self.most_in_flight = 0
         self.arrivals: list[tuple[float, int, int]] = []  # (monotonic time, status, tokens billed)
 
-    async def _messages(self, request: web.Request) -> web.Response:
+    async def answer(self, request: web.Request) -> web.Response:
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         t = time.monotonic()
         try:
-            response = await super()._messages(request)
+            response = await super().answer(request)
         finally:
             self.in_flight -= 1
         tokens = 0

@@ -123,6 +123,8 @@ class Metrics(NoObserver):
         self.pruned_rows = Counter(
             "agentrun_pruned_rows", "Rows deleted by retention, by table", ["table"], registry=r
         )
+        for table in ("run", "run_step", "run_lease", "run_decision"):  # seen before the first prune
+            self.pruned_rows.labels(table)
         self.limit_waits = Counter(
             "agentrun_model_limit_waits", "Model calls that waited for a fleet-wide limit", ["model"], registry=r
         )

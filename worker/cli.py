@@ -243,7 +243,27 @@ def cmd_runs(args: argparse.Namespace) -> int:
             elif args.runs_command == "watch":
                 if not args.json:
                     client.emit(sys.stdout, client.step_header())
-                run = api.watch(args.id, lambda step: show(step, client.step_row(step)), interval=args.interval)
+                streaming = [0]  # the seq whose text is being printed, 0 for none
+
+                def step(row: dict[str, object]) -> None:
+                    if streaming[0]:
+                        client.emit(sys.stdout, "")
+                        streaming[0] = 0
+                    show(row, client.step_row(row))
+
+                def text(seq: int, fragment: str) -> None:
+                    if args.json:
+                        show({"seq": seq, "text": fragment}, fragment)
+                        return
+                    if streaming[0] != seq:
+                        sys.stdout.write(("\n" if streaming[0] else "") + f"  model (seq {seq}): ")
+                        streaming[0] = seq
+                    sys.stdout.write(client.terminal_safe(fragment))
+                    sys.stdout.flush()
+
+                run = api.watch(args.id, step, interval=args.interval, on_text=text)
+                if streaming[0]:
+                    client.emit(sys.stdout, "")
                 show(run, client.finished_line(run))
                 return 0 if run["status"] == "SUCCEEDED" else 1
     except client.ApiError as e:
@@ -301,10 +321,11 @@ def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("id", help="run id")
 
     p = command("watch", "follow a run's steps until it ends",
-                "Print each step of a run as it happens until the run ends. Exits 0 if it SUCCEEDED, else 1.")
+                "Print each step of a run as it happens, and the model's text as it streams, until the run "
+                "ends (it follows GET /api/runs/{id}/events). Exits 0 if it SUCCEEDED, else 1.")
     p.add_argument("id", help="run id")
     p.add_argument("--interval", type=_positive_float, default=1.0, metavar="S",
-                   help="seconds between polls (default: 1)")
+                   help="seconds before resuming a dropped event stream (default: 1)")
 
     p = command("list", "list runs, newest first", "List runs, newest first, a page at a time.")
     p.add_argument("--status", choices=[s.value for s in RunStatus],

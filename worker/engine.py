@@ -19,6 +19,7 @@ import orjson
 import psycopg
 
 from agentrun.worker import logs
+from agentrun.worker.deltas import DeltaPublisher
 from agentrun.worker.guard import Stop, deadline_passed, final, guard, remaining
 from agentrun.worker.lease import CancelRequested, LeaseKeeper
 from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, Message, Usage
@@ -88,6 +89,7 @@ class RunDriver:
         self.stopping = stopping or asyncio.Event()
         self.observer: Observer = observer or NoObserver()
         self._rng = random.Random()
+        self.deltas = DeltaPublisher(store.pool)  # the text of a call in flight, for live watchers only
 
     @property
     def me(self) -> str:
@@ -237,13 +239,17 @@ class RunDriver:
             messages=list(conv.messages),
             system=run.system,
             tools=self.tools.definitions(run.tools),
+            on_text=(deltas := self.deltas.sink(run.id, conv.steps + 1)),
         )
         t0 = time.perf_counter()
         try:
             response = await self.keeper.interruptible(run.id, self.llm.send(request))
+            await deltas.close()
         except LlmError:
             self.observer.model_step(run.model, Usage(), None, time.perf_counter() - t0, ok=False)
             raise
+        finally:
+            deltas.discard()
         seconds = time.perf_counter() - t0
         latency_ms = round(seconds * 1000)
         usage = response.usage

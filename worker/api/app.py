@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.resources
+
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from agentrun.worker import migrate
 from agentrun.worker.api import errors
+from agentrun.worker.api.events import EventHub, events_router
 from agentrun.worker.api.guards import BearerAuth, BodyLimit
 from agentrun.worker.api.routes import runs_router
 from agentrun.worker.metrics import Metrics
@@ -31,6 +35,15 @@ as `after` to get the following page.
 def create_app(store: RunStore, tools: ToolBox, settings: WorkerSettings, metrics: Metrics) -> FastAPI:
     app = FastAPI(title="agentrun", version="0.1.0", description=DESCRIPTION)
     app.include_router(runs_router(store, tools, settings))
+    app.state.events = EventHub(store)
+    app.include_router(events_router(store, app.state.events))
+    # The web UI: static files shipped in the package, talking to the API above like any client.
+    ui = importlib.resources.files("agentrun.worker").joinpath("ui")
+    app.mount("/ui", StaticFiles(directory=str(ui), html=True), name="ui")
+
+    @app.get("/", include_in_schema=False)
+    async def home() -> RedirectResponse:
+        return RedirectResponse("/ui/")
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

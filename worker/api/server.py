@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Iterator
 
 import uvicorn
@@ -17,7 +18,15 @@ class HttpServer(uvicorn.Server):
         super().__init__(
             uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off")
         )
+        self.fastapi = app
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Event streams never end by themselves: close them first, or shutting down waits for them.
+        events = getattr(self.fastapi.state, "events", None)
+        if events is not None:
+            await events.close()
+        await super().shutdown(sockets)

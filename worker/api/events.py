@@ -41,7 +41,7 @@ MAX_DELTAS = 256
 """Deltas a slow stream may have waiting; older ones are dropped (they are best effort)."""
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # by identity: a member of its run's set
 class Subscriber:
     run_id: uuid.UUID
     wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)

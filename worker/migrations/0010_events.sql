@@ -17,7 +17,11 @@ $$;
 
 CREATE FUNCTION agentrun_event_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('agentrun_events', CASE TG_TABLE_NAME WHEN 'run' THEN NEW.id ELSE NEW.run_id END::text);
+    IF TG_TABLE_NAME = 'run' THEN
+        PERFORM pg_notify('agentrun_events', NEW.id::text);
+    ELSE
+        PERFORM pg_notify('agentrun_events', NEW.run_id::text);
+    END IF;
     RETURN NULL;
 END
 $$;

@@ -443,8 +443,32 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the workers' lease (default: 5, so the demo takes seconds)")
     p.add_argument("--verbose", action="store_true", help="also print the workers' other log lines")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "dev",
+        help="a persistent local stack: database, worker, API and web UI",
+        description="Start an embedded PostgreSQL keeping its data in --data-dir, apply the migrations, and "
+        "run one worker with the API and the web UI on http://127.0.0.1:PORT, the demo tools "
+        "(list_tickets) and the local Messages API server, or the real API when ANTHROPIC_API_KEY is set. "
+        "Prints the UI's URL. Ctrl-C stops everything; the next start finds the runs of the last.",
+        epilog="Environment: ANTHROPIC_API_KEY (the real API instead of the local server), "
+        "AGENTRUN_API_TOKEN (ask for a token), AGENTRUN_DEFAULT_MODEL.",
+    )
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="where the database keeps its data (default: ~/.local/share/agentrun/dev)")
+    p.add_argument("--port", type=_port, default=8080, help="the API and UI port on 127.0.0.1 (default: 8080)")
+    p.set_defaults(func=cmd_dev)
     _add_runs(sub)
     return parser
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from agentrun.worker.demo import dev
+
+    data_dir = Path(args.data_dir).expanduser() if args.data_dir else dev.default_data_dir()
+    return dev.run(dev.DevOptions(data_dir=data_dir, port=args.port))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -452,6 +476,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     options = story.Options(keep=args.keep, live=args.live, lease_seconds=args.lease_seconds, verbose=args.verbose)
     return story.run(options)
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, got {text}")
+    return value
 
 
 def _positive_int(text: str) -> int:

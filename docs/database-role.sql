@@ -4,6 +4,8 @@
 -- container, or a person); agentrun_runtime is what the workers and the operator use at run time: it
 -- reads and writes the rows of runs, and can change nothing else. Neither is a superuser.
 -- Replace the database name `agentrun` if yours differs, and set the passwords with \password.
+-- In the chart, the owner's URL goes in the Secret named by `database.migrationSecret` (read only by
+-- the migrate init containers) and the runtime role's in `database.existingSecret`.
 
 -- [cluster] as a superuser, or a role with CREATEROLE and CREATEDB
 CREATE ROLE agentrun_owner LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE;
@@ -23,5 +25,7 @@ GRANT SELECT, INSERT, UPDATE ON run, run_step TO agentrun_runtime;
 GRANT INSERT ON run_lease TO agentrun_runtime;
 -- Liveness suspicions (presence.py): recorded by the claiming worker, deleted by the suspected one.
 GRANT SELECT, INSERT, DELETE ON worker_suspect TO agentrun_runtime;
+-- Decisions on tool calls that need a person (approvals, calls in doubt): asked by workers, made via the API.
+GRANT SELECT, INSERT, UPDATE ON run_decision TO agentrun_runtime;
 -- /readyz and `agentrun worker` (without --no-migrate) read the applied versions.
 GRANT SELECT ON schema_migration TO agentrun_runtime;

@@ -7,6 +7,7 @@ import contextlib
 import dataclasses
 import datetime
 import logging
+import random
 import uuid
 from typing import Any
 
@@ -14,12 +15,13 @@ import kopf
 import psycopg
 import psycopg_pool
 
-from agentrun.operator import mapping
-from agentrun.operator.kube import KubeApi
+from agentrun.operator import health, mapping
+from agentrun.operator.kube import KubeApi, KubeError
 from agentrun.operator.mapping import GROUP, PLURAL, VERSION, Ref
 from agentrun.operator.notify import listen
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.status import StatusSync
+from agentrun.worker.pricing import PriceTable
 from agentrun.worker.records import Run
 from agentrun.worker.store import RunStore
 
@@ -27,9 +29,17 @@ log = logging.getLogger("agentrun.operator")
 
 FINALIZER = "agentrun.dev/finalizer"
 INDEX = "agentruns_by_uid"
+CANCEL_FIELD = ("spec", "cancel")
+
+log_db = logging.getLogger("agentrun.operator.database")
+
+
+class DatabaseNotReady(Exception):
+    """Not connected to a migrated database yet (the operator keeps trying in the background)."""
+
 
 # What an unreachable database looks like from here: retried, never a lost AgentRun.
-DATABASE_DOWN = (psycopg.OperationalError, psycopg_pool.PoolTimeout)
+DATABASE_DOWN = (psycopg.OperationalError, psycopg_pool.PoolTimeout, DatabaseNotReady)
 
 
 @dataclasses.dataclass
@@ -37,20 +47,101 @@ class Operator:
     """Everything the handlers share, passed to them by closure (no module-level state)."""
 
     settings: OperatorSettings
-    store: RunStore
     kube: KubeApi
+    prices: PriceTable
+    store_: RunStore | None = None
     sync: StatusSync | None = None
+    problem: str = "connecting to the database"
+    """Why there is no store yet, for /readyz and the Pending status."""
+    database: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    """Set once the database answered and is migrated (then `store` is there)."""
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
+
+    @property
+    def store(self) -> RunStore:
+        if self.store_ is None:
+            raise DatabaseNotReady(self.problem)
+        return self.store_
 
     def retry_in(self, retry: int) -> float:
         return float(min(self.settings.retry_seconds * 2**retry, 60.0))
 
-    async def cancel(self, uid: uuid.UUID, retry: int) -> Run | None:
+    async def cancel(self, uid: uuid.UUID, retry: int, by: str = "k8s") -> Run | None:
         """Ask for the run to stop; while the database is unreachable, a TemporaryError kopf retries."""
         try:
-            return await self.store.cancel(uid)
+            return await self.store.cancel(uid, by=by)
         except DATABASE_DOWN as e:
             raise kopf.TemporaryError(f"cannot cancel, database unreachable: {e}", delay=self.retry_in(retry)) from e
+
+    async def show(self, run: Run, ref: Ref) -> None:
+        """Show the run in its AgentRun now, as a handler that just changed it wants."""
+        if self.sync is None:
+            return  # the sync's first sweep, just starting, shows it
+        try:
+            await self.sync.publish(run, ref)
+        except KubeError as e:
+            # The run is changed; only showing it failed. The sync retries that with its own backoff,
+            # rather than kopf re-running the handler (and posting a handler-failed Event).
+            log.warning("%s/%s: status not shown yet (%s); the status sync retries", ref.namespace, ref.name, e)
+            self.sync.notify(run.id)
+
+    async def connect(self, migrate_first: bool) -> None:
+        """Reach the database, migrate it (or wait until it is migrated), then open the pool; retried with
+        jittered backoff for as long as it takes: an outage at start is waited out, never an exit."""
+        from agentrun.worker import migrate
+        from agentrun.worker.db import open_pool
+
+        url = self.settings.database_url
+        delay = 0.5
+        while True:
+            pool = None
+            try:
+                async with asyncio.timeout(30):  # a blackholed host must not hang an attempt for ever
+                    if migrate_first:
+                        await migrate.migrate(url)
+                    pool = await open_pool(url, max_size=max(2, self.settings.pool_size), timeout=10)
+                    async with pool.connection() as conn:
+                        version = await migrate.current_version(conn)
+                if version is None or version < migrate.latest_version():
+                    raise DatabaseNotReady(f"schema at version {version}, not migrated to {migrate.latest_version()}")
+            except (psycopg.Error, psycopg_pool.PoolTimeout, OSError, TimeoutError, DatabaseNotReady) as e:
+                if pool is not None:
+                    await pool.close()
+                self.problem = f"database: {_first_line(e) or type(e).__name__}"
+                log_db.warning("%s; retrying in %.1fs", self.problem, delay)
+                await asyncio.sleep(delay * random.uniform(0.8, 1.2))
+                delay = min(delay * 2, self.settings.db_retry_max_seconds)
+                continue
+            self.store_ = RunStore(pool)
+            self.problem = ""
+            self.database.set()
+            log_db.info("database reachable and migrated (schema version %s)", version)
+            return
+
+    async def close(self) -> None:
+        if self.store_ is not None and not self.store_.pool.closed:
+            await self.store_.pool.close()
+
+    async def readiness(self, kopf_ready: Any) -> str | None:
+        """None when ready: the database answers and is migrated, and kopf is watching."""
+        from agentrun.worker import migrate
+
+        if self.store_ is None:
+            return self.problem
+        try:
+            async with self.store_.pool.connection(timeout=2) as conn:
+                version = await migrate.current_version(conn)
+        except (psycopg.Error, psycopg_pool.PoolTimeout, OSError) as e:
+            return f"database: {_first_line(e) or type(e).__name__}"
+        if version is None or version < migrate.latest_version():
+            return f"schema at version {version}, not migrated"
+        if not kopf_ready.is_set():
+            return "kopf is starting"
+        return None
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:300]
 
 
 def _index_ref(index: Any, uid: uuid.UUID) -> Ref | None:
@@ -75,29 +166,34 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     @kopf.on.startup(**on)  # type: ignore[arg-type]
     async def start(agentruns_by_uid: kopf.Index[str, Ref], **_: Any) -> None:
         index = agentruns_by_uid
-        sync = StatusSync(
-            op.settings, op.store, op.kube, lambda uid: _index_ref(index, uid), lambda: _index_refs(index)
-        )
-        op.sync = sync
-        op.tasks.append(asyncio.create_task(sync.run(), name="agentrun status sync"))
-        op.tasks.append(asyncio.create_task(listen(op.settings.database_url, sync.notify, sync.resync),
-                                            name="agentrun run listener"))
+
+        async def sync_when_connected() -> None:
+            await op.database.wait()  # until then the handlers say "waiting for the database"
+            sync = StatusSync(
+                op.settings, op.store, op.kube, lambda uid: _index_ref(index, uid), lambda: _index_refs(index)
+            )
+            op.sync = sync
+            # Its first pass is a full sweep: AgentRuns created before the database came show their runs.
+            op.tasks.append(asyncio.create_task(sync.run(), name="agentrun status sync"))
+            op.tasks.append(asyncio.create_task(listen(op.settings.database_url, sync.notify, sync.resync),
+                                                name="agentrun run listener"))
+
+        op.tasks.append(asyncio.create_task(sync_when_connected(), name="agentrun status sync start"))
 
     @kopf.on.cleanup(**on)  # type: ignore[arg-type]
     async def stop(**_: Any) -> None:
-        for task in op.tasks:
-            task.cancel()
-        for task in op.tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        op.tasks.clear()
+        # Here, not after kopf returns: kopf cancels every task started after it (the pool's own
+        # workers among them), and a pool whose workers were cancelled cannot close cleanly.
+        await _cancel_all(op.tasks)
+        await op.close()
 
     @kopf.on.create(GROUP, VERSION, PLURAL, **on)  # type: ignore[arg-type]
     async def create(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int, **_: Any) -> None:
         ref = Ref.of(body)
         now = datetime.datetime.now(datetime.UTC)
         try:
-            new = mapping.new_run(spec, str(ref.uid), ref.namespace, ref.name, op.settings.tool_names)
+            new = mapping.new_run(spec, str(ref.uid), ref.namespace, ref.name, op.settings.tool_names, op.prices)
+            new = dataclasses.replace(new, created_by=mapping.requester(body))
         except mapping.InvalidSpec as e:
             # Nothing a retry would fix: say so in the status, make no run.
             log.warning("%s/%s rejected: %s", ref.namespace, ref.name, e)
@@ -107,23 +203,24 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         try:
             run, created = await op.store.create(new)  # idempotent by id: a retry finds the same run
             if spec.get("cancel"):
-                run = await op.store.cancel(run.id) or run
+                run = await op.store.cancel(run.id, by=mapping.requester(body, CANCEL_FIELD, latest=True)) or run
         except DATABASE_DOWN as e:
             message = f"waiting for the database: {e}"
+            if ref.status.get("phase") != mapping.PENDING and (event := mapping.event_for(mapping.PENDING, message)):
+                await op.kube.event(ref.namespace, ref.name, ref.uid, *event)  # before the phase shows
             patch.status.update(mapping.pending_status(message, ref.generation, ref.status, now))
             raise kopf.TemporaryError(message, delay=op.retry_in(retry)) from e
         log.info("%s/%s %s run %s", ref.namespace, ref.name, "created" if created else "found", run.id)
-        assert op.sync is not None
-        await op.sync.publish(run, ref)
+        await op.show(run, ref)
 
     @kopf.on.field(GROUP, VERSION, PLURAL, field="spec.cancel", **on)  # type: ignore[arg-type]
     async def cancel(body: kopf.Body, new: Any, retry: int, **_: Any) -> None:
         if not new:
             return  # un-cancelling means nothing: a cancel request cannot be taken back
         ref = Ref.of(body)
-        run = await op.cancel(ref.uid, retry)
-        if run is not None and op.sync is not None:
-            await op.sync.publish(run, ref)
+        run = await op.cancel(ref.uid, retry, by=mapping.requester(body, CANCEL_FIELD, latest=True))
+        if run is not None:
+            await op.show(run, ref)
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, **on)  # type: ignore[arg-type]
     async def delete(body: kopf.Body, retry: int, **_: Any) -> None:
@@ -151,6 +248,17 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     return s
 
 
+async def _cancel_all(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel and await every task in `tasks`, also those a task adds while it is being stopped."""
+    while tasks:
+        batch, tasks[:] = list(tasks), []
+        for task in batch:
+            task.cancel()
+        for task in batch:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+
 async def run(
     settings: OperatorSettings,
     *,
@@ -162,21 +270,30 @@ async def run(
 ) -> None:
     """Run the operator until `stop_flag` is set or a signal arrives.
 
-    `kube` and `login` (a kopf login handler) point it at an API server other than the configured
-    one, e.g. an emulated one in tests.
+    /healthz answers at once; the database is reached (and migrated) in the background, retried for as
+    long as it is down, and /readyz says 503 until it is there. `kube` and `login` (a kopf login
+    handler) point it at an API server other than the configured one, e.g. an emulated one in tests.
     """
-    from agentrun.worker import migrate
-    from agentrun.worker.db import open_pool
-
-    if migrate_first:
-        await migrate.migrate(settings.database_url)
-    pool = await open_pool(settings.database_url, max_size=max(2, settings.pool_size))
     kube = kube or KubeApi.from_environment()
-    op = Operator(settings, RunStore(pool), kube)
+    op = Operator(settings, kube, settings.prices or PriceTable.load())
+    kopf_ready = asyncio.Event()
+    runner = None
+    if settings.port is not None:
+        runner = await health.serve(settings.health_host, settings.port, lambda: op.readiness(kopf_ready))
+    op.tasks.append(asyncio.create_task(op.connect(migrate_first), name="agentrun database"))
     registry = kopf.OperatorRegistry()
     # The same credentials as our own client (KubeApi.from_environment): the kubernetes client's config.
     kopf.on.login(registry=registry)(login or kopf.login_via_client)
     register(registry, op)
+
+    async def ready_when_connected() -> None:
+        # Ready for the caller once kopf watches and the database is there, as /readyz says.
+        await kopf_ready.wait()
+        await op.database.wait()
+        if ready_flag is not None:
+            ready_flag.set()
+
+    op.tasks.append(asyncio.create_task(ready_when_connected(), name="agentrun ready"))
     try:
         await kopf.operator(
             registry=registry,
@@ -186,8 +303,11 @@ async def run(
             standalone=settings.standalone,
             peering_name=settings.peering_name,
             stop_flag=stop_flag,
-            ready_flag=ready_flag,
+            ready_flag=kopf_ready,
         )
     finally:
-        await pool.close()
+        await _cancel_all(op.tasks)  # the cleanup handler did it, unless kopf failed before it ran
+        await op.close()
+        if runner is not None:
+            await runner.cleanup()
         kube.close()

@@ -22,7 +22,16 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 class KubeError(Exception):
-    """The API server refused a call or could not be reached."""
+    """The API server refused a call (`status`) or could not be reached (status None)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def transient(self) -> bool:
+        """Worth retrying: unreachable, overloaded or failing, rather than a refusal."""
+        return self.status is None or self.status == 429 or self.status >= 500
 
 
 class KubeApi:
@@ -62,9 +71,11 @@ class KubeApi:
         return await self._call(self.custom.delete_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name)
 
     async def event(
-        self, namespace: str, name: str, uid: uuid.UUID | str, type_: str, reason: str, message: str
+        self, namespace: str, name: str, uid: uuid.UUID | str, type_: str, reason: str, message: str,
+        *, strict: bool = False,
     ) -> None:
-        """Post a core/v1 Event about an AgentRun. Losing one is not worth failing for: logged, not raised."""
+        """Post a core/v1 Event about an AgentRun. A failure is logged; with `strict`, a transient one is
+        raised as KubeError for the caller to retry (a refusal would be refused again: logged only)."""
         now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         body = {
             "apiVersion": "v1",
@@ -89,6 +100,8 @@ class KubeApi:
         try:
             await self._call(self.core.create_namespaced_event, namespace, body)
         except KubeError as e:
+            if strict and e.transient:
+                raise
             log.warning("could not post event %s for %s/%s: %s", reason, namespace, name, e)
 
     async def _call(self, fn: Any, *args: Any, **kwargs: Any) -> bool:
@@ -97,7 +110,7 @@ class KubeApi:
         except ApiException as e:
             if e.status == 404:
                 return False
-            raise KubeError(f"{e.status} {e.reason}: {str(e.body)[:300]}") from e
+            raise KubeError(f"{e.status} {e.reason}: {str(e.body)[:300]}", e.status) from e
         except (OSError, urllib3.exceptions.HTTPError) as e:
             raise KubeError(str(e)) from e
         return True

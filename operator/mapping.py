@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import re
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, TypedDict
 
+from agentrun.worker.pricing import PriceTable, cost_budget_problem
 from agentrun.worker.records import NewRun, Run, RunStatus
 from agentrun.worker.text import unstorable
 
@@ -83,10 +85,12 @@ def new_run(
     namespace: str,
     name: str,
     known_tools: Collection[str] | None = None,
+    prices: PriceTable | None = None,
 ) -> NewRun:
     """The run an AgentRun asks for; raises InvalidSpec naming what is wrong.
 
     `known_tools` is what the workers offer; None skips the check (the operator was not told).
+    `prices` is the workers' price table: a cost budget on a model it does not price is refused.
     """
     text = spec.get("input")
     if not isinstance(text, str) or not text.strip():
@@ -114,6 +118,9 @@ def new_run(
     for field, value in texts:
         if why := unstorable(value):
             raise InvalidSpec(f"spec.{field} {why}")
+    cost_budget = _cost_budget(spec)
+    if prices is not None and (problem := cost_budget_problem(prices, model, cost_budget)):
+        raise InvalidSpec(problem)
     return NewRun(
         id=uuid.UUID(uid),
         input=text,
@@ -123,7 +130,7 @@ def new_run(
         max_steps=_positive_int(spec, "maxSteps", DEFAULT_MAX_STEPS, INT_MAX),
         tools=tuple(tools) if tools is not None else None,
         system=system,
-        cost_budget_usd=_cost_budget(spec),
+        cost_budget_usd=cost_budget,
         k8s_namespace=namespace,
         k8s_name=name,
     )
@@ -270,9 +277,28 @@ def event_for(phase: str, message: str) -> tuple[str, str, str] | None:
     """The Kubernetes Event (type, reason, message) announcing a phase, or None for phases not announced."""
     if phase in ("Queued", "Running", "Succeeded", "Cancelled"):
         return "Normal", phase, message or phase.lower()
-    if phase in ("Failed", "TimedOut"):
+    if phase in ("Failed", "TimedOut", PENDING):
         return "Warning", phase, message or phase.lower()
     return None
+
+
+def phase_events(old_phase: str | None, run: Run) -> list[tuple[str, str, str]]:
+    """The Events announcing each phase a run went through since `old_phase` was shown, in order.
+
+    A run can pass several phases between two looks (queued, claimed and finished within one debounce):
+    every run starts Queued, and one with a start time was Running, so those are announced too, before
+    its current phase. Nothing when the phase is unchanged.
+    """
+    new = PHASES[run.status]
+    if new == old_phase:
+        return []
+    phases = []
+    if old_phase in (None, PENDING) and new != "Queued":
+        phases.append(("Queued", "waiting for a worker"))
+    if run.started_at is not None and old_phase in (None, PENDING, "Queued") and new not in ("Queued", "Running"):
+        phases.append(("Running", f"running on {run.locked_by}" if run.locked_by else "running"))
+    phases.append((new, run.error or _phase_message(run)))
+    return [event for phase, message in phases if (event := event_for(phase, message)) is not None]
 
 
 def status_patch(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
@@ -291,3 +317,30 @@ def expires_at(ref: Ref, status: Mapping[str, Any]) -> datetime.datetime | None:
         return None
     at = datetime.datetime.strptime(finished, TIME_FORMAT).replace(tzinfo=datetime.UTC)
     return at + datetime.timedelta(seconds=ref.ttl_seconds)
+
+
+_MANAGER = re.compile(r"[\x21-\x7e][\x20-\x7e]{0,127}")
+
+
+def requester(body: Mapping[str, Any], path: Sequence[str] = ("spec",), latest: bool = False) -> str:
+    """Who set `path` of an AgentRun, as the API server tells it: `k8s:<namespace>/<field manager>` of
+    the managedFields entry owning that field (the earliest, or with `latest` the most recent), else `k8s`.
+
+    The field manager is what the client calls itself (`kubectl --field-manager`, a controller's name),
+    not an authenticated user: the Kubernetes audit log is the authority on who, this the best hint.
+    """
+    meta = body.get("metadata") or {}
+    owners: list[tuple[str, str]] = []
+    for entry in meta.get("managedFields") or ():
+        if not isinstance(entry, Mapping) or entry.get("subresource"):
+            continue
+        fields: Any = entry.get("fieldsV1")
+        for part in path:
+            fields = fields.get(f"f:{part}") if isinstance(fields, Mapping) else None
+        manager = entry.get("manager")
+        if fields is not None and isinstance(manager, str) and _MANAGER.fullmatch(manager):
+            owners.append((str(entry.get("time") or ""), manager))
+    if not owners:
+        return "k8s"
+    _, manager = max(owners) if latest else min(owners)
+    return f"k8s:{meta.get('namespace') or ''}/{manager}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from agentrun.worker.pricing import PriceTable
+
 
 @dataclasses.dataclass(frozen=True)
 class OperatorSettings:
@@ -36,3 +38,18 @@ class OperatorSettings:
 
     pool_size: int = 4
     """Database connections: handlers and the status sync write little."""
+
+    prices: PriceTable | None = None
+    """The workers' price table (AGENTRUN_PRICES_FILE), to refuse a cost budget on a model it does not
+    price, which no worker could enforce. None: the table shipped with the package."""
+
+    port: int | None = 8081
+    """Where /healthz and /readyz are served; None serves none. Not the workers' 8080, so both can run
+    on one machine."""
+
+    health_host: str = "0.0.0.0"
+    """Address the health endpoints listen on: the kubelet probes the pod's IP."""
+
+    db_retry_max_seconds: float = 10.0
+    """Longest pause between two attempts to reach and migrate the database at start: an outage is
+    waited out (not-ready), never a crash loop."""

@@ -129,14 +129,15 @@ class StatusSync:
         old = self._shown(ref)
         new = mapping.run_status(run, ref.generation, old, datetime.datetime.now(datetime.UTC))
         if mapping.visible_change(old, new):
+            # The Events first, then the phase: whoever sees a phase finds its Event already there, and
+            # one that cannot be posted is retried with the patch (a failed patch may repeat an Event:
+            # at least once, never lost).
+            for event in mapping.phase_events(old.get("phase"), run):
+                await self.kube.event(ref.namespace, ref.name, ref.uid, *event, strict=True)
             if not await self.kube.patch_status(ref.namespace, ref.name, mapping.status_patch(old, new)):
                 self.forget(ref.uid)
                 return
             self.sent[ref.uid] = new
-            if new["phase"] != old.get("phase"):
-                event = mapping.event_for(new["phase"], new.get("message") or "")
-                if event is not None:
-                    await self.kube.event(ref.namespace, ref.name, ref.uid, *event)
         self._track_expiry(ref, self._shown(ref))
 
     def _shown(self, ref: Ref) -> dict[str, Any]:

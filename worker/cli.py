@@ -39,9 +39,16 @@ def _add_database(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_migrate(args: argparse.Namespace) -> int:
+    import psycopg
+
     from agentrun.worker import migrate
 
-    applied = asyncio.run(migrate.migrate(_database_url(args)))
+    try:
+        applied = asyncio.run(migrate.migrate(_database_url(args)))
+    except psycopg.errors.InsufficientPrivilege as e:
+        # The runtime role of docs/database-role.sql, as meant: nothing was changed (one transaction).
+        raise SystemExit(f"agentrun: this database role may not change the schema ({e.diag.message_primary}); "
+                         "run `agentrun migrate` as the owner role (the chart's database.migrationSecret)") from None
     if applied:
         for m in applied:
             print(f"applied {m.version:04d}_{m.name}")
@@ -71,11 +78,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
         prices_file=os.environ.get("AGENTRUN_PRICES_FILE") or None,
         pool_size=args.pool_size or min(max(args.concurrency, 1) + 2, 20),
         api_token=os.environ.get("AGENTRUN_API_TOKEN") or None,
+        api_tokens_file=os.environ.get("AGENTRUN_API_TOKENS") or None,
         max_body_bytes=args.max_body_bytes
         or _env_positive_int("AGENTRUN_MAX_BODY_BYTES", WorkerSettings.max_body_bytes),
         liveness_lock=not args.no_liveness_lock and _env_flag("AGENTRUN_LIVENESS_LOCK", True),
         max_crash_claims=args.max_crash_claims
         or _env_positive_int("AGENTRUN_MAX_CRASH_CLAIMS", WorkerSettings.max_crash_claims),
+        tool_threads=_env_positive_int("AGENTRUN_TOOL_THREADS", WorkerSettings.tool_threads),
     )
     from agentrun.worker.presence import DuplicateWorker
 
@@ -104,6 +113,7 @@ def _env_flag(name: str, default: bool) -> bool:
 async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> int:
     from agentrun.worker import migrate
     from agentrun.worker.api.app import create_app
+    from agentrun.worker.api.identities import Identities, IdentityFileError
     from agentrun.worker.api.server import HttpServer
     from agentrun.worker.db import open_pool
     from agentrun.worker.llm.factory import llm_from_env
@@ -111,20 +121,25 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     from agentrun.worker.pricing import PriceTable
     from agentrun.worker.runner import Worker
     from agentrun.worker.store import RunStore
-    from agentrun.worker.tools import ToolBox, load_tool_modules
+    from agentrun.worker.tools import ToolBox, ToolThreads, load_tool_modules
 
     try:
-        tools = ToolBox(load_tool_modules(settings.tool_modules))
+        tools = ToolBox(load_tool_modules(settings.tool_modules), threads=ToolThreads(settings.tool_threads))
     except (ImportError, ValueError) as e:
         raise SystemExit(f"agentrun: cannot load tools from AGENTRUN_TOOLS: {e}") from None
     # Before any connection is opened, so a missing or bad setting exits with its message alone.
     # An API-only process (--concurrency 0) needs no model.
     metrics = Metrics(cache_seconds=settings.metrics_cache_seconds)
+    metrics.watch_tool_threads(tools.threads)
     llm = llm_from_env(settings, on_retry=metrics.model_retry) if settings.concurrency > 0 else None
     try:
         prices = PriceTable.load(settings.prices_file)
     except (OSError, ValueError) as e:
         raise SystemExit(f"agentrun: cannot read the price table (AGENTRUN_PRICES_FILE): {e}") from None
+    try:
+        identities = Identities(settings.api_token, settings.api_tokens_file)
+    except IdentityFileError as e:
+        raise SystemExit(f"agentrun: {e}") from None
     if migrate_first:
         await migrate.migrate(settings.database_url)
     pool = await open_pool(settings.database_url, max_size=settings.pool_max)
@@ -138,7 +153,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
             worker.stop()
         stopping.set()
 
-    app = create_app(store, tools, settings, metrics)
+    app = create_app(store, tools, settings, metrics, prices, identities)
     server = HttpServer(app, settings.host, settings.port)
 
     loop = asyncio.get_running_loop()
@@ -170,6 +185,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
 def cmd_operator(args: argparse.Namespace) -> int:
     from agentrun.operator.handlers import run
     from agentrun.operator.settings import OperatorSettings
+    from agentrun.worker.pricing import PriceTable
 
     tool_names = None
     modules = _module_list(args.tools or os.environ.get("AGENTRUN_TOOLS", ""))
@@ -180,6 +196,10 @@ def cmd_operator(args: argparse.Namespace) -> int:
             tool_names = frozenset(t.name for t in load_tool_modules(modules))
         except (ImportError, ValueError) as e:
             raise SystemExit(f"agentrun: cannot load tools from {', '.join(modules)}: {e}") from None
+    try:
+        prices = PriceTable.load(os.environ.get("AGENTRUN_PRICES_FILE") or None)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"agentrun: cannot read the price table (AGENTRUN_PRICES_FILE): {e}") from None
     settings = OperatorSettings(
         database_url=_database_url(args),
         namespaces=tuple(args.namespace or ()),
@@ -187,10 +207,53 @@ def cmd_operator(args: argparse.Namespace) -> int:
         peering_name=args.peering,
         tool_names=tool_names,
         resync_seconds=args.resync_seconds,
+        prices=prices,
+        port=args.port or None,
     )
     asyncio.run(run(settings, migrate_first=not args.no_migrate))
     return 0
 
+
+
+# -- token -----------------------------------------------------------------------------------------
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    import json
+
+    from agentrun.worker.api.identities import IdentityFileError, new_token, parse_scopes
+
+    try:
+        made = new_token(args.name, parse_scopes(args.scopes, "--scopes"))
+    except IdentityFileError as e:
+        raise SystemExit(f"agentrun: {e}") from None
+    # The token first and alone on its line, so `| head -n 1` takes it; it is stored nowhere.
+    print(made.token)
+    print("# Shown only now. Add this line under `identities:` in the AGENTRUN_API_TOKENS file:")
+    print(f"  - {json.dumps(made.entry)}")
+    return 0
+
+
+def _add_token(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from agentrun.worker.api.identities import Scope
+
+    token = sub.add_parser(
+        "token",
+        help="make API tokens for named identities",
+        description="Make bearer tokens for the identities of the AGENTRUN_API_TOKENS file.",
+    )
+    commands = token.add_subparsers(dest="token_command", required=True, metavar="COMMAND")
+    p = commands.add_parser(
+        "new",
+        help="print a new random token and its line for the tokens file",
+        description="Print a new random token, once, and the line that admits it to add to the "
+        "AGENTRUN_API_TOKENS file: the file holds only the token's SHA-256. Workers re-read the "
+        "file within seconds of a change; no restart is needed.",
+    )
+    p.add_argument("name", help="the identity's name, recorded as createdBy and cancelledBy of what it does")
+    p.add_argument("--scopes", required=True, metavar="LIST",
+                   help=f"comma-separated scopes: {', '.join(s.value for s in Scope)} (admin: all of them)")
+    p.set_defaults(func=cmd_token)
 
 
 # -- runs (the REST client) -------------------------------------------------------------------------
@@ -365,9 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
         "required); AGENTRUN_LLM_MAX_ATTEMPTS (calls per model step, default 5); AGENTRUN_LLM_TIMEOUT_SECONDS "
         "(limit of one call, default 120); AGENTRUN_LLM_BACKOFF_BASE_SECONDS and AGENTRUN_LLM_BACKOFF_CAP_SECONDS "
         "(full-jitter backoff, defaults 1 and 30; a retry-after header is honoured); AGENTRUN_DEFAULT_MODEL; "
-        "AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_API_TOKEN (bearer token the /api routes require; "
-        "unset: open); AGENTRUN_MAX_BODY_BYTES; AGENTRUN_LIVENESS_LOCK; AGENTRUN_MAX_CRASH_CLAIMS; "
-        "AGENTRUN_LOG_FORMAT.",
+        "AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_API_TOKEN (bearer token the /api routes require, "
+        "the identity `default` with every scope; unset with AGENTRUN_API_TOKENS: open); AGENTRUN_API_TOKENS "
+        "(YAML/JSON file of named identities with scopes, re-read on change); AGENTRUN_MAX_BODY_BYTES; "
+        "AGENTRUN_LIVENESS_LOCK; AGENTRUN_MAX_CRASH_CLAIMS; "
+        "AGENTRUN_TOOL_THREADS (plain-def tools running at once, default 32; a timed-out one keeps its slot "
+        "until it returns); AGENTRUN_LOG_FORMAT.",
     )
     _add_database(p)
     p.add_argument("--id", metavar="NAME", help="worker name in leases, steps and logs (default: host-pid)")
@@ -403,9 +469,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="reconcile AgentRun resources into runs (kopf)",
         description="Watch AgentRun resources (crds/agentrun.yaml): make a run for each new one, cancel it on "
         "spec.cancel or deletion, and keep each resource's status within about a second of its run through "
-        "PostgreSQL LISTEN/NOTIFY, with a periodic resync as a safety net. Migrates the database first.",
+        "PostgreSQL LISTEN/NOTIFY, with a periodic resync as a safety net. Serves /healthz and /readyz at once; "
+        "reaches and migrates the database in the background, retrying while it is down (/readyz answers 503 "
+        "until then). A costBudgetUsd on a model the price table does not price is a Failed AgentRun.",
         epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated tool modules, as the workers "
         "load them: an AgentRun naming another tool is failed at once; without it tool names are not checked); "
+        "AGENTRUN_PRICES_FILE (the workers' price table, TOML); "
         "KUBECONFIG (outside a cluster; in a pod the service account is used); AGENTRUN_LOG_FORMAT, "
         "AGENTRUN_LOG_LEVEL.",
     )
@@ -425,6 +494,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a run taken over this many times from a worker that died mid-step ends FAILED "
                    "instead (default: $AGENTRUN_MAX_CRASH_CLAIMS or 10)")
     p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
+    p.add_argument("--port", type=int, default=8081, metavar="PORT",
+                   help="port of /healthz and /readyz (default: 8081; 0: none); with --no-migrate /readyz "
+                   "says 503 until the database is migrated")
     p.set_defaults(func=cmd_operator)
 
     p = sub.add_parser(
@@ -459,6 +531,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_port, default=8080, help="the API and UI port on 127.0.0.1 (default: 8080)")
     p.set_defaults(func=cmd_dev)
     _add_runs(sub)
+    _add_token(sub)
     return parser
 
 

@@ -265,8 +265,12 @@ def run_details(run: Mapping[str, Any]) -> str:
         ("worker", run.get("lockedBy") or "-"), ("created", run["createdAt"]),
         ("started", run.get("startedAt") or "-"), ("finished", run.get("finishedAt") or "-"),
     ]
+    if run.get("createdBy"):
+        fields.append(("created by", run["createdBy"]))
     if run.get("cancelRequested") and run["status"] not in TERMINAL:
         fields.append(("cancel", "requested"))
+    if run.get("cancelledBy"):
+        fields.append(("cancelled by", run["cancelledBy"]))
     if run.get("error"):
         fields.append(("error", run["error"]))
     width = max(len(k) for k, _ in fields)

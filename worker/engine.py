@@ -19,14 +19,16 @@ import orjson
 import psycopg
 
 from agentrun.worker import logs
+from agentrun.worker.answer import FINAL_ANSWER, INSTRUCTION, MAX_CORRECTIONS, answer_of, definition, problem
+from agentrun.worker.decisions import Execute, Fail, Park, Settle, next_call
 from agentrun.worker.deltas import DeltaPublisher
 from agentrun.worker.guard import Stop, deadline_passed, final, guard, remaining
 from agentrun.worker.lease import CancelRequested, LeaseKeeper
 from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, Message, Usage
-from agentrun.worker.observer import NoObserver, Observer
+from agentrun.worker.observer import UNKNOWN_TOOL, NoObserver, Observer
 from agentrun.worker.pricing import PriceTable
-from agentrun.worker.records import Progress, Run, RunStatus, Step, StepKind, StepStatus
-from agentrun.worker.replay import Conversation
+from agentrun.worker.records import DecisionKind, PendingCall, Progress, Run, RunStatus, Step, StepKind, StepStatus
+from agentrun.worker.replay import CORRECTION, Conversation, dump_content
 from agentrun.worker.store import LeaseLost, RunStore, transient
 from agentrun.worker.text import clean, clean_json
 from agentrun.worker.tools import ToolBox, ToolContext
@@ -34,6 +36,8 @@ from agentrun.worker.tools import ToolBox, ToolContext
 log = logging.getLogger("agentrun.worker.engine")
 
 T = TypeVar("T")
+
+ANSWER_REMINDER = "You ended without calling final_answer. Call final_answer with your answer now."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +93,8 @@ class RunDriver:
         self.stopping = stopping or asyncio.Event()
         self.observer: Observer = observer or NoObserver()
         self._rng = random.Random()
+        # What people decided about each run's calls, read once when a call needs a decision, per drive.
+        self._decisions: dict[uuid.UUID, dict[tuple[str, DecisionKind], PendingCall]] = {}
         self.deltas = DeltaPublisher(store.pool)  # the text of a call in flight, for live watchers only
 
     @property
@@ -114,6 +120,7 @@ class RunDriver:
             raise
         finally:
             self.keeper.forget(run.id)
+            self._decisions.pop(run.id, None)
 
     async def _resume(self, run: Run, progress: Progress) -> RunStatus | None:
         if run.crashes >= self.settings.max_crash_claims:
@@ -143,6 +150,8 @@ class RunDriver:
 
     async def _loop(self, run: Run, progress: Progress, conv: Conversation) -> Stop | None:
         """Take steps until the run must end (the reason) or be handed back (None)."""
+        self._decisions.pop(run.id, None)
+        correction_id = uuid.uuid4()
         while True:
             if self.stopping.is_set():
                 self.keeper.drop(run.id)
@@ -151,21 +160,32 @@ class RunDriver:
                 return None
             if self.keeper.cancel_requested(run.id):
                 return Stop(RunStatus.CANCELLED, "cancel requested")
-            stop = guard(run, progress, conv.steps, before_model_step=not conv.pending and not conv.finished)
+            stop = self._decide(run, progress, conv)
             if stop is not None:
                 return stop
-            use = conv.next_tool_use
-            if use is not None:
-                verdict = self._in_doubt(conv, use)
-                if verdict is not None:
-                    return verdict
-                try:
-                    with logs.step_context(step_seq=None):
-                        progress = await self._tool_step(run, conv, use)
-                except CancelRequested:
-                    return Stop(RunStatus.CANCELLED, "cancel requested")
-            elif conv.finished:
-                return final(conv.last_stop, self.settings.max_tokens)
+            if conv.pending:
+                step = await self._owed(run, conv)
+                if isinstance(step, Stop):
+                    return step
+                if step is None:  # parked: people decide now
+                    return None
+                progress = step
+                continue
+            if conv.finished:
+                stop = final(conv.last_stop, self.settings.max_tokens, conv.ignored_tool_uses)
+                if stop.status is not RunStatus.SUCCEEDED:
+                    return stop
+                if run.output_schema is None:
+                    return dataclasses.replace(stop, output=conv.final_text)
+                if conv.rejected_answers >= MAX_CORRECTIONS:
+                    return Stop(RunStatus.FAILED, "the model ended without calling final_answer with an answer "
+                                "that matches outputSchema, after a corrective turn")
+                progress = await self._durably(lambda again: self.store.add_user_step(
+                    run.id, self.me, self.settings.lease_seconds, write_id=correction_id, text=ANSWER_REMINDER,
+                    request=CORRECTION,
+                ))
+                conv.apply(Step(run.id, conv.steps + 1, StepKind.USER, StepStatus.DONE, request=CORRECTION,
+                                response=ANSWER_REMINDER))
             else:
                 try:
                     # The seq is the database's to give; this is the one it gives unless the lease is lost.
@@ -178,6 +198,79 @@ class RunDriver:
                         return Stop(RunStatus.FAILED, str(e))
                     await self._hand_back_in_outage(run, e)
                     return None
+
+    async def _owed(self, run: Run, conv: Conversation) -> Progress | Stop | None:
+        """Take the next step about the tool calls the run owes: a structured answer, a call that runs, a
+        result recorded without running it, the run's end; or park the run for people (None)."""
+        answer = next((u for u in conv.pending.values() if u.get("name") == FINAL_ANSWER), None)
+        if answer is not None and run.output_schema is not None:
+            return await self._final_answer(run, conv, answer)
+        decided = self._decisions.get(run.id)
+        step = next_call(
+            list(conv.pending.values()), conv.started,
+            in_doubt_if_started=self._not_idempotent,
+            needs_approval=lambda name: self._needs_approval(run, name),
+            decisions=decided or {},
+        )
+        if isinstance(step, Park) and decided is None:  # nothing decided was known: look at what people said
+            self._decisions[run.id] = {(d.tool_use_id, d.kind): d for d in await self.store.decisions(run.id)}
+            return await self._owed(run, conv)
+        try:
+            with logs.step_context(step_seq=None):
+                if isinstance(step, Execute):
+                    return await self._tool_step(run, conv, step.use)
+                if isinstance(step, Settle):
+                    return await self._settle(run, conv, step.use, step.ok, step.output)
+        except CancelRequested:
+            return Stop(RunStatus.CANCELLED, "cancel requested")
+        if isinstance(step, Fail):
+            return Stop(RunStatus.FAILED, step.reason)
+        assert isinstance(step, Park)
+        self.keeper.drop(run.id)
+        calls = [(use["id"], kind, use["name"], _json(use.get("input"))) for use, kind in step.calls]
+        await self._durably(lambda again: self.store.park(run.id, self.me, calls))
+        log.info(
+            "%s run=%s waiting for %d decisions: %s", self.me, run.id.hex[:8], len(calls),
+            ", ".join(f"{name} {tool_use_id} ({kind.value})" for tool_use_id, kind, name, _ in calls),
+        )
+        return None
+
+    def _not_idempotent(self, name: str) -> bool:
+        tool = self.tools.get(name)
+        return tool is not None and not tool.idempotent
+
+    def _needs_approval(self, run: Run, name: str) -> bool:
+        tool = self.tools.get(name)
+        return (tool is not None and tool.requires_approval) or run.needs_approval(name)
+
+    async def _final_answer(self, run: Run, conv: Conversation, use: dict[str, Any]) -> Progress | Stop:
+        """The model called final_answer: the run succeeds with that answer if it matches the schema;
+        otherwise the model is told why, once, and the run fails the second time."""
+        assert run.output_schema is not None
+        value = answer_of(run.output_schema, use.get("input"))
+        why = problem(run.output_schema, value)
+        if why is None:
+            await self._settle(run, conv, use, True, "accepted")
+            return Stop(RunStatus.SUCCEEDED, "", output=value)
+        if conv.rejected_answers >= MAX_CORRECTIONS:
+            return Stop(RunStatus.FAILED, f"the answer does not match outputSchema after a corrective turn: {why}")
+        return await self._settle(run, conv, use, False, f"this answer does not match the schema: {why}. "
+                                  "Call final_answer again with an answer that does.")
+
+    async def _settle(self, run: Run, conv: Conversation, use: dict[str, Any], ok: bool, output: str) -> Progress:
+        """Record a call's result without executing it (denied, recorded by a person, an answer checked)."""
+        tool_use_id, name = use["id"], use["name"]
+        write_id = uuid.uuid4()
+        progress = await self._durably(lambda again: self.store.settle_tool(
+            run.id, self.me, self.settings.lease_seconds, write_id=write_id, tool_use_id=tool_use_id,
+            tool_name=name, request=_json(use.get("input")), ok=ok, output=output,
+        ))
+        status = StepStatus.DONE if ok else StepStatus.ERROR
+        conv.apply(Step(run.id, conv.steps + 1, StepKind.TOOL, status, tool_name=name, tool_use_id=tool_use_id,
+                        response=output))
+        log.info("%s run=%s TOOL %s id=%s recorded without running: %s", self.me, run.id.hex[:8], name,
+                 tool_use_id, "ok" if ok else "error")
+        return progress
 
     async def _hand_back_in_outage(self, run: Run, error: LlmError) -> None:
         """Every attempt of the model step failed, retryably: the API is down or overloaded for longer
@@ -212,21 +305,22 @@ class RunDriver:
                 await asyncio.sleep(self._rng.uniform(delay / 2, delay))
                 again, delay = True, min(delay * 2, 1.0)
 
-    def _in_doubt(self, conv: Conversation, use: dict[str, Any]) -> Stop | None:
-        """A tool that cannot honour its idempotency key is not run twice: a human decides."""
-        tool = self.tools.get(use["name"])
-        if use["id"] in conv.started and tool is not None and not tool.idempotent:
-            return Stop(
-                RunStatus.FAILED,
-                f"tool {use['name']} (tool_use id {use['id']}) is in doubt: a worker died while it ran and it "
-                "is not idempotent, so it was not run again; check its effect and resolve by hand",
-            )
-        return None
+    @staticmethod
+    def _decide(run: Run, progress: Progress, conv: Conversation) -> Stop | None:
+        """Why the run ends before its next step: model output it cannot act on, or the guard's reason."""
+        if conv.refused is not None:
+            # The turn is checkpointed (its tokens and cost count); acting on it is what is refused.
+            return Stop(RunStatus.FAILED, f"model output refused: {conv.refused}")
+        model_next = not conv.pending and not conv.finished
+        own_steps = conv.steps - run.inherited_steps  # the step cap counts what this run did, not its parent
+        return guard(run, progress, own_steps, before_model_step=model_next, owed=conv.owed)
 
     async def _finish(self, run: Run, stop: Stop) -> RunStatus:
         self.keeper.drop(run.id)
         tokens = await self._durably(
-            lambda again: self.store.finish(run.id, self.me, stop.status, stop.reason or None, again=again)
+            lambda again: self.store.finish(
+                run.id, self.me, stop.status, stop.reason or None, again=again, output=stop.output
+            )
         )
         why = f" reason={stop.reason!r}" if stop.reason else ""
         log.info("%s run=%s %s tokens=%d%s", self.me, run.id.hex[:8], stop.status.value, tokens, why)
@@ -237,8 +331,8 @@ class RunDriver:
             model=run.model,
             max_tokens=self.settings.max_tokens,
             messages=list(conv.messages),
-            system=run.system,
-            tools=self.tools.definitions(run.tools),
+            system=run.system if run.output_schema is None else "\n\n".join(filter(None, [run.system, INSTRUCTION])),
+            tools=self.tools.definitions(run.tools) + ([definition(run.output_schema)] if run.output_schema else []),
             on_text=(deltas := self.deltas.sink(run.id, conv.steps + 1)),
         )
         t0 = time.perf_counter()
@@ -267,7 +361,9 @@ class RunDriver:
         # Model output is untrusted text: ids and names in it become column values, where a NUL would
         # make the checkpoint fail on every worker. Cleaned once, here, so the live conversation and
         # the replayed one are the same.
-        content = _json(clean_json(response.content))
+        # Written even when it will be refused (an integer beyond 64 bits, say): its tokens are billed
+        # and the turn is evidence; replay refuses it again.
+        content = dump_content(clean_json(response.content))
         stop_reason = clean(response.stop_reason) if response.stop_reason is not None else None
         write_id = uuid.uuid4()
         seq, progress = await self._durably(lambda again: self.store.checkpoint_model(
@@ -314,7 +410,7 @@ class RunDriver:
                 run.id, self.me, self.settings.lease_seconds, write_id=finished_id, tool_use_id=tool_use_id,
                 ok=False, output="cancelled", latency_ms=round((time.perf_counter() - t0) * 1000),
             ))
-            self.observer.tool_step(name, time.perf_counter() - t0, False)
+            self.observer.tool_step(self.tools.label(name, UNKNOWN_TOOL), time.perf_counter() - t0, False)
             log.info("%s run=%s seq=%d TOOL %s id=%s cancelled", self.me, run.id.hex[:8], seq, name, tool_use_id)
             raise
         seconds = time.perf_counter() - t0
@@ -323,7 +419,7 @@ class RunDriver:
             run.id, self.me, self.settings.lease_seconds, write_id=finished_id, tool_use_id=tool_use_id,
             ok=outcome.ok, output=outcome.output, latency_ms=latency_ms,
         ))
-        self.observer.tool_step(name, seconds, outcome.ok)
+        self.observer.tool_step(self.tools.label(name, UNKNOWN_TOOL), seconds, outcome.ok)
         status = StepStatus.DONE if outcome.ok else StepStatus.ERROR
         conv.apply(
             Step(run.id, seq, StepKind.TOOL, status, tool_name=name, tool_use_id=tool_use_id, response=outcome.output)

@@ -34,6 +34,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(\bpassword\s*=\s*)('[^']*'|\S+)", re.IGNORECASE), rf"\1{REDACTED}"),
     (re.compile(r"(\bBearer\s+)[A-Za-z0-9._~+/=-]+", re.IGNORECASE), rf"\1{REDACTED}"),
     (re.compile(r"\bsk-ant-[A-Za-z0-9_-]+"), REDACTED),
+    # API tokens made by `agentrun token new` (identities.TOKEN_PREFIX): the server knows only their hashes.
+    (re.compile(r"\bagrt_[A-Za-z0-9_-]+"), REDACTED),
 )
 
 

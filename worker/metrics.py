@@ -1,4 +1,5 @@
-"""Prometheus metrics of a worker, in its own registry: tokens, cost, step latency, runs by status, leases.
+"""Prometheus metrics of a worker, in its own registry: tokens, cost, step latency, runs by status, leases,
+tool threads.
 
 `Metrics` implements the engine's `Observer`. The runs-by-status gauge is read from the database at
 scrape time (one GROUP BY) and cached for a few seconds, so a fleet of workers scraped together does
@@ -18,6 +19,7 @@ from prometheus_client.registry import Collector
 
 from agentrun.worker.llm.types import Usage
 from agentrun.worker.records import RunStatus
+from agentrun.worker.tools import ToolThreads
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,10 @@ METRIC_NAMES: tuple[str, ...] = (
     "agentrun_model_retries_total",
     "agentrun_tool_errors_total",
     "agentrun_runs_in_flight",
+    "agentrun_tool_threads_running",
+    "agentrun_tool_threads_overdue",
+    "agentrun_decisions_total",
+    "agentrun_waiting_seconds",
 )
 
 # Model steps take seconds and tools anything from milliseconds to minutes.
@@ -84,11 +90,37 @@ class Metrics:
         self.retries = Counter("agentrun_model_retries", "Model calls retried, by HTTP status", ["status"], registry=r)
         self.tool_errors = Counter("agentrun_tool_errors", "Tool calls that ended in an error", ["tool"], registry=r)
         self.runs_in_flight = Gauge("agentrun_runs_in_flight", "Runs this worker drives now", registry=r)
+        self.tool_threads_running = Gauge(
+            "agentrun_tool_threads_running", "Threads running a synchronous tool now", registry=r
+        )
+        self.tool_threads_overdue = Gauge(
+            "agentrun_tool_threads_overdue",
+            "Threads still running a synchronous tool whose call timed out or was cancelled (threads "
+            "cannot be killed; each keeps its slot in the bounded tool pool until the tool returns)",
+            registry=r,
+        )
+        self.decisions = Counter(
+            "agentrun_decisions", "Decisions people made on tool calls, by kind and decision",
+            ["kind", "decision"], registry=r,
+        )
+        self.waiting = Histogram(
+            "agentrun_waiting_seconds", "How long runs waited for people, from parking to the decision that "
+            "queued them again", registry=r, buckets=(1, 10, 60, 300, 900, 3600, 4 * 3600, 24 * 3600),
+        )
+        for kind, answers in (("approval", ("approve", "deny")), ("in_doubt", ("retry", "record", "fail"))):
+            for answer in answers:
+                self.decisions.labels(kind, answer)
         self._runs = _RunsByStatus()
         r.register(self._runs)
         for kind in ("MODEL", "TOOL"):  # so dashboards see the series before the first step
             for outcome in ("ok", "error"):
                 self.latency.labels(kind, outcome)
+
+    def decided(self, kind: str, decision: str, waited_seconds: float | None) -> None:
+        """A decision was stored; `waited_seconds` when it was the last open one and queued the run again."""
+        self.decisions.labels(kind, decision).inc()
+        if waited_seconds is not None:
+            self.waiting.observe(waited_seconds)
 
     # -- the Observer seam -------------------------------------------------------------------------
 
@@ -119,6 +151,11 @@ class Metrics:
 
     def in_flight(self, runs: int) -> None:
         self.runs_in_flight.set(runs)
+
+    def watch_tool_threads(self, threads: ToolThreads) -> None:
+        """Read the tool-thread gauges from `threads` at scrape time."""
+        self.tool_threads_running.set_function(lambda: threads.running)
+        self.tool_threads_overdue.set_function(lambda: threads.overdue)
 
     def count_runs_with(self, count_runs: RunCounter) -> None:
         """Set where the runs-by-status gauge reads from, once the database pool exists."""

@@ -11,13 +11,18 @@ from typing import Protocol
 
 from agentrun.worker.llm.types import Usage
 
+UNKNOWN_TOOL = "(unknown)"
+"""What a tool call is reported as when the model named no tool this worker has: names in model output
+are untrusted, and each distinct one would otherwise become a metric series of its own."""
+
 
 class Observer(Protocol):
     def model_step(self, model: str, usage: Usage, cost_usd: Decimal | None, seconds: float, ok: bool) -> None:
         """A model call ended: with a response (ok) or an error (no usage)."""
 
     def tool_step(self, tool: str, seconds: float, ok: bool) -> None:
-        """A tool call ended; `ok` is False for an error outcome the model will see."""
+        """A tool call ended; `ok` is False for an error outcome the model will see. `tool` is the
+        name of one of the worker's tools, or UNKNOWN_TOOL."""
 
     def claimed(self, takeover: bool) -> None:
         """The worker claimed a run; `takeover` if another worker held it (its lease had lapsed)."""

@@ -87,3 +87,16 @@ class PriceTable:
             + usage.cache_read_input_tokens * p.cache_read
         )
         return (total / MILLION).quantize(Decimal("0.000001"))
+
+
+def cost_budget_problem(prices: PriceTable, model: str, cost_budget: Decimal | None) -> str | None:
+    """Why a run's cost budget could not be enforced (its model has no price), or None if it can be.
+
+    A step of an unpriced model costs null, so a budget on it would never stop the run: refused up front.
+    """
+    if cost_budget is None or prices.price(model) is not None:
+        return None
+    return (
+        f"costBudgetUsd cannot be enforced: model {model!r} has no price in the price table "
+        "(add it to AGENTRUN_PRICES_FILE, or drop the cost budget)"
+    )

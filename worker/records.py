@@ -7,11 +7,13 @@ import datetime
 import enum
 import uuid
 from decimal import Decimal
+from typing import Any
 
 
 class RunStatus(str, enum.Enum):
     QUEUED = "QUEUED"
     RUNNING = "RUNNING"
+    WAITING = "WAITING"  # needs a person's decision; no worker holds it
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
@@ -19,12 +21,33 @@ class RunStatus(str, enum.Enum):
 
     @property
     def terminal(self) -> bool:
-        return self not in (RunStatus.QUEUED, RunStatus.RUNNING)
+        return self not in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING)
 
 
 class StepKind(str, enum.Enum):
     MODEL = "MODEL"
     TOOL = "TOOL"
+    USER = "USER"  # a user message: the first input of a continued conversation, or the next one
+
+
+class DecisionKind(str, enum.Enum):
+    APPROVAL = "approval"  # a call of a tool that needs a person's approval
+    IN_DOUBT = "in_doubt"  # a non-idempotent call that was running when its worker died
+
+
+class Decision(str, enum.Enum):
+    APPROVE = "approve"
+    DENY = "deny"
+    RETRY = "retry"
+    RECORD = "record"
+    FAIL = "fail"
+
+    @property
+    def kind(self) -> DecisionKind:
+        """The kind of pending call this decision answers."""
+        if self in (Decision.APPROVE, Decision.DENY):
+            return DecisionKind.APPROVAL
+        return DecisionKind.IN_DOUBT
 
 
 class StepStatus(str, enum.Enum):
@@ -49,6 +72,11 @@ class NewRun:
     idempotency_key: str | None = None
     k8s_namespace: str | None = None
     k8s_name: str | None = None
+    created_by: str | None = None  # the API identity, `k8s:<namespace>/<user>`, or None on an open API
+    require_approval: tuple[str, ...] | None = None  # tools whose calls wait for a person; "*": every tool
+    output_schema: dict[str, Any] | None = None  # a JSON Schema the final answer must satisfy
+    continue_from: uuid.UUID | None = None  # a SUCCEEDED run whose conversation this run goes on with
+    fork_from: tuple[uuid.UUID, int] | None = None  # (run, seq): start from that run's first seq steps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +107,18 @@ class Run:
     k8s_name: str | None = None
     crashes: int = 0  # claims after which the previous holder had not handed the run back
     model_retries: int = 0  # consecutive model steps that ran out of retries on a retryable error
+    created_by: str | None = None
+    cancelled_by: str | None = None  # who asked first for the run to stop
+    require_approval: tuple[str, ...] | None = None
+    output_schema: dict[str, Any] | None = None
+    output: Any = None  # the answer of a SUCCEEDED run: its final text, or the JSON value of a structured one
+    parent_run_id: uuid.UUID | None = None
+    forked_at_seq: int | None = None
+    inherited_steps: int = 0
+    pending: int = 0  # undecided calls while WAITING
+
+    def needs_approval(self, tool: str) -> bool:
+        return self.require_approval is not None and ("*" in self.require_approval or tool in self.require_approval)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +142,7 @@ class Step:
     worker: str | None = None
     started_at: datetime.datetime | None = None
     finished_at: datetime.datetime | None = None
+    inherited: bool = False  # copied from the run this one was continued or forked from
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,3 +157,21 @@ class Progress:
     cost_usd: Decimal
     cancel_requested: bool
     db_now: datetime.datetime
+
+
+@dataclasses.dataclass(frozen=True)
+class PendingCall:
+    """A tool call that needs a person: waiting for a decision, or decided."""
+
+    run_id: uuid.UUID
+    tool_use_id: str
+    kind: DecisionKind
+    tool_name: str
+    input: str | None
+    since: datetime.datetime
+    decision: Decision | None = None
+    output: str | None = None
+    is_error: bool = False
+    reason: str | None = None
+    decided_at: datetime.datetime | None = None
+    decided_by: str | None = None

@@ -120,6 +120,7 @@ class Worker:
         # The liveness lock is taken before the first claim: a run held without it looks dead to others.
         await self.presence.start()
         heartbeat = asyncio.create_task(self.keeper.run(), name=f"{self.id}-heartbeat")
+        housekeeping = asyncio.create_task(self._housekeeping(), name=f"{self.id}-housekeeping")
         backoff = self.settings.poll_interval
         try:
             while not self.stopping.is_set():
@@ -155,11 +156,23 @@ class Worker:
                 self.observer.in_flight(len(self.driving))
                 task.add_done_callback(functools.partial(self._done, claimed.run.id))
         finally:
+            housekeeping.cancel()
             await self._drain()
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
             await self.presence.close()  # only now: the runs it covered are finished or released
+
+    async def _housekeeping(self) -> None:
+        """Every couple of seconds, end the waiting runs whose deadline has passed: no worker holds them,
+        so none would notice otherwise. Cheap (an index on their deadline) and harmless from many workers."""
+        while True:
+            await asyncio.sleep(random.uniform(1.0, 2.0))
+            try:
+                for run_id in await self.store.expire_waiting():
+                    log.info("%s run=%s TIMED_OUT while waiting for a decision", self.id, run_id.hex[:8])
+            except Exception as e:
+                log.debug("%s could not look for expired waiting runs: %s", self.id, e)
 
     def _done(self, run_id: uuid.UUID, task: asyncio.Task[RunStatus | None]) -> None:
         if self.driving.get(run_id) is task:

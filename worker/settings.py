@@ -52,8 +52,13 @@ class WorkerSettings:
     """Price table overriding the shipped one (AGENTRUN_PRICES_FILE)."""
 
     api_token: str | None = dataclasses.field(default=None, repr=False)
-    """Bearer token every /api request must carry (AGENTRUN_API_TOKEN); None leaves the API open.
-    Health, readiness and metrics stay open either way so probes and Prometheus need no secret."""
+    """Bearer token of the identity `default`, which has every scope (AGENTRUN_API_TOKEN); None with no
+    `api_tokens_file` leaves the API open. Health, readiness and metrics stay open either way so probes
+    and Prometheus need no secret."""
+
+    api_tokens_file: str | None = None
+    """YAML/JSON file of named identities with scopes (AGENTRUN_API_TOKENS), re-read when it changes so
+    tokens rotate without a restart. With it or `api_token` set, /api requires a token; see SECURITY.md."""
 
     max_body_bytes: int = 1024 * 1024
     """Largest request body the API reads (AGENTRUN_MAX_BODY_BYTES). 1 MiB holds any sensible prompt
@@ -81,6 +86,11 @@ class WorkerSettings:
     """Claims of a run whose previous holder died (or lost its lease) mid-step, after which the run ends
     FAILED instead of being taken again (AGENTRUN_MAX_CRASH_CLAIMS, --max-crash-claims): a step that
     kills its worker (out of memory, a segfault in a tool) must not kill every worker in turn."""
+
+    tool_threads: int = 32
+    """Synchronous tools running at once (AGENTRUN_TOOL_THREADS). A timed-out tool's thread keeps its slot
+    until the tool returns (agentrun_tool_threads_overdue); with every slot busy a call is refused with an
+    error the model sees, rather than queued behind them."""
 
     pool_size: int = 10
     """Database connections. Steps hold a connection only while they write, so a few serve many runs."""

@@ -11,14 +11,63 @@ import dataclasses
 import uuid
 from collections.abc import Sequence
 from decimal import Decimal
+from enum import Enum
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from agentrun.worker.records import NewRun, Progress, Run, RunStatus, Step, StepKind, StepStatus
+from agentrun.worker.records import (
+    Decision,
+    DecisionKind,
+    NewRun,
+    PendingCall,
+    Progress,
+    Run,
+    RunStatus,
+    Step,
+    StepKind,
+    StepStatus,
+)
 from agentrun.worker.text import clean, unstorable
+
+# A continued or forked run starts with the steps of its parent, copied and marked inherited: replay
+# needs nothing else, and the parent may be pruned later without breaking its child. A continuation
+# copies every step and adds the new input as a USER step of its own; a conversation that began as the
+# parent's `input` gets that input as a USER step first. A fork copies the first `fork_seq` steps. Tool
+# steps left STARTED are not copied: their call is still owed, so the new run makes it again.
+_INHERIT = b"""
+WITH parent AS (SELECT id, input FROM run WHERE id = %(parent)s),
+opening AS (
+    SELECT p.input FROM parent p
+    WHERE %(fork_seq)s::int IS NULL
+      AND NOT EXISTS (SELECT 1 FROM run_step s WHERE s.run_id = p.id AND s.seq = 1 AND s.kind = 'USER')),
+copied AS (
+    SELECT s.* FROM run_step s JOIN parent p ON s.run_id = p.id
+    WHERE (%(fork_seq)s::int IS NULL OR s.seq <= %(fork_seq)s) AND NOT (s.kind = 'TOOL' AND s.status = 'STARTED')),
+shift AS (SELECT count(*)::int AS n FROM opening),
+steps AS (
+    INSERT INTO run_step (run_id, seq, kind, status, tool_name, tool_use_id, request, response, stop_reason,
+        input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd, latency_ms,
+        attempts, worker, started_at, finished_at, inherited)
+    SELECT %(id)s, 1, 'USER', 'DONE', NULL, NULL, NULL, o.input, NULL, 0, 0, 0, 0, NULL, NULL, 1, NULL, now(), now(),
+           true FROM opening o
+    UNION ALL
+    SELECT %(id)s, (SELECT n FROM shift) + row_number() OVER (ORDER BY c.seq), c.kind, c.status, c.tool_name,
+           c.tool_use_id, c.request, c.response, c.stop_reason, c.input_tokens, c.output_tokens,
+           c.cache_creation_input_tokens, c.cache_read_input_tokens, c.cost_usd, c.latency_ms, c.attempts,
+           c.worker, c.started_at, c.finished_at, true
+    FROM copied c
+    RETURNING seq),
+own AS (
+    INSERT INTO run_step (run_id, seq, kind, status, response, started_at, finished_at)
+    SELECT %(id)s, (SELECT count(*) FROM steps) + 1, 'USER', 'DONE', %(input)s, now(), now()
+    WHERE %(fork_seq)s::int IS NULL
+    RETURNING seq)
+UPDATE run SET inherited_steps = (SELECT count(*) FROM steps) WHERE id = %(id)s
+"""
 
 
 class LeaseLost(Exception):
@@ -33,12 +82,16 @@ class LeaseLost(Exception):
 RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_budget, r.tokens_used,
     r.cost_budget_usd, r.cost_usd, r.max_steps, r.timeout_seconds, r.deadline_at, r.cancel_requested,
     r.error, r.locked_by, r.locked_until, r.created_at, r.started_at, r.finished_at,
-    r.idempotency_key, r.k8s_namespace, r.k8s_name, r.crashes, r.model_retries,
+    r.idempotency_key, r.k8s_namespace, r.k8s_name, r.crashes, r.model_retries, r.created_by,
+    r.cancelled_by,
+    r.require_approval, r.output_schema, r.output, r.parent_run_id, r.forked_at_seq, r.inherited_steps,
+    CASE WHEN r.status = 'WAITING' THEN (SELECT count(*) FROM run_decision d
+         WHERE d.run_id = r.id AND d.decision IS NULL) ELSE 0 END AS pending,
     (SELECT coalesce(max(s.seq), 0) FROM run_step s WHERE s.run_id = r.id) AS steps"""
 
 STEP_COLUMNS = """run_id, seq, kind, status, tool_name, tool_use_id, request, response, stop_reason,
     input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd,
-    latency_ms, attempts, worker, started_at, finished_at"""
+    latency_ms, attempts, worker, started_at, finished_at, inherited"""
 
 TIMELINE_COLUMNS = STEP_COLUMNS.replace("request, response,", "NULL AS request, NULL AS response,")
 
@@ -85,7 +138,28 @@ def _run(row: dict[str, Any]) -> Run:
     row = dict(row)
     row["status"] = RunStatus(row["status"])
     row["tools"] = tuple(row["tools"]) if row["tools"] is not None else None
+    if row.get("require_approval") is not None:
+        row["require_approval"] = tuple(row["require_approval"])
     return Run(**row)
+
+
+DECISION_COLUMNS = """run_id, tool_use_id, kind, tool_name, input, since, decision, output, is_error, reason,
+    decided_at, decided_by"""
+
+
+def _pending(row: dict[str, Any]) -> PendingCall:
+    row = dict(row)
+    row["kind"] = DecisionKind(row["kind"])
+    row["decision"] = Decision(row["decision"]) if row["decision"] is not None else None
+    return PendingCall(**row)
+
+
+class DecideOutcome(str, Enum):
+    DECIDED = "decided"  # the decision was stored (and, if it was the last open one, the run queued again)
+    NO_RUN = "no_run"
+    NO_CALL = "no_call"  # the run has no pending call with that tool_use id
+    WRONG_KIND = "wrong_kind"  # e.g. approve on a call in doubt
+    ALREADY = "already"  # the call was decided before, or the run is no longer waiting
 
 
 def _step(row: dict[str, Any]) -> Step:
@@ -154,20 +228,35 @@ class RunStore:
             "key": new.idempotency_key,
             "ns": new.k8s_namespace,
             "name": new.k8s_name,
+            "by": new.created_by,
         }
-        row = await self._one(
-            """WITH ins AS (
-                    INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd,
-                                     max_steps, timeout_seconds, deadline_at, idempotency_key,
-                                     k8s_namespace, k8s_name)
-                    VALUES (%(id)s, %(input)s, %(model)s, %(system)s, %(tools)s, %(token_budget)s,
-                            %(cost_budget_usd)s, %(max_steps)s, %(timeout_seconds)s,
-                            now() + make_interval(secs => %(timeout_seconds)s), %(key)s, %(ns)s, %(name)s)
-                    ON CONFLICT DO NOTHING
-                    RETURNING id)
-                SELECT (SELECT id FROM ins) AS inserted""",
-            params,
-        )
+        params.update({
+            "approval": list(new.require_approval) if new.require_approval is not None else None,
+            "schema": Jsonb(new.output_schema) if new.output_schema is not None else None,
+            "parent": new.continue_from or (new.fork_from[0] if new.fork_from else None),
+            "fork_seq": new.fork_from[1] if new.fork_from else None,
+        })
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                b"""WITH ins AS (
+                        INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd,
+                                         max_steps, timeout_seconds, deadline_at, idempotency_key,
+                                         k8s_namespace, k8s_name, require_approval, output_schema,
+                                         parent_run_id, forked_at_seq, created_by)
+                        VALUES (%(id)s, %(input)s, %(model)s, %(system)s, %(tools)s, %(token_budget)s,
+                                %(cost_budget_usd)s, %(max_steps)s, %(timeout_seconds)s,
+                                now() + make_interval(secs => %(timeout_seconds)s), %(key)s, %(ns)s, %(name)s,
+                                %(approval)s, %(schema)s, %(parent)s, %(fork_seq)s, %(by)s)
+                        ON CONFLICT DO NOTHING
+                        RETURNING id)
+                    SELECT (SELECT id FROM ins) AS inserted""",
+                params,
+            )
+            row = await cur.fetchone()
+            if row is not None and row["inserted"] is not None and params["parent"] is not None:
+                # In the same transaction: no worker may claim the run before its inherited steps are there.
+                await cur.execute(_INHERIT, params)
         assert row is not None
         if row["inserted"]:
             run = await self.get(row["inserted"])
@@ -219,19 +308,24 @@ class RunStore:
         )
         return [_step(r) for r in rows]
 
-    async def cancel(self, run_id: uuid.UUID) -> Run | None:
-        """Ask a run to stop: a queued run ends CANCELLED at once, a running one at its next guard.
+    async def cancel(self, run_id: uuid.UUID, by: str | None = None) -> Run | None:
+        """Ask a run to stop: a queued or waiting run ends CANCELLED at once, a running one within moments
+        (the holder hears of it by notification and interrupts the step in flight).
 
         Returns the run afterwards, or None if there is no such run. A finished run is left as it is.
+        `by` is recorded as `cancelled_by` unless someone asked before.
         """
         await self._one(
             """UPDATE run SET cancel_requested = true,
-                   status = CASE WHEN status = 'QUEUED' THEN 'CANCELLED' ELSE status END,
-                   finished_at = CASE WHEN status = 'QUEUED' THEN now() ELSE finished_at END,
-                   error = CASE WHEN status = 'QUEUED' THEN 'cancelled before it started' ELSE error END
-               WHERE id = %s AND status IN ('QUEUED', 'RUNNING')
+                   cancelled_by = CASE WHEN cancel_requested THEN cancelled_by ELSE %s END,
+                   status = CASE WHEN status IN ('QUEUED', 'WAITING') THEN 'CANCELLED' ELSE status END,
+                   finished_at = CASE WHEN status IN ('QUEUED', 'WAITING') THEN now() ELSE finished_at END,
+                   error = CASE WHEN status = 'QUEUED' THEN 'cancelled before it started'
+                                WHEN status = 'WAITING' THEN 'cancelled while waiting for a decision'
+                                ELSE error END
+               WHERE id = %s AND status IN ('QUEUED', 'RUNNING', 'WAITING')
                RETURNING id""",
-            (run_id,),
+            (by, run_id),
         )
         return await self.get(run_id)
 
@@ -366,9 +460,8 @@ class RunStore:
         """
         tokens = input_tokens + output_tokens + cache_creation_input_tokens + cache_read_input_tokens
         # Counted only by the write that made the step, not by a copy of it sent again.
-        new = "EXISTS (SELECT 1 FROM step)"
-        extra = f""", tokens_used = run.tokens_used + CASE WHEN {new} THEN %(tokens)s ELSE 0 END,
-                   cost_usd = run.cost_usd + CASE WHEN {new} THEN coalesce(%(cost)s, 0) ELSE 0 END,
+        extra = """, tokens_used = run.tokens_used + CASE WHEN EXISTS (SELECT FROM step) THEN %(tokens)s ELSE 0 END,
+                   cost_usd = run.cost_usd + CASE WHEN EXISTS (SELECT FROM step) THEN coalesce(%(cost)s, 0) ELSE 0 END,
                    model_retries = 0"""
         row = await self._one(
             f"""WITH {FENCE},
@@ -463,7 +556,8 @@ class RunStore:
         return _progress(row)
 
     async def finish(
-        self, run_id: uuid.UUID, worker: str, status: RunStatus, error: str | None, *, again: bool = False
+        self, run_id: uuid.UUID, worker: str, status: RunStatus, error: str | None, *, again: bool = False,
+        output: Any = None,
     ) -> int:
         """End a held run; returns its tokens used. locked_by keeps the worker that finished it.
 
@@ -472,10 +566,11 @@ class RunStore:
         """
         assert status.terminal
         params = {"status": status.value, "error": clean(error) if error is not None else None, "id": run_id,
-                  "worker": worker, "again": again}
+                  "worker": worker, "again": again, "output": Jsonb(output) if output is not None else None}
         row = await self._one(
             """WITH done AS (
-                    UPDATE run SET status = %(status)s, error = %(error)s, finished_at = now(), locked_until = NULL
+                    UPDATE run SET status = %(status)s, error = %(error)s, finished_at = now(), locked_until = NULL,
+                                   output = %(output)s
                     WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING' RETURNING tokens_used)
                 SELECT coalesce(
                     (SELECT tokens_used FROM done),
@@ -486,6 +581,148 @@ class RunStore:
         if row is None or row["tokens_used"] is None:
             raise LeaseLost(run_id, worker)
         return int(row["tokens_used"])
+
+    async def settle_tool(
+        self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, write_id: uuid.UUID | None = None,
+        tool_use_id: str, tool_name: str, request: str, ok: bool, output: str,
+    ) -> Progress:
+        """Record a tool call's outcome without executing it (a person denied it, or recorded what a call in
+        doubt did): a finished step, made at once, or the call's STARTED row finished. Never executed
+        here, so a new row counts 0 attempts."""
+        row = await self._one(
+            f"""WITH {FENCE},
+                step AS (
+                    INSERT INTO run_step (run_id, seq, kind, tool_name, tool_use_id, status, request, response,
+                                          attempts, worker, finished_at, write_id)
+                    SELECT id, (SELECT coalesce(max(seq), 0) + 1 FROM run_step WHERE run_id = %(id)s),
+                        'TOOL', %(name)s, %(tuid)s, %(status)s, %(request)s, %(output)s, 0, %(worker)s, now(), %(wid)s
+                    FROM fence
+                    ON CONFLICT (run_id, tool_use_id) WHERE kind = 'TOOL'
+                    DO UPDATE SET status = EXCLUDED.status, response = EXCLUDED.response, worker = EXCLUDED.worker,
+                                  finished_at = now(), write_id = EXCLUDED.write_id
+                    WHERE run_step.status = 'STARTED' OR run_step.write_id = EXCLUDED.write_id
+                    RETURNING seq),
+                {OWNED.format(extra="")}
+                SELECT step.seq, {PROGRESS} FROM owned LEFT JOIN step ON true""",
+            {"id": run_id, "worker": worker, "lease": lease_seconds, "tuid": tool_use_id, "name": tool_name,
+             "request": request, "status": "DONE" if ok else "ERROR", "output": output,
+             "wid": write_id or uuid.uuid4()},
+        )
+        if row is None:
+            raise LeaseLost(run_id, worker)
+        if row["seq"] is None:
+            raise RuntimeError(f"run {run_id}: tool step {tool_use_id} is already finished")
+        return _progress(row)
+
+    async def add_user_step(
+        self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, write_id: uuid.UUID | None = None,
+        text: str, request: str | None = None,
+    ) -> Progress:
+        """Append a user message to a held run's conversation (a correction the engine makes)."""
+        row = await self._one(
+            f"""WITH {FENCE},
+                done AS (SELECT seq FROM run_step WHERE run_id = %(id)s AND write_id = %(wid)s),
+                step AS (
+                    INSERT INTO run_step (run_id, seq, kind, status, request, response, worker, finished_at, write_id)
+                    SELECT id, (SELECT coalesce(max(seq), 0) + 1 FROM run_step WHERE run_id = %(id)s),
+                        'USER', 'DONE', %(request)s, %(text)s, %(worker)s, now(), %(wid)s
+                    FROM fence WHERE NOT EXISTS (SELECT 1 FROM done)
+                    RETURNING seq),
+                {OWNED.format(extra="")}
+                SELECT {PROGRESS} FROM owned""",
+            {"id": run_id, "worker": worker, "lease": lease_seconds, "text": text, "request": request,
+             "wid": write_id or uuid.uuid4()},
+        )
+        if row is None:
+            raise LeaseLost(run_id, worker)
+        return _progress(row)
+
+    # -- people in the loop ------------------------------------------------------------------------
+
+    async def park(
+        self, run_id: uuid.UUID, worker: str, calls: Sequence[tuple[str, DecisionKind, str, str | None]]
+    ) -> None:
+        """Hand a held run over to people: one pending decision per (tool_use id, kind, tool, input), and the
+        run WAITING with no lease, so no worker holds it and nothing is spent while it waits."""
+        row = await self._one(
+            f"""WITH {FENCE},
+                asked AS (
+                    INSERT INTO run_decision (run_id, tool_use_id, kind, tool_name, input, position)
+                    SELECT fence.id, c.tuid, c.kind, c.name, c.input, c.position
+                    FROM fence, unnest(%(tuids)s::text[], %(kinds)s::text[], %(names)s::text[], %(inputs)s::text[])
+                         WITH ORDINALITY AS c (tuid, kind, name, input, position)
+                    ON CONFLICT (run_id, tool_use_id, kind) DO NOTHING),
+                parked AS (
+                    UPDATE run SET status = 'WAITING', locked_by = NULL, locked_until = NULL
+                    FROM fence WHERE run.id = fence.id RETURNING run.id)
+                SELECT id FROM parked""",
+            {"id": run_id, "worker": worker, "tuids": [c[0] for c in calls], "kinds": [c[1].value for c in calls],
+             "names": [c[2] for c in calls], "inputs": [c[3] for c in calls]},
+        )
+        if row is None:
+            raise LeaseLost(run_id, worker)
+
+    async def decisions(self, run_id: uuid.UUID) -> list[PendingCall]:
+        """Every call of the run that needed a person, decided or not, oldest first."""
+        rows = await self._all(
+            f"SELECT {DECISION_COLUMNS} FROM run_decision WHERE run_id = %s ORDER BY since, position", (run_id,)
+        )
+        return [_pending(r) for r in rows]
+
+    async def decide(
+        self, run_id: uuid.UUID, tool_use_id: str, decision: Decision, *, output: str | None = None,
+        is_error: bool = False, reason: str | None = None, by: str | None = None,
+    ) -> tuple[DecideOutcome, Run | None]:
+        """Store a decision on a pending call, exactly once; the last open one queues the run again.
+
+        The run row is locked first, so two decisions on one run are taken one after the other: of two
+        on the same call the second finds it decided; of the last two open ones, the second sees the
+        first and queues the run.
+        """
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(b"SELECT status FROM run WHERE id = %s FOR UPDATE", (run_id,))
+            found = await cur.fetchone()
+            if found is None:
+                return DecideOutcome.NO_RUN, None
+            await cur.execute(  # the open one first: an approved call may be in doubt now
+                b"""SELECT kind, decision FROM run_decision WHERE run_id = %s AND tool_use_id = %s
+                    ORDER BY decision IS NULL DESC, since DESC LIMIT 1""",
+                (run_id, tool_use_id),
+            )
+            call = await cur.fetchone()
+            if call is None:
+                return DecideOutcome.NO_CALL, None
+            if call["kind"] != decision.kind.value:
+                return DecideOutcome.WRONG_KIND, None
+            if call["decision"] is not None or found["status"] != RunStatus.WAITING.value:
+                return DecideOutcome.ALREADY, None
+            await cur.execute(
+                b"""UPDATE run_decision SET decision = %(decision)s, output = %(output)s, is_error = %(is_error)s,
+                           reason = %(reason)s, decided_at = now(), decided_by = %(by)s
+                    WHERE run_id = %(id)s AND tool_use_id = %(tuid)s AND kind = %(kind)s""",
+                {"decision": decision.value, "kind": call["kind"], "output": output, "is_error": is_error,
+                 "reason": clean(reason) if reason is not None else None, "by": by, "id": run_id,
+                 "tuid": tool_use_id},
+            )
+            await cur.execute(
+                b"""UPDATE run SET status = 'QUEUED', run_at = now()
+                    WHERE id = %s AND status = 'WAITING'
+                      AND NOT EXISTS (SELECT 1 FROM run_decision WHERE run_id = %s AND decision IS NULL)""",
+                (run_id, run_id),
+            )
+        return DecideOutcome.DECIDED, await self.get(run_id)
+
+    async def expire_waiting(self) -> list[uuid.UUID]:
+        """End the waiting runs whose deadline has passed (no worker holds them to notice)."""
+        rows = await self._all(
+            """UPDATE run SET status = 'TIMED_OUT', finished_at = now(),
+                   error = 'deadline passed while waiting for a decision: the run may take '
+                           || timeout_seconds || 's'
+               WHERE status = 'WAITING' AND deadline_at <= now() RETURNING id""",
+            (),
+        )
+        return [r["id"] for r in rows]
 
     # -- for the Kubernetes operator -------------------------------------------------------------
 

@@ -7,9 +7,12 @@ AGENTRUN_TOOLS and collects every `Tool` object defined at their top level. No r
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import importlib
 import inspect
+import threading
+import time
 import types
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -44,6 +47,7 @@ class Tool:
     fn: ToolFunction
     idempotent: bool = True
     timeout_seconds: float = 30.0
+    requires_approval: bool = False
 
     @property
     def is_async(self) -> bool:
@@ -68,11 +72,13 @@ def tool(
     input_schema: Mapping[str, Any] | None = None,
     idempotent: bool = True,
     timeout_seconds: float = 30.0,
+    requires_approval: bool = False,
 ) -> Callable[[ToolFunction], Tool]:
     """Declare a tool: `@tool(name="lookup", description="…", input_schema={…}, idempotent=True)`.
 
     `idempotent=False` says the tool cannot honour `ctx.idempotency_key`: if a worker dies while it runs,
-    the run is failed for a human to resolve instead of executing it a second time.
+    the run waits for a person to decide (retry, record what it did, or fail) instead of executing it a
+    second time. `requires_approval=True` makes every call wait for a person's approval before it runs.
     """
     if not name or not isinstance(name, str):
         raise ValueError("a tool needs a non-empty name")
@@ -82,7 +88,9 @@ def tool(
     jsonschema.Draft202012Validator.check_schema(schema)
 
     def wrap(fn: ToolFunction) -> Tool:
-        return Tool(name, description or (fn.__doc__ or "").strip(), schema, fn, idempotent, timeout_seconds)
+        return Tool(
+            name, description or (fn.__doc__ or "").strip(), schema, fn, idempotent, timeout_seconds, requires_approval
+        )
 
     return wrap
 
@@ -104,10 +112,123 @@ def load_tool_modules(paths: Iterable[str]) -> list[Tool]:
     return found
 
 
+class ThreadsFull(Exception):
+    """Every tool thread is busy: the call was not started."""
+
+
+class NotStarted(Exception):
+    """The call's time ran out before a thread picked it up: it was not started."""
+
+
+class ToolThreads:
+    """The threads plain (synchronous) tools run in: at most `size` at once, each call in a thread of its own.
+
+    A thread cannot be killed, so a tool that overruns its timeout keeps its thread until it returns.
+    Such threads are counted (`overdue`, exported as a gauge) and keep their slot: when all `size` are
+    busy a new call is refused at once with an error saying so, instead of queueing silently in the
+    event loop's shared default executor (which the database driver's DNS lookups need too). A call
+    whose timeout ran out before its thread began is never started. The threads are daemons, so a
+    tool hung for good does not keep the process from exiting.
+    """
+
+    def __init__(self, size: int = 32, clock: Callable[[], float] = time.monotonic) -> None:
+        if size < 1:
+            raise ValueError("tool threads: size must be at least 1")
+        self.size = size
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._busy = 0  # calls holding a slot: not yet returned, or not yet given up before they started
+        self.running = 0
+        """Threads running a tool now."""
+        self.overdue = 0
+        """Of those, the ones whose caller stopped waiting (timed out or cancelled): still running."""
+
+    async def call(self, name: str, fn: Callable[..., Any], *args: Any, timeout: float) -> Any:
+        """`fn(*args)` in a tool thread. TimeoutError after `timeout` seconds (the thread may run on),
+        ThreadsFull if every slot is busy, NotStarted if the time ran out before the thread began."""
+        with self._lock:
+            if self._busy >= self.size:
+                raise ThreadsFull(
+                    f"all {self.size} tool threads are busy ({self.overdue} still running after their timeout)"
+                )
+            self._busy += 1
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        deadline = self._clock() + timeout
+        state = {"started": False, "finished": False, "abandoned": False}
+        context = contextvars.copy_context()
+
+        def settle(result: Any, error: BaseException | None) -> None:
+            if done.done():
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)
+
+        def work() -> None:
+            with self._lock:
+                if state["abandoned"]:
+                    return  # the caller gave up first and freed the slot
+                if self._clock() >= deadline:
+                    state["abandoned"] = True
+                    self._busy -= 1
+                    start_error: BaseException | None = NotStarted()
+                else:
+                    start_error = None
+                    state["started"] = True
+                    self.running += 1
+            if start_error is not None:
+                _call_back(loop, settle, None, start_error)
+                return
+            result, error = None, None
+            try:
+                result = context.run(fn, *args)
+            except BaseException as e:  # noqa: BLE001 - handed to the awaiting coroutine, which re-raises it
+                error = e
+            finally:
+                with self._lock:
+                    state["finished"] = True
+                    self.running -= 1
+                    self._busy -= 1
+                    if state["abandoned"]:
+                        self.overdue -= 1
+            _call_back(loop, settle, result, error)
+
+        try:
+            threading.Thread(target=work, name=f"agentrun-tool-{name}", daemon=True).start()
+        except RuntimeError as e:  # the system cannot start another thread
+            with self._lock:
+                state["abandoned"] = True
+                self._busy -= 1
+            raise ThreadsFull(f"cannot start a tool thread: {e}") from e
+        try:
+            async with asyncio.timeout(timeout):
+                return await done
+        except BaseException:
+            with self._lock:
+                if not state["abandoned"]:
+                    state["abandoned"] = True
+                    if not state["started"]:
+                        self._busy -= 1  # never started, and now never will
+                    elif not state["finished"]:
+                        self.overdue += 1  # it runs on; `work` counts it out when it returns
+            raise
+
+
+def _call_back(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        pass  # the event loop is closed: nobody is waiting any more
+
+
 class ToolBox:
     """The tools a worker can run, and the one place a tool call is executed."""
 
-    def __init__(self, tools: Iterable[Tool] = (), max_output_chars: int = 100_000) -> None:
+    def __init__(
+        self, tools: Iterable[Tool] = (), max_output_chars: int = 100_000, threads: ToolThreads | None = None
+    ) -> None:
         self._tools: dict[str, Tool] = {}
         # Built once per tool: jsonschema.validate() re-checks the schema on every call, which was a
         # sixth of a worker's CPU time in the throughput benchmark (bench/README.md).
@@ -118,6 +239,7 @@ class ToolBox:
             self._tools[t.name] = t
             self._validators[t.name] = jsonschema.validators.validator_for(t.input_schema)(t.input_schema)
         self.max_output_chars = max_output_chars
+        self.threads = threads or ToolThreads()
 
     @property
     def names(self) -> list[str]:
@@ -128,6 +250,10 @@ class ToolBox:
 
     def unknown(self, names: Iterable[str]) -> list[str]:
         return [n for n in names if n not in self._tools]
+
+    def label(self, name: str, unknown: str) -> str:
+        """`name` if it is one of these tools, else `unknown`: model output never picks a metric label."""
+        return name if name in self._tools else unknown
 
     def definitions(self, allowed: Iterable[str] | None = None) -> list[dict[str, Any]]:
         names = self.names if allowed is None else [n for n in allowed if n in self._tools]
@@ -154,15 +280,18 @@ class ToolBox:
         if invalid is not None:
             return ToolOutcome(False, f"error: invalid input for {name}: {invalid.message}")
         try:
-            async with asyncio.timeout(t.timeout_seconds):
-                if t.is_async:
+            if t.is_async:
+                async with asyncio.timeout(t.timeout_seconds):
                     result = await t.fn(args, ctx)  # type: ignore[misc]
-                else:
-                    # A plain function runs off the event loop. A thread cannot be killed: on timeout we
-                    # stop waiting for it, and it finishes (or not) on its own.
-                    result = await asyncio.to_thread(t.fn, args, ctx)
+            else:
+                # A plain function runs off the event loop, in a bounded pool of its own (ToolThreads).
+                result = await self.threads.call(name, t.fn, args, ctx, timeout=t.timeout_seconds)
         except TimeoutError:
             return ToolOutcome(False, f"error: tool {name} timed out after {t.timeout_seconds:g}s")
+        except NotStarted:
+            return ToolOutcome(False, f"error: tool {name} was not started: its {t.timeout_seconds:g}s ran out first")
+        except ThreadsFull as e:
+            return ToolOutcome(False, f"error: tool {name} was not started: {e}")
         except Exception as e:  # a failing tool is information for the model
             return ToolOutcome(False, f"error: {type(e).__name__}: {e}")
         return ToolOutcome(True, result if isinstance(result, str) else str(result))

@@ -166,6 +166,11 @@ STATE_CONFLICTS = {
 
 
 def _state_conflict(response: Any) -> bool:
+    if response.status_code == 400:
+        # A cost budget on a model the price table does not price: the table is configuration, not part
+        # of the document, so a schema-valid request may meet this 400 naming its field.
+        fields = response.json().get("fields", [])
+        return len(fields) == 1 and fields[0]["field"] == "costBudgetUsd" and "no price" in fields[0]["problem"]
     if response.status_code != 422:
         return False
     fields = {(f["field"], f["problem"]) for f in response.json().get("fields", [])}

@@ -129,3 +129,24 @@ def test_redactor_leaves_ordinary_text_alone() -> None:
     text = "worker-A run=6f1c0a52 seq=1 MODEL stop=tool_use in=812 out=64 latency=1830ms"
     assert redact(text) == text
     assert redact("see http://example.com/path and a@b.c") == "see http://example.com/path and a@b.c"
+
+
+FILE_TOKEN = "agrt_Zk3vQ9xY-w_7bN2mL5pR8sT1uV4oJ6hG0cE2aD9fK3i"  # the shape `agentrun token new` makes
+
+
+@pytest.mark.parametrize("fmt", ["console", "json"])
+def test_tokens_of_the_tokens_file_never_reach_a_line(capture: tuple[io.StringIO, logging.Handler], fmt: str) -> None:
+    # The server knows these tokens only by their SHA-256, so they are redacted by their shape.
+    out, handler = capture
+    handler.setFormatter(logs.formatter(fmt, logs.Redactor(logs.secrets_from_env({}))))
+    log = logging.getLogger("agentrun.test")
+    log.info("a client sent %s without the Bearer scheme", FILE_TOKEN)
+    log.warning("token=%s;", FILE_TOKEN)
+    try:
+        raise PermissionError(f"refused {FILE_TOKEN}")
+    except PermissionError:
+        log.exception("unexpected")
+    text = out.getvalue()
+    assert FILE_TOKEN not in text and FILE_TOKEN[5:] not in text
+    assert text.count(logs.REDACTED) >= 3
+    assert "token=[REDACTED];" in text

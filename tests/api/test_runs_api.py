@@ -90,6 +90,19 @@ async def test_idempotency_key_reused_for_another_request_is_refused(client: htt
 
 DEEP = '{"input": "x", "tokenBudget": 1, "timeoutSeconds": 1, "tools": ' + "[" * 100_000 + "]" * 100_000 + "}"
 
+
+async def test_a_cost_budget_on_a_model_without_a_price_is_refused(client: httpx.AsyncClient) -> None:
+    """A step of an unpriced model costs null, so its budget could never stop the run: a 400, nothing stored."""
+    r = await client.post("/api/runs", json={**RUN, "model": "claude-unpriced-9", "costBudgetUsd": 1})
+    assert r.status_code == 400, r.text
+    problem = problems(r)["costBudgetUsd"]
+    assert "claude-unpriced-9" in problem and "no price" in problem and r.json()["error"] == problem
+    assert (await client.get("/api/runs")).json()["items"] == []
+    await submit(client, model="claude-unpriced-9")  # without a budget the model is fine
+    await submit(client, costBudgetUsd=1)  # and a priced model (the default) takes a budget
+    await submit(client, model=f"{MODEL}-20250929", costBudgetUsd=1)  # a dated snapshot costs its family's price
+
+
 BAD_BODIES: list[tuple[str, Any, str]] = [
     ("missing input", {"tokenBudget": 10, "timeoutSeconds": 10}, "input"),
     ("empty input", {**RUN, "input": ""}, "input"),

@@ -68,6 +68,12 @@ class Cluster:
         await eventually(ok, timeout, f"{name}: {what} (last status: {{}})")
         return await self.status_of(name)
 
+    def writes(self, name: str) -> list[tuple[int, dict[str, Any]]]:
+        """Every version the API server wrote of AgentRun `name`, oldest first, with its resourceVersion."""
+        return [(version, event["object"]) for resource, bus in list(self.server._buses.items())
+                if resource.plural == "agentruns" for version, event in list(bus.history)
+                if event["object"].get("metadata", {}).get("name") == name]
+
     def events(self, name: str) -> list[dict[str, Any]]:
         found = []
         for (resource, _, _), obj in list(self.server.objects.items()):
@@ -89,15 +95,19 @@ async def cluster() -> AsyncIterator[Cluster]:
 def settings_for(database_url: str, **kw: Any) -> OperatorSettings:
     fields: dict[str, Any] = dict(
         database_url=database_url, namespaces=(), tool_names=frozenset({"lookup"}),
-        debounce_seconds=0.05, retry_seconds=0.2,
+        debounce_seconds=0.05, retry_seconds=0.2, port=None,
     )
     fields.update(kw)
     return OperatorSettings(**fields)
 
 
 @contextlib.asynccontextmanager
-async def operator_running(cluster: Cluster, settings: OperatorSettings) -> AsyncIterator[None]:
+async def operator_running(
+    cluster: Cluster, settings: OperatorSettings, wait_ready: bool = True
+) -> AsyncIterator[None]:
     """The real operator: kopf, the handlers, the listener and the status sync, until the block ends.
+
+    With `wait_ready` the block starts once it is ready (kopf watching, the database connected).
 
     It runs in a thread with its own event loop, as kopf's own test runner does: on exit kopf cancels
     every task its loop started after it, which would include the test's own.
@@ -122,7 +132,7 @@ async def operator_running(cluster: Cluster, settings: OperatorSettings) -> Asyn
         async def started() -> bool:
             if failure:
                 raise failure[0]
-            return ready.is_set()
+            return ready.is_set() or not wait_ready
 
         await eventually(started, 15, "the operator to start")
         yield
@@ -140,9 +150,19 @@ async def operator(cluster: Cluster, database_url: str) -> AsyncIterator[None]:
         yield
 
 
+def assert_events_precede_their_phase(cluster: Cluster, name: str) -> None:
+    """Whoever sees a phase in the status finds its Event: every AgentRun version showing a phase has a
+    newer resourceVersion than that phase's Event."""
+    posted = {e["reason"]: int(e["metadata"]["resourceVersion"]) for e in reversed(cluster.events(name))}
+    for version, obj in cluster.writes(name):
+        phase = (obj.get("status") or {}).get("phase")
+        if phase is not None:
+            assert phase in posted and posted[phase] < version, f"{name} showed {phase} before its Event"
+
+
 def uid_of(obj: dict[str, Any]) -> uuid.UUID:
     return uuid.UUID(obj["metadata"]["uid"])
 
 
 Waiter = Callable[[], Awaitable[bool]]
-__all__ = ["AGENTRUNS", "Cluster", "settings_for", "operator_running", "uid_of"]
+__all__ = ["AGENTRUNS", "Cluster", "assert_events_precede_their_phase", "settings_for", "operator_running", "uid_of"]

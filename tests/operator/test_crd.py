@@ -1,14 +1,19 @@
-"""The CRD's schema: the examples pass it, bad specs do not, and only `cancel` may change."""
+"""The CRD's schema as an API server enforces it (the emulator applies it, CEL included): the examples
+pass, bad specs are refused with 422 Invalid naming the field, and only `cancel` may change."""
 
 from __future__ import annotations
 
 import copy
+import json
 import pathlib
 from typing import Any
 
-import jsonschema
+import httpx
 import pytest
 import yaml
+
+from agentrun.operator import mapping
+from tests.operator.conftest import PATH, Cluster
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "agentrun.yaml"
@@ -24,28 +29,32 @@ def _version() -> dict[str, Any]:
     return version  # type: ignore[no-any-return]
 
 
-def json_schema(oas: Any) -> Any:
-    """Kubernetes' OpenAPI v3.0 dialect as JSON Schema: boolean exclusiveMinimum, x-kubernetes-* dropped."""
-    if isinstance(oas, list):
-        return [json_schema(x) for x in oas]
-    if not isinstance(oas, dict):
-        return oas
-    out = {k: json_schema(v) for k, v in oas.items() if not k.startswith("x-kubernetes-") and k != "default"}
-    if out.pop("exclusiveMinimum", None) is True:
-        out["exclusiveMinimum"] = out.pop("minimum")
-    if out.pop("exclusiveMaximum", None) is True:
-        out["exclusiveMaximum"] = out.pop("maximum")
-    return out
-
-
-def _validator() -> jsonschema.Validator:
-    schema = json_schema(_version()["schema"]["openAPIV3Schema"])
-    return jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker())
-
-
 def _valid() -> dict[str, Any]:
     return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": "x"},
             "spec": {"input": "hello"}}
+
+
+async def _post(cluster: Cluster, doc: dict[str, Any]) -> httpx.Response:
+    try:
+        body = json.dumps(doc, ensure_ascii=False).encode()
+    except UnicodeEncodeError:  # a lone surrogate: sent as JSON's escape, as any client would
+        body = json.dumps(doc).encode()
+    return await cluster.http.post(PATH, content=body, headers={"Content-Type": "application/json"})
+
+
+async def _patch(cluster: Cluster, name: str, patch: dict[str, Any], subresource: str = "") -> httpx.Response:
+    return await cluster.http.patch(f"{PATH}/{name}{subresource}", json=patch,
+                                    headers={"Content-Type": "application/merge-patch+json"})
+
+
+def _invalid(r: httpx.Response, *words: str) -> str:
+    """The 422 Invalid a real API server gives, with a message naming the problem."""
+    assert r.status_code == 422, r.text
+    body = r.json()
+    assert (body["kind"], body["reason"]) == ("Status", "Invalid"), body
+    for word in words:
+        assert word in body["message"], body["message"]
+    return body["message"]  # type: ignore[no-any-return]
 
 
 def test_crd_names_and_shape() -> None:
@@ -66,30 +75,35 @@ def test_crd_names_and_shape() -> None:
             "observedGeneration", "conditions"} <= set(status)
 
 
-def test_everything_but_cancel_is_immutable() -> None:
-    spec = _version()["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    for name, field in spec["properties"].items():
-        rules = [r["rule"] for r in field.get("x-kubernetes-validations", [])]
-        if name == "cancel":
-            assert rules == []
-        else:
-            assert "self == oldSelf" in rules, name
-    # Optional fields cannot appear or vanish either (a transition rule alone would not see that).
-    assert "has(self.system) == has(oldSelf.system)" in spec["x-kubernetes-validations"][0]["rule"]
-
-
 def test_minimal_manifest_has_defaults_for_the_runtime() -> None:
     props = _version()["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-    assert props["model"]["default"] == "claude-sonnet-4-6"
-    assert props["maxSteps"]["default"] == 100
-    assert props["tokenBudget"]["default"] > 0 and props["timeoutSeconds"]["default"] > 0
+    assert props["model"]["default"] == mapping.DEFAULT_MODEL
+    assert props["maxSteps"]["default"] == mapping.DEFAULT_MAX_STEPS
+    assert props["tokenBudget"]["default"] == mapping.DEFAULT_TOKEN_BUDGET
+    assert props["timeoutSeconds"]["default"] == mapping.DEFAULT_TIMEOUT_SECONDS
+
+
+async def test_the_api_server_applies_the_defaults(cluster: Cluster) -> None:
+    created = (await _post(cluster, _valid())).json()
+    assert created["spec"] == {"input": "hello", "model": mapping.DEFAULT_MODEL, "cancel": False,
+                               "tokenBudget": mapping.DEFAULT_TOKEN_BUDGET, "maxSteps": mapping.DEFAULT_MAX_STEPS,
+                               "timeoutSeconds": mapping.DEFAULT_TIMEOUT_SECONDS}
+
+
+async def test_unknown_fields_are_pruned(cluster: Cluster) -> None:
+    doc = _valid()
+    doc["spec"]["inputt"] = "typo"
+    created = (await _post(cluster, doc)).json()
+    assert "inputt" not in created["spec"]
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
-def test_examples_are_valid(path: pathlib.Path) -> None:
+async def test_examples_are_accepted(cluster: Cluster, path: pathlib.Path) -> None:
     doc = yaml.safe_load(path.read_text())
     assert doc["apiVersion"] == "agentrun.dev/v1alpha1" and doc["kind"] == "AgentRun"
-    _validator().validate(doc)
+    doc["metadata"].pop("namespace", None)
+    r = await _post(cluster, doc)
+    assert r.status_code == 201, r.text
 
 
 def test_there_are_examples() -> None:
@@ -97,58 +111,101 @@ def test_there_are_examples() -> None:
 
 
 @pytest.mark.parametrize(
-    "change",
+    "change, words",
     [
-        {"input": None},
-        {"input": ""},
-        {"input": 42},
-        {"input": "x" * 100_001},
-        {"tokenBudget": -1},
-        {"tokenBudget": 0},
-        {"tokenBudget": "many"},
-        {"timeoutSeconds": 0},
-        {"maxSteps": -5},
-        {"maxSteps": 1.5},
-        {"costBudgetUsd": 0},
-        {"costBudgetUsd": -0.5},
-        {"costBudgetUsd": "cheap"},
-        {"tools": "lookup"},
-        {"tools": ["bad name!"]},
-        {"tools": [""]},
-        {"cancel": "yes"},
-        {"system": 7},
-        {"ttlSecondsAfterFinished": -1},
+        ({"input": None}, ["spec.input", "Required value"]),
+        ({"input": ""}, ["spec.input", "at least 1 chars"]),
+        ({"input": 42}, ["spec.input", "must be of type string"]),
+        ({"input": "x" * 100_001}, ["spec.input", "Too long"]),
+        ({"tokenBudget": -1}, ["spec.tokenBudget", "greater than or equal to 1"]),
+        ({"tokenBudget": 0}, ["spec.tokenBudget"]),
+        ({"tokenBudget": 100_000_001}, ["spec.tokenBudget", "less than or equal to 100000000"]),
+        ({"tokenBudget": "many"}, ["spec.tokenBudget", "must be of type integer"]),
+        ({"timeoutSeconds": 0}, ["spec.timeoutSeconds"]),
+        ({"timeoutSeconds": 604_801}, ["spec.timeoutSeconds"]),
+        ({"maxSteps": -5}, ["spec.maxSteps"]),
+        ({"maxSteps": 1.5}, ["spec.maxSteps", "must be of type integer"]),
+        ({"maxSteps": True}, ["spec.maxSteps", "must be of type integer"]),
+        ({"costBudgetUsd": 0}, ["spec.costBudgetUsd", "greater than 0"]),
+        ({"costBudgetUsd": -0.5}, ["spec.costBudgetUsd"]),
+        ({"costBudgetUsd": 100_001}, ["spec.costBudgetUsd"]),
+        ({"costBudgetUsd": "cheap"}, ["spec.costBudgetUsd", "must be of type number"]),
+        ({"model": ""}, ["spec.model"]),
+        ({"model": "m" * 129}, ["spec.model", "Too long"]),
+        ({"tools": "lookup"}, ["spec.tools", "must be of type array"]),
+        ({"tools": ["bad name!"]}, ["spec.tools[0]", "should match"]),
+        ({"tools": [""]}, ["spec.tools[0]"]),
+        ({"tools": ["a", "a"]}, ["spec.tools[1]", "Duplicate value"]),
+        ({"tools": [f"t{i}" for i in range(129)]}, ["spec.tools", "Too many"]),
+        ({"cancel": "yes"}, ["spec.cancel", "must be of type boolean"]),
+        ({"system": 7}, ["spec.system"]),
+        ({"ttlSecondsAfterFinished": -1}, ["spec.ttlSecondsAfterFinished"]),
     ],
     ids=repr,
 )
-def test_invalid_specs_are_rejected(change: dict[str, Any]) -> None:
+async def test_invalid_specs_are_rejected(cluster: Cluster, change: dict[str, Any], words: list[str]) -> None:
     doc = _valid()
     for key, value in change.items():
         if value is None:
             doc["spec"].pop(key)
         else:
             doc["spec"][key] = value
-    with pytest.raises(jsonschema.ValidationError):
-        _validator().validate(doc)
+    _invalid(await _post(cluster, doc), 'AgentRun.agentrun.dev "x" is invalid', *words)
+    assert await cluster.get("x") is None  # nothing stored
 
 
-def test_missing_spec_is_rejected() -> None:
+async def test_missing_spec_is_rejected(cluster: Cluster) -> None:
     doc = copy.deepcopy(_valid())
     del doc["spec"]
-    with pytest.raises(jsonschema.ValidationError):
-        _validator().validate(doc)
+    _invalid(await _post(cluster, doc), "spec: Required value")
 
 
-def test_a_status_the_operator_writes_is_valid() -> None:
+FULL = {"input": "hello", "model": "claude-haiku-4-5", "tokenBudget": 5000, "timeoutSeconds": 30,
+        "maxSteps": 7, "costBudgetUsd": 0.25, "tools": ["lookup"], "system": "be brief",
+        "ttlSecondsAfterFinished": 60}
+
+
+@pytest.mark.parametrize("field, value", [
+    ("input", "something else"), ("model", "claude-opus-4-1"), ("tokenBudget", 6000), ("timeoutSeconds", 31),
+    ("maxSteps", 8), ("costBudgetUsd", 0.5), ("tools", ["lookup", "search"]), ("system", "be long"),
+    ("ttlSecondsAfterFinished", 61),
+])
+async def test_everything_but_cancel_is_immutable(cluster: Cluster, field: str, value: Any) -> None:
     doc = _valid()
-    doc["status"] = {
+    doc["spec"] = dict(FULL)
+    assert (await _post(cluster, doc)).status_code == 201
+    _invalid(await _patch(cluster, "x", {"spec": {field: value}}), f"spec.{field}", f"{field} is immutable")
+    assert ((await cluster.get("x")) or {})["spec"][field] == FULL[field]  # unchanged
+    r = await _patch(cluster, "x", {"spec": {"cancel": True}})
+    assert r.status_code == 200 and r.json()["spec"]["cancel"] is True, r.text
+
+
+@pytest.mark.parametrize("field, value", [("system", "new"), ("tools", ["lookup"]), ("costBudgetUsd", 1),
+                                          ("ttlSecondsAfterFinished", 5)])
+async def test_optional_fields_cannot_be_added_or_removed(cluster: Cluster, field: str, value: Any) -> None:
+    assert (await _post(cluster, _valid())).status_code == 201
+    _invalid(await _patch(cluster, "x", {"spec": {field: value}}), "cannot be added or removed after creation")
+    doc = _valid()
+    doc["metadata"]["name"] = "y"
+    doc["spec"][field] = value
+    assert (await _post(cluster, doc)).status_code == 201
+    _invalid(await _patch(cluster, "y", {"spec": {field: None}}), "cannot be added or removed after creation")
+
+
+async def test_a_status_the_operator_writes_is_accepted_and_a_bad_one_is_not(cluster: Cluster) -> None:
+    assert (await _post(cluster, _valid())).status_code == 201
+    status = {
         "phase": "Succeeded", "runId": "6f1c0a52-0000-0000-0000-000000000000", "tokensUsed": 15,
         "costUsd": "0.000105", "steps": 1, "startedAt": "2025-01-01T00:00:00Z",
         "finishedAt": "2025-01-01T00:00:01Z", "message": "", "lockedBy": "worker-A", "observedGeneration": 1,
         "conditions": [{"type": "Succeeded", "status": "True", "reason": "Succeeded", "message": "done",
                         "lastTransitionTime": "2025-01-01T00:00:01Z"}],
     }
-    _validator().validate(doc)
-    doc["status"]["phase"] = "Done"
-    with pytest.raises(jsonschema.ValidationError):
-        _validator().validate(doc)
+    r = await _patch(cluster, "x", {"status": status}, "/status")
+    assert r.status_code == 200 and r.json()["status"]["phase"] == "Succeeded", r.text
+    _invalid(await _patch(cluster, "x", {"status": {"phase": "Done"}}, "/status"), "status.phase",
+             "Unsupported value")
+    _invalid(await _patch(cluster, "x", {"status": {"finishedAt": "yesterday"}}, "/status"), "status.finishedAt")
+    _invalid(await _patch(cluster, "x", {"status": {"conditions": [{"type": "Ready"}]}}, "/status"),
+             "status.conditions[0].status", "Required value")
+    assert (await cluster.status_of("x"))["phase"] == "Succeeded"

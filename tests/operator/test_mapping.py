@@ -57,9 +57,14 @@ def test_unknown_tools_pass_when_the_workers_tools_are_not_known() -> None:
     assert mapping.new_run({"input": "x", "tools": ["teleport"]}, UID, "ns", "a").tools == ("teleport",)
 
 
-@pytest.mark.parametrize("status, phase", list(mapping.PHASES.items()))
-def test_every_run_status_has_a_phase(status: RunStatus, phase: str) -> None:
-    assert mapping.run_status(_run(status=status), 1, None, NOW)["phase"] == phase
+@pytest.mark.parametrize("status", list(RunStatus))
+def test_every_run_status_has_a_phase(status: RunStatus) -> None:
+    """Every status the runtime has, not only those the mapping knows: a new one must get a phase."""
+    assert status in mapping.PHASES, f"RunStatus.{status.name} has no AgentRun phase"
+    phase = mapping.run_status(_run(status=status, locked_by="w"), 1, None, NOW)["phase"]
+    assert phase == mapping.PHASES[status]
+    assert (phase in mapping.FINISHED_PHASES) == status.terminal
+    assert mapping.event_for(phase, "") is not None  # and every phase is announced
 
 
 def test_status_of_a_finished_run() -> None:
@@ -92,7 +97,23 @@ def test_status_patch_removes_fields_that_went_away() -> None:
 def test_events_for_phases() -> None:
     assert mapping.event_for("Failed", "boom") == ("Warning", "Failed", "boom")
     assert mapping.event_for("Queued", "")[:2] == ("Normal", "Queued")  # type: ignore[index]
-    assert mapping.event_for("Pending", "") is None
+    assert mapping.event_for("Pending", "db down") == ("Warning", "Pending", "db down")
+    assert mapping.event_for("Unheard-of", "") is None
+
+
+def test_a_fast_run_announces_every_phase_it_went_through() -> None:
+    done = _run(status=RunStatus.SUCCEEDED, started_at=NOW, finished_at=NOW, locked_by="w")
+    assert [e[1] for e in mapping.phase_events(None, done)] == ["Queued", "Running", "Succeeded"]
+    assert [e[1] for e in mapping.phase_events("Queued", done)] == ["Running", "Succeeded"]
+    assert mapping.phase_events("Queued", done)[0] == ("Normal", "Running", "running on w")
+    assert [e[1] for e in mapping.phase_events("Running", done)] == ["Succeeded"]
+    assert mapping.phase_events("Succeeded", done) == []
+    # Cancelled before any worker took it: it never ran, so no Running is made up.
+    cancelled = _run(status=RunStatus.CANCELLED, finished_at=NOW)
+    assert [e[1] for e in mapping.phase_events("Queued", cancelled)] == ["Cancelled"]
+    failed = _run(status=RunStatus.FAILED, started_at=NOW, error="boom")
+    assert mapping.phase_events("Pending", failed)[-1] == ("Warning", "Failed", "boom")
+    assert [e[1] for e in mapping.phase_events("Pending", _run())] == ["Queued"]
 
 
 def test_ttl_expiry() -> None:
@@ -101,3 +122,15 @@ def test_ttl_expiry() -> None:
     assert mapping.expires_at(ref, done) == NOW + datetime.timedelta(seconds=30)
     assert mapping.expires_at(ref, {"phase": "Running"}) is None
     assert mapping.expires_at(dataclasses.replace(ref, ttl_seconds=None), done) is None
+
+
+def test_a_cost_budget_needs_a_priced_model() -> None:
+    from agentrun.worker.pricing import PriceTable, cost_budget_problem
+
+    prices = PriceTable.load()
+    assert cost_budget_problem(prices, "claude-imaginary-9", Decimal("1")) is not None
+    assert cost_budget_problem(prices, "claude-imaginary-9", None) is None
+    assert cost_budget_problem(prices, mapping.DEFAULT_MODEL, Decimal("1")) is None
+    with pytest.raises(mapping.InvalidSpec, match="no price"):
+        mapping.new_run({"input": "x", "model": "claude-imaginary-9", "costBudgetUsd": 1}, UID, "ns", "a",
+                        prices=prices)

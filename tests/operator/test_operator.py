@@ -10,7 +10,7 @@ from agentrun.worker.llm.scripted import ScriptedLlm
 from agentrun.worker.records import RunStatus
 from agentrun.worker.store import RunStore
 from tests.helpers import eventually, worker
-from tests.operator.conftest import Cluster, uid_of
+from tests.operator.conftest import Cluster, assert_events_precede_their_phase, uid_of
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -41,8 +41,10 @@ async def test_agentrun_becomes_a_run_and_reports_success(cluster: Cluster, stor
     assert status["lockedBy"] == "worker-A" and status["finishedAt"]
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Succeeded"]["status"] == "True" and conditions["Ready"]["status"] == "True"
-    reasons = [e["reason"] for e in cluster.events("hello")]
-    assert "Queued" in reasons and "Succeeded" in reasons
+    # No waiting: an Event is posted before the status shows its phase, and every phase passed through
+    # is announced once, whether or not the operator looked while the run was Running.
+    assert [e["reason"] for e in cluster.events("hello")] == ["Queued", "Running", "Succeeded"]
+    assert_events_precede_their_phase(cluster, "hello")
 
 
 async def test_failed_run_reports_its_reason(cluster: Cluster, store: RunStore) -> None:
@@ -116,3 +118,16 @@ async def test_ttl_deletes_a_finished_agentrun(cluster: Cluster, store: RunStore
     await eventually(gone, 10, "the finished AgentRun to be deleted")
     after = await store.get(run.id)
     assert after is not None and after.status is RunStatus.SUCCEEDED
+
+
+async def test_cost_budget_on_an_unpriced_model_fails_without_a_run(cluster: Cluster, store: RunStore) -> None:
+    """No worker could enforce it (an unpriced step costs null): refused, not accepted and never stopped."""
+    obj = await cluster.create("unpriced", input="go", model="claude-imaginary-9", costBudgetUsd=0.5)
+    status = await cluster.wait_status("unpriced", "Failed", lambda s: s.get("phase") == "Failed")
+    assert "costBudgetUsd" in status["message"] and "claude-imaginary-9" in status["message"]
+    assert "no price" in status["message"]
+    assert {c["type"]: c for c in status["conditions"]}["Ready"]["reason"] == "InvalidSpec"
+    assert await store.get(uid_of(obj)) is None
+    # Without a budget the same model is fine: its cost is just unknown.
+    await cluster.create("unpriced-no-budget", input="go", model="claude-imaginary-9")
+    await cluster.wait_status("unpriced-no-budget", "Queued", lambda s: s.get("phase") == "Queued")

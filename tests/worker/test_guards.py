@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import uuid
 from decimal import Decimal
 from typing import Any
@@ -11,11 +12,12 @@ import psycopg
 import pytest
 
 from agentrun.worker.llm.scripted import ScriptedLlm, TurnBasedLlm
-from agentrun.worker.llm.types import LlmError, LlmResponse, Usage
+from agentrun.worker.llm.types import LlmError, LlmRequest, LlmResponse, Usage
+from agentrun.worker.metrics import Metrics
 from agentrun.worker.records import RunStatus, StepStatus
 from agentrun.worker.store import RunStore
-from agentrun.worker.tools import ToolContext, tool
-from tests.helpers import SimulatedCrash, new_run, worker
+from agentrun.worker.tools import ToolBox, ToolContext, ToolOutcome, ToolThreads, tool
+from tests.helpers import SimulatedCrash, eventually, new_run, worker
 
 
 @tool(name="noop")
@@ -130,7 +132,7 @@ async def test_cancel_running_run_stops_at_next_guard(store: RunStore) -> None:
     assert len(llm.seen) == 1
 
 
-async def test_non_idempotent_tool_in_doubt_fails_for_a_human(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
+async def test_non_idempotent_tool_in_doubt_waits_for_a_human(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
     run, _ = await store.create(new_run())
     charged: list[str] = []
 
@@ -144,10 +146,14 @@ async def test_non_idempotent_tool_in_doubt_fails_for_a_human(store: RunStore, d
         await worker(store, llm, [charge_card], "worker-A").run_once()
     await db.execute("UPDATE run SET locked_until = now() - interval '1 second' WHERE id = %s", (run.id,))
     await worker(store, llm, [charge_card], "worker-B").run_once()
-    status, error = await finished(store, run.id)
-    assert status is RunStatus.FAILED
-    assert error is not None and "charge_card" in error and "toolu_pay" in error and "in doubt" in error
+    after = await store.get(run.id)
+    assert after is not None and after.status is RunStatus.WAITING and after.pending == 1
+    [call] = await store.decisions(run.id)
+    assert (call.tool_use_id, call.tool_name, call.kind.value, call.decision) == ("toolu_pay", "charge_card",
+                                                                                  "in_doubt", None)
     assert charged == ["toolu_pay"]  # not run a second time
+    steps = await store.steps(run.id)
+    assert steps[-1].status.value == "STARTED"  # the evidence stays
     steps = await store.timeline(run.id)
     assert steps[-1].status is StepStatus.STARTED  # the evidence stays
 
@@ -241,3 +247,186 @@ async def test_how_the_model_stops_decides_how_the_run_ends(
     answer = LlmResponse([{"type": "text", "text": "partial"}], stop_reason, Usage(5, 5))
     await worker(store, ScriptedLlm().then_response(answer), [noop]).run_once()
     assert await finished(store, run.id) == (status, reason)
+
+
+# -- the step cap is hard ------------------------------------------------------------------------------
+
+
+def counting_tool(calls: list[str]) -> Any:
+    @tool(name="noop")
+    async def counted(args: dict[str, Any], ctx: ToolContext) -> str:
+        calls.append(ctx.tool_use_id)
+        return "ok"
+
+    return counted
+
+
+async def test_step_cap_is_never_exceeded_and_no_tool_runs_past_it(store: RunStore) -> None:
+    calls: list[str] = []
+    run, _ = await store.create(new_run(max_steps=5))
+    await worker(store, TurnBasedLlm(turns=100), [counting_tool(calls)]).run_once()
+    status, error = await finished(store, run.id)
+    steps = await store.steps(run.id)
+    assert len(steps) == 5  # model, tool, model, tool, model: the fifth turn's tool would be step 6
+    assert calls == ["toolu_0_0", "toolu_1_0"]
+    assert status is RunStatus.FAILED
+    assert error == (
+        "step cap reached: the model asked for 1 tool call at step 5 of at most 5, more than the cap leaves; "
+        "they were not run"
+    )
+
+
+async def test_a_turn_whose_tools_do_not_all_fit_runs_none_of_them(store: RunStore) -> None:
+    calls: list[str] = []
+    run, _ = await store.create(new_run(max_steps=2))  # one step left after the model's: two tools asked
+    await worker(store, TurnBasedLlm(turns=100, tools_per_turn=2), [counting_tool(calls)]).run_once()
+    status, error = await finished(store, run.id)
+    assert status is RunStatus.FAILED and error is not None and "2 tool calls at step 1 of at most 2" in error
+    assert calls == [] and len(await store.steps(run.id)) == 1
+
+
+async def test_a_turn_that_fits_exactly_runs_and_its_answer_may_be_the_last_step(store: RunStore) -> None:
+    calls: list[str] = []
+    run, _ = await store.create(new_run(max_steps=4))
+    await worker(store, TurnBasedLlm(turns=1, tools_per_turn=2), [counting_tool(calls)]).run_once()
+    assert await finished(store, run.id) == (RunStatus.SUCCEEDED, None)
+    assert calls == ["toolu_0_0", "toolu_0_1"] and len(await store.steps(run.id)) == 4
+
+
+# -- how the model stops ------------------------------------------------------------------------------
+
+
+async def test_a_reply_cut_off_at_max_tokens_never_runs_its_tool_calls(store: RunStore) -> None:
+    calls: list[str] = []
+    run, _ = await store.create(new_run())
+    cut = LlmResponse(
+        [{"type": "text", "text": "Let me look"}, {"type": "tool_use", "id": "t1", "name": "noop", "input": {"q": "ha"}}],
+        "max_tokens", Usage(7, 4096),
+    )
+    await worker(store, ScriptedLlm().then_response(cut), [counting_tool(calls)]).run_once()
+    assert await finished(store, run.id) == (
+        RunStatus.FAILED, "the model's answer was cut off at max_tokens=4096; its tool call was not run"
+    )
+    assert calls == []
+    steps = await store.steps(run.id)
+    assert len(steps) == 1 and steps[0].output_tokens == 4096
+
+
+class CrashOnCall:
+    """An LlmClient that answers from `inner` but crashes the worker on its `n`-th call."""
+
+    def __init__(self, inner: ScriptedLlm, n: int) -> None:
+        self.inner, self.n, self.calls = inner, n, 0
+
+    async def send(self, request: LlmRequest) -> LlmResponse:
+        self.calls += 1
+        if self.calls == self.n:
+            raise SimulatedCrash()
+        return await self.inner.send(request)
+
+
+PAUSED = [
+    {"type": "text", "text": "Searching."},
+    {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "x"}},
+]
+
+
+def paused_then_done() -> ScriptedLlm:
+    return (
+        ScriptedLlm()
+        .then_response(LlmResponse(PAUSED, "pause_turn", Usage(10, 5)))
+        .then_response(LlmResponse([{"type": "text", "text": "Found it."}], "end_turn", Usage(20, 3)))
+    )
+
+
+async def test_pause_turn_continues_the_turn_with_the_paused_content(store: RunStore) -> None:
+    run, _ = await store.create(new_run())
+    llm = paused_then_done()
+    await worker(store, llm, [noop]).run_once()
+    assert await finished(store, run.id) == (RunStatus.SUCCEEDED, None)
+    assert len(llm.seen) == 2
+    assert llm.seen[1].messages == [{"role": "user", "content": "find x"}, {"role": "assistant", "content": PAUSED}]
+    after = await store.get(run.id)
+    assert after is not None and after.tokens_used == 38
+
+
+async def test_a_resumed_run_continues_a_paused_turn_the_same_way(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    run, _ = await store.create(new_run())
+    script = paused_then_done()
+    with pytest.raises(SimulatedCrash):
+        await worker(store, CrashOnCall(script, 2), [noop], "worker-A").run_once()
+    await db.execute("UPDATE run SET locked_until = now() - interval '1 second' WHERE id = %s", (run.id,))
+    await worker(store, script, [noop], "worker-B").run_once()
+    assert await finished(store, run.id) == (RunStatus.SUCCEEDED, None)
+    assert script.seen[-1].messages == [{"role": "user", "content": "find x"}, {"role": "assistant", "content": PAUSED}]
+
+
+# -- synchronous tools: a bounded pool of their own, overruns visible ---------------------------------
+
+
+async def test_a_timed_out_sync_tool_still_running_is_counted_and_keeps_its_slot(store: RunStore) -> None:
+    release = threading.Event()
+    started: list[str] = []
+
+    @tool(name="stuck", timeout_seconds=0.05)
+    def stuck(args: dict[str, Any], ctx: ToolContext) -> str:
+        started.append(ctx.tool_use_id)
+        release.wait(60)
+        return "late"
+
+    @tool(name="quick")
+    def quick(args: dict[str, Any], ctx: ToolContext) -> str:
+        started.append(ctx.tool_use_id)
+        return "ok"
+
+    box = ToolBox([stuck, quick], threads=ToolThreads(size=1))
+    metrics = Metrics()
+    metrics.watch_tool_threads(box.threads)
+    run, _ = await store.create(new_run())
+    llm = ScriptedLlm().then_tool_uses([("a", "stuck", {}), ("b", "quick", {})]).then_text("ok")
+    try:
+        await worker(store, llm, box, observer=metrics).run_once()
+        results = {b["tool_use_id"]: b["content"] for b in llm.seen[1].messages[-1]["content"]}
+        assert results == {
+            "a": "error: tool stuck timed out after 0.05s",
+            "b": "error: tool quick was not started: all 1 tool threads are busy (1 still running after their timeout)",
+        }
+        assert started == ["a"]  # the refused call never ran
+        assert (box.threads.running, box.threads.overdue) == (1, 1)
+        scrape = (await metrics.exposition()).decode()
+        assert "agentrun_tool_threads_running 1.0" in scrape and "agentrun_tool_threads_overdue 1.0" in scrape
+    finally:
+        release.set()
+
+    async def freed() -> bool:
+        return (box.threads.running, box.threads.overdue) == (0, 0)
+
+    await eventually(freed, what="the stuck thread to return")
+    outcome = await box.execute("quick", {}, ToolContext(run.id, "c"))
+    assert outcome == ToolOutcome(True, "ok") and started == ["a", "c"]
+
+
+async def test_a_sync_call_whose_timeout_ran_out_before_its_thread_began_never_starts() -> None:
+    started: list[str] = []
+    now = [0.0]
+
+    @tool(name="late", timeout_seconds=5)
+    def late(args: dict[str, Any], ctx: ToolContext) -> str:
+        started.append(ctx.tool_use_id)
+        return "ran"
+
+    def clock() -> float:
+        # The caller reads the clock to set the deadline; by the time the thread reads it, time is up.
+        value = now[0]
+        now[0] += 10
+        return value
+
+    box = ToolBox([late], threads=ToolThreads(size=2, clock=clock))
+    outcome = await box.execute("late", {}, ToolContext(uuid.uuid4(), "t1"))
+    assert outcome == ToolOutcome(False, "error: tool late was not started: its 5s ran out first")
+    assert started == [] and (box.threads.running, box.threads.overdue) == (0, 0)
+    assert await box.execute("late", {}, ToolContext(uuid.uuid4(), "t2")) == ToolOutcome(
+        False, "error: tool late was not started: its 5s ran out first"
+    )  # the slot was given back each time

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentrun.worker.records import Step, StepKind, StepStatus
-from agentrun.worker.replay import Conversation
+from agentrun.worker.replay import Conversation, dump_content
 
 RUN = uuid.uuid4()
 
@@ -81,6 +81,12 @@ def step_logs(draw: st.DrawFn) -> list[Step]:
     steps: list[Step] = []
     seq = 0
     for turn in range(draw(st.integers(0, 5))):
+        for p in range(draw(st.integers(0, 2))):  # a server tool pausing the turn, which then goes on
+            seq += 1
+            paused = [{"type": "server_tool_use", "id": f"s{turn}_{p}", "name": "web_search", "input": {}}]
+            steps.append(model(seq, paused, "pause_turn"))
+            if draw(st.integers(0, 5)) == 0:
+                return steps
         n = draw(st.integers(0, 3))
         ids = [f"t{turn}_{i}" for i in range(n)]
         blocks = ([{"type": "text", "text": "t"}] if draw(st.booleans()) else []) + [use(i) for i in ids]
@@ -118,3 +124,34 @@ def test_replayed_messages_alternate_and_answer_every_tool_use_once(steps: list[
         assert sorted(answered) == sorted(uses)
         assert len(answered) == len(set(answered))
     assert not (c.finished and c.pending)
+    # Every model step's blocks are sent back, in order; a paused turn is continued as one assistant turn.
+    sent = [b for m in c.messages if m["role"] == "assistant" for b in m["content"]]
+    assert sent == [b for s in steps if s.kind is StepKind.MODEL for b in json.loads(s.response or "[]")]
+    if c.last_stop == "pause_turn":
+        assert c.messages[-1]["role"] == "assistant" and not c.pending and not c.finished  # the model goes on
+    assert c.refused is None
+    inc = Conversation("input")
+    for s in steps:
+        inc.apply(s)
+    assert inc.messages == c.messages and inc.pending == c.pending
+
+
+def test_pause_turn_is_continued_and_the_continuation_joins_the_paused_turn() -> None:
+    paused = [{"type": "server_tool_use", "id": "s1", "name": "web_search", "input": {}}]
+    c = Conversation.replay("q", [model(1, paused, "pause_turn")])
+    assert not c.finished and not c.pending and c.messages[-1] == {"role": "assistant", "content": paused}
+    c.apply(model(2, [use("a")], "tool_use"))
+    assert c.messages[1:] == [{"role": "assistant", "content": [*paused, use("a")]}] and list(c.pending) == ["a"]
+
+
+def test_tool_calls_of_a_reply_cut_off_at_max_tokens_are_not_owed() -> None:
+    c = Conversation.replay("q", [model(1, [use("a")], "max_tokens")])
+    assert c.finished and not c.pending and c.ignored_tool_uses == 1 and c.refused is None
+
+
+def test_integers_beyond_64_bits_survive_the_step_log_exactly() -> None:
+    content = [use("a") | {"input": {"n": 2**70, "m": -(2**63) - 1, "s": "1234567890123456789012"}}]
+    c = Conversation.replay("q", [Step(RUN, 1, StepKind.MODEL, StepStatus.DONE, response=dump_content(content),
+                                       stop_reason="tool_use")])
+    assert c.messages[1]["content"] == content and not c.pending
+    assert c.refused == "content block 0 (tool_use) of the model's response holds an integer beyond 64 bits"

@@ -169,3 +169,84 @@ async def test_secrets_stay_out_of_rows_timeline_errors_and_logs(
         for where, text in (("rows", rows), ("timeline", timeline), ("logs", logs), ("model request bodies", bodies),
                             ("API answers and metrics", answers)):
             assert secret not in text, f"{secret[:8]}… leaked into the {where}"
+
+
+FILE_TOKENS = {"reader": "agrt_READER-SECRET-1111111111", "submitter": "agrt_SUBMIT-SECRET-2222222222",
+               "gone": "agrt_REMOVED-SECRET-3333333333"}
+
+
+def _tokens_file(path: Path, names: list[str]) -> None:
+    import hashlib
+
+    scopes = {"reader": ["read"], "submitter": ["submit", "read"], "gone": ["admin"]}
+    entries = [{"name": n, "sha256": hashlib.sha256(FILE_TOKENS[n].encode()).hexdigest(), "scopes": scopes[n]}
+               for n in names]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"identities": entries}))
+    os.replace(tmp, path)
+
+
+@pytest.mark.parametrize("log_format", ["console", "json"])
+async def test_tokens_of_the_tokens_file_stay_out_of_logs_errors_metrics_and_rows(
+    store: RunStore, database_url: str, db: psycopg.AsyncConnection[Any], tmp_path: Path, log_format: str
+) -> None:
+    """A real `agentrun worker` with AGENTRUN_API_TOKENS: tokens used right, wrong, without their scope,
+    and after being removed from the file appear nowhere, while the identities' names are recorded."""
+    tokens = tmp_path / "tokens.json"
+    _tokens_file(tokens, ["reader", "submitter", "gone"])
+    env = {**os.environ, "AGENTRUN_DATABASE_URL": database_url, "AGENTRUN_API_TOKENS": str(tokens),
+           "AGENTRUN_LOG_LEVEL": "DEBUG", "AGENTRUN_LOG_FORMAT": log_format, "PYTHONPATH": str(REPO)}
+    env.pop("AGENTRUN_API_TOKEN", None)
+    port = _free_port()
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", "token-worker", "--port", str(port),
+        "--host", "127.0.0.1", "--concurrency", "0", "--no-migrate",
+        env=env, cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    )
+    answers: list[str] = []
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    if (await http.get("/healthz")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert proc.returncode is None, "the worker exited"
+                assert time.monotonic() < deadline, "the worker's API did not come up"
+                await asyncio.sleep(0.05)
+
+            def bearer(name: str, suffix: str = "") -> dict[str, str]:
+                return {"Authorization": f"Bearer {FILE_TOKENS[name]}{suffix}"}
+
+            body = {"input": "audited", "tokenBudget": 100, "timeoutSeconds": 60}
+            calls = [(bearer("submitter"), "POST", "/api/runs", body, 201),
+                     (bearer("reader"), "POST", "/api/runs", body, 403),
+                     (bearer("reader"), "GET", "/api/runs", None, 200),
+                     (bearer("reader", "x"), "GET", "/api/runs", None, 401),
+                     ({"Authorization": FILE_TOKENS["gone"]}, "GET", "/api/runs", None, 401),
+                     (bearer("gone"), "GET", "/api/whoami", None, 200)]
+            for headers, method, path, payload, status in calls:
+                r = await http.request(method, path, headers=headers, json=payload)
+                assert r.status_code == status, (path, r.text)
+                answers.append(r.text)
+            _tokens_file(tokens, ["reader", "submitter"])
+            while (r := await http.get("/api/whoami", headers=bearer("gone"))).status_code != 401:
+                assert time.monotonic() < deadline + 30, "the removed token still works"
+                await asyncio.sleep(0.05)
+            answers.append(r.text)
+            metrics = await http.get("/metrics")
+            assert metrics.status_code == 200
+            answers.append(metrics.text)
+    finally:
+        proc.terminate()
+        output, _ = await asyncio.wait_for(proc.communicate(), 30)
+    logs = output.decode(errors="replace")
+    assert "token-worker" in logs and "tokens file" in logs  # the logs were really captured, the re-read too
+    cur = await db.execute("SELECT row_to_json(r)::text FROM run r")
+    rows = " ".join(r[0] for r in await cur.fetchall())
+    assert '"created_by":"submitter"' in rows
+    for secret in FILE_TOKENS.values():
+        for where, text in (("logs", logs), ("API answers and metrics", "\n".join(answers)), ("rows", rows)):
+            assert secret not in text, f"{secret[:10]}… leaked into the {where}"

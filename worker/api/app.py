@@ -13,8 +13,11 @@ from agentrun.worker import migrate
 from agentrun.worker.api import errors
 from agentrun.worker.api.events import EventHub, events_router
 from agentrun.worker.api.guards import BearerAuth, BodyLimit
+from agentrun.worker.api.identities import Identities
 from agentrun.worker.api.routes import runs_router
+from agentrun.worker.api.whoami import whoami_router
 from agentrun.worker.metrics import Metrics
+from agentrun.worker.pricing import PriceTable
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
@@ -24,7 +27,11 @@ DESCRIPTION = """Submit agent runs, follow them step by step, and cancel them.
 Errors are JSON: `{"error": "<message>", "fields": [{"field": "tokenBudget", "problem": "..."}]}`.
 A body that is not JSON is a 400, invalid fields a 422, a body over the size limit a 400 too.
 
-When the server sets `AGENTRUN_API_TOKEN`, every `/api` request needs `Authorization: Bearer <token>`;
+When the server sets `AGENTRUN_API_TOKENS` (a file of named identities with scopes) or
+`AGENTRUN_API_TOKEN` (the identity `default`, every scope), every `/api` request needs
+`Authorization: Bearer <token>`: none or a wrong one is a 401, a token whose identity lacks the
+operation's scope a 403 naming it. Each operation names its scope (`x-required-scope`, and in its
+security requirement): `read`, `submit`, `decide`, `cancel`; `admin` holds them all.
 `/healthz`, `/readyz`, `/metrics` and this document stay open.
 
 `GET /api/runs` pages with a cursor: it answers `{"items": [...], "next": "<uuid>" | null}`; pass `next`
@@ -32,11 +39,22 @@ as `after` to get the following page.
 """
 
 
-def create_app(store: RunStore, tools: ToolBox, settings: WorkerSettings, metrics: Metrics) -> FastAPI:
+def create_app(
+    store: RunStore, tools: ToolBox, settings: WorkerSettings, metrics: Metrics, prices: PriceTable | None = None,
+    identities: Identities | None = None,
+) -> FastAPI:
+    """The app; `prices` (default: the table `settings.prices_file` names) refuses unenforceable cost budgets;
+    `identities` defaults to those of the settings (IdentityFileError if the file is bad)."""
+    if identities is None:
+        identities = Identities(settings.api_token, settings.api_tokens_file)
     app = FastAPI(title="agentrun", version="0.1.0", description=DESCRIPTION)
-    app.include_router(runs_router(store, tools, settings))
+    app.include_router(runs_router(
+        store, tools, settings, prices if prices is not None else PriceTable.load(settings.prices_file), identities,
+        metrics,
+    ))
+    app.include_router(whoami_router(identities.enabled))
     app.state.events = EventHub(store)
-    app.include_router(events_router(store, app.state.events))
+    app.include_router(events_router(store, app.state.events, identities.enabled))
     # The web UI: static files shipped in the package, talking to the API above like any client.
     ui = importlib.resources.files("agentrun.worker").joinpath("ui")
     app.mount("/ui", StaticFiles(directory=str(ui), html=True), name="ui")
@@ -72,7 +90,7 @@ def create_app(store: RunStore, tools: ToolBox, settings: WorkerSettings, metric
 
     # Added last, so it runs first: the token before the body, the body before any parsing.
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
-    app.add_middleware(BearerAuth, token=settings.api_token)
+    app.add_middleware(BearerAuth, identities=identities)
     errors.install(app)
     _document_tools(app, tools)
     return app

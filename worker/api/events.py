@@ -25,16 +25,21 @@ import psycopg
 from fastapi import APIRouter, Header, Path
 from fastapi.responses import StreamingResponse
 from psycopg.rows import dict_row
+from pydantic import BaseModel
 
 from agentrun.worker.api.errors import ApiError
-from agentrun.worker.api.schemas import FieldProblem, RunView, TimelineStep
+from agentrun.worker.api.guards import ScopedRoute, access
+from agentrun.worker.api.identities import Scope
+from agentrun.worker.api.schemas import DecisionView, FieldProblem, RunView, TimelineStep
 from agentrun.worker.deltas import DELTA_CHANNEL
-from agentrun.worker.store import RUN_COLUMNS, TIMELINE_COLUMNS, RunStore, _run, _step
+from agentrun.worker.records import PendingCall, StepKind
+from agentrun.worker.store import DECISION_COLUMNS, RUN_COLUMNS, TIMELINE_COLUMNS, RunStore, _pending, _run, _step
 
 log = logging.getLogger("agentrun.worker.api.events")
 
 EVENTS_CHANNEL = "agentrun_events"
-STEP, RUN = 0, 1  # the kind's place in the order of one transaction's rows: its steps, then the run
+# The kind's place in the order of one transaction's rows: its steps, calls waiting without a step, the run.
+STEP, WAITING, RUN = 0, 1, 2
 Position = tuple[int, int, int]  # (event_xid, kind, seq): the order in which rows are sent
 START: Position = (-1, 0, 0)
 MAX_DELTAS = 256
@@ -176,7 +181,9 @@ def parse_event_id(text: str) -> Position:
 async def read_changes(store: RunStore, run_id: uuid.UUID, after: Position) -> Batch | None:
     """The run's rows changed after `after`, in order; None if there is no such run.
 
-    One repeatable-read snapshot for the horizon and the rows, so they agree."""
+    One repeatable-read snapshot for the horizon and the rows, so they agree. A decision (run_decision)
+    counts as a change of its tool call's timeline row and of the run (its pending count)."""
+    since = str(max(after[0], 0))
     async with store.pool.connection() as conn, conn.transaction():
         await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         cur = conn.cursor(row_factory=dict_row)
@@ -192,26 +199,49 @@ async def read_changes(store: RunStore, run_id: uuid.UUID, after: Position) -> B
         if run_row is None:
             return None
         await cur.execute(
+            f"""SELECT {DECISION_COLUMNS}, position, coalesce(event_xid, '0')::text::bigint AS event_xid
+                FROM run_decision WHERE run_id = %s ORDER BY since, position""",
+            (run_id,),
+        )
+        decision_rows = await cur.fetchall()
+        calls: dict[str, list[tuple[PendingCall, int, int]]] = {}
+        for row in decision_rows:
+            xid, position = row.pop("event_xid"), row.pop("position")
+            calls.setdefault(row["tool_use_id"], []).append((_pending(row), xid, position))
+        touched = [use for use, found in calls.items() if max(x for _, x, _ in found) >= after[0]]
+        await cur.execute(
             f"""SELECT {TIMELINE_COLUMNS}, coalesce(event_xid, '0')::text::bigint AS event_xid FROM run_step
-                WHERE run_id = %s AND coalesce(event_xid, '0') >= %s::text::xid8 ORDER BY event_xid, seq""",
-            (run_id, str(max(after[0], 0))),
+                WHERE run_id = %s AND (coalesce(event_xid, '0') >= %s::text::xid8 OR tool_use_id = ANY(%s))
+                ORDER BY seq""",
+            (run_id, since, touched),
         )
         step_rows = await cur.fetchall()
     events: list[Event] = []
     settling = False
-    for row in step_rows:
-        xid = row.pop("event_xid")
-        position = (xid, STEP, row["seq"])
+
+    def add(xid: int, kind: str, rank: int, seq: int, model: BaseModel) -> None:
+        nonlocal settling
         if xid >= horizon:
             settling = True
-        elif position > after:
-            events.append(Event(position, "step", TimelineStep.of(_step(row)).model_dump(mode="json", by_alias=True)))
-    xid = run_row.pop("event_xid")
-    run = _run(run_row)
-    if xid >= horizon:
-        settling = True
-    elif (xid, RUN, 0) > after:
-        events.append(Event((xid, RUN, 0), "run", RunView.of(run).model_dump(mode="json", by_alias=True)))
+        elif (xid, rank, seq) > after:
+            events.append(Event((xid, rank, seq), kind, model.model_dump(mode="json", by_alias=True)))
+
+    decision_xids = [x for found in calls.values() for _, x, _ in found]
+    for row in step_rows:
+        xid = row.pop("event_xid")
+        step = _step(row)
+        decided = calls.pop(step.tool_use_id, []) if step.kind is StepKind.TOOL and step.tool_use_id else []
+        xid = max([xid, *(x for _, x, _ in decided)])
+        add(xid, "step", STEP, step.seq, TimelineStep.of(step).model_copy(
+            update={"decisions": [DecisionView.of(c) for c, _, _ in decided]}))
+    # Calls waiting for a person with no step yet (an approval not given): rows without a seq, placed
+    # by their position in the model's turn.
+    for use, found in calls.items():
+        if use in touched:
+            waiting = TimelineStep.waiting(found[-1][0], [c for c, _, _ in found])
+            add(max(x for _, x, _ in found), "step", WAITING, found[-1][2], waiting)
+    run = _run({k: v for k, v in run_row.items() if k != "event_xid"})
+    add(max([run_row["event_xid"], *decision_xids]), "run", RUN, 0, RunView.of(run))
     events.sort(key=lambda e: e.position)
     return Batch(events, settling, run.status.terminal and not settling, run.status.value)
 
@@ -269,8 +299,8 @@ async def stream_events(hub: EventHub, run_id: uuid.UUID, after: Position, first
                 batch = None
 
 
-def events_router(store: RunStore, hub: EventHub) -> APIRouter:
-    router = APIRouter(prefix="/api/runs", tags=["runs"])
+def events_router(store: RunStore, hub: EventHub, secured: bool) -> APIRouter:
+    router = APIRouter(prefix="/api/runs", tags=["runs"], route_class=ScopedRoute)
 
     @router.get(
         "/{id}/events",
@@ -280,6 +310,7 @@ def events_router(store: RunStore, hub: EventHub) -> APIRouter:
             400: {"description": "A Last-Event-ID this stream never sent"},
             404: {"description": "No such run"},
         },
+        **access(Scope.READ, secured),
     )
     async def events(
         run_id: Annotated[uuid.UUID, Path(alias="id", description="The run's id (a UUID).")],
@@ -291,7 +322,7 @@ def events_router(store: RunStore, hub: EventHub) -> APIRouter:
         changed: status, tokens, cost, ...), `delta` (`{"seq", "text"}`: model text in flight, not stored,
         best effort) and `end` (the run is terminal; the stream closes). Every event has an `id`; a
         client that connects late gets the stored steps first, then live ones. A comment line
-        (`: keep-alive`) comes after 15 s of silence."""
+        (`: keep-alive`) comes after 15 s of silence. Scope: `read`."""
         after = parse_event_id(last_event_id) if last_event_id else START
         first = await read_changes(store, run_id, after)
         if first is None:

@@ -1,49 +1,125 @@
-"""What every request passes before a route sees it: the bearer token, then the body size limit.
+"""What every request passes before a route sees it: the bearer token and its scope, then the body size limit.
 
-Both are plain ASGI middleware so they answer before FastAPI parses anything: an unauthenticated
-client learns nothing about validation, and an oversized body is never buffered whole.
+The token and the body limit are plain ASGI middleware, and the scope is checked by the route class
+before FastAPI reads the body: a client without the right token or scope learns nothing about
+validation, and an oversized body is never buffered whole.
 """
 
 from __future__ import annotations
 
-import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
 
+from fastapi import Request, Response, Security
+from fastapi.routing import APIRoute
+from fastapi.security import HTTPBearer
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentrun.worker.api.errors import error_response
+from agentrun.worker.api.identities import Identities, Identity
+from agentrun.worker.api.identities import Scope as AccessScope
 from agentrun.worker.api.schemas import FieldProblem
 
 API_PREFIX = "/api"
+SCOPE_KEY = "x-required-scope"
+"""The OpenAPI extension naming the scope an operation requires (`none`: any valid token)."""
+IDENTITY_KEY = "agentrun.identity"
+"""Where BearerAuth leaves the caller's Identity in the ASGI scope, for the routes to record."""
+
+BEARER = HTTPBearer(
+    auto_error=False,
+    description="A token of an identity of AGENTRUN_API_TOKENS, or AGENTRUN_API_TOKEN (the identity "
+    "`default`, every scope). Each operation names the scope it requires.",
+)
+
+
+def access(scope: AccessScope | None, enabled: bool) -> dict[str, Any]:
+    """Route decorator arguments declaring the scope an operation requires (None: any valid token).
+
+    ScopedRoute enforces it from `openapi_extra`; the Security dependency only documents it in OpenAPI,
+    and only when the server requires tokens: an open server that advertised a scheme would be lying.
+    """
+    name = scope.value if scope else "none"
+    extra: dict[str, Any] = {"openapi_extra": {SCOPE_KEY: name}}
+    if enabled:
+        extra["dependencies"] = [Security(BEARER, scopes=[scope.value] if scope else [])]
+    return extra
+
+
+def identity_of(scope: Scope) -> Identity | None:
+    """The caller, as BearerAuth found it; None when the API is open."""
+    found = scope.get(IDENTITY_KEY)
+    return found if isinstance(found, Identity) else None
+
+
+def caller_name(request: Request) -> str | None:
+    """What a route records as who did it (`createdBy`, `cancelledBy`, `decidedBy`); None on an open API."""
+    identity = identity_of(request.scope)
+    return identity.name if identity else None
 
 
 class BearerAuth:
-    """When a token is configured, /api requests must carry `Authorization: Bearer <token>`.
+    """When identities are configured, /api requests need `Authorization: Bearer <token>` of one of them:
+    no or a wrong token is a 401. The caller's Identity is left in the ASGI scope for ScopedRoute.
 
     Health, readiness, metrics and the OpenAPI document stay open: probes and Prometheus hold no secret.
     """
 
-    def __init__(self, app: ASGIApp, token: str | None) -> None:
+    def __init__(self, app: ASGIApp, identities: Identities) -> None:
         self.app = app
-        self.token = token.encode() if token else None
+        self.identities = identities
 
-    def _allowed(self, scope: Scope) -> bool:
-        path: str = scope.get("path", "")
-        if self.token is None or not (path == API_PREFIX or path.startswith(API_PREFIX + "/")):
-            return True
+    def _identity(self, scope: Scope) -> Identity | None:
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
                 scheme, _, given = value.partition(b" ")
-                # compare_digest: the time taken says nothing about how much of the token was right.
-                return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.token)
-        return False
+                if scheme.lower() != b"bearer":
+                    return None
+                return self.identities.authenticate(given.strip())
+        return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or self._allowed(scope):
+        path: str = scope.get("path", "")
+        if (scope["type"] != "http" or not self.identities.enabled
+                or not (path == API_PREFIX or path.startswith(API_PREFIX + "/"))):
             await self.app(scope, receive, send)
             return
-        response = error_response(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
-        await response(scope, receive, send)
+        identity = self._identity(scope)
+        if identity is None:
+            response = error_response(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+            await response(scope, receive, send)
+            return
+        scope[IDENTITY_KEY] = identity
+        await self.app(scope, receive, send)
+
+
+def _required(route: APIRoute) -> AccessScope | None:
+    declared = (route.openapi_extra or {}).get(SCOPE_KEY)
+    return None if declared == "none" else AccessScope(declared or AccessScope.ADMIN.value)
+
+
+class ScopedRoute(APIRoute):
+    """A route that answers 403 naming the missing scope before FastAPI reads or validates the body.
+
+    The scope is the one `access` declared; a route declaring none requires `admin`, so an operation
+    added without thought fails closed. Every /api router uses this route class (or a subclass).
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        required = _required(self)
+
+        async def route(request: Request) -> Response:
+            identity = identity_of(request.scope)  # None only when the server requires no token
+            if identity is not None and required is not None and not identity.allows(required):
+                message = f"identity {identity.name!r} lacks the scope {required.value!r} this operation requires"
+                return error_response(
+                    403, message, [FieldProblem(field="scope", problem=f"{required.value} is required")],
+                    headers={"WWW-Authenticate": f'Bearer error="insufficient_scope", scope="{required.value}"'},
+                )
+            return await handler(request)
+
+        return route
 
 
 class BodyLimit:

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import datetime
 import re
 import uuid
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Header, Path, Query, Request, Response, Security
-from fastapi.routing import APIRoute
-from fastapi.security import HTTPBearer
+from fastapi import APIRouter, Header, Path, Query, Request, Response
 
+from agentrun.worker.answer import schema_problem
 from agentrun.worker.api.errors import ApiError, summary
+from agentrun.worker.api.guards import ScopedRoute, access, caller_name
+from agentrun.worker.api.identities import Identities, Scope
 from agentrun.worker.api.schemas import (
+    MAX_NAME_CHARS,
     MAX_SEQ,
+    DecisionRequest,
+    DecisionView,
     ErrorBody,
     FieldProblem,
+    PendingView,
     RunCreated,
     RunPage,
     RunRequest,
@@ -24,9 +30,11 @@ from agentrun.worker.api.schemas import (
     StepDetail,
     TimelineStep,
 )
-from agentrun.worker.records import NewRun, Run, RunStatus
+from agentrun.worker.metrics import Metrics
+from agentrun.worker.pricing import PriceTable, cost_budget_problem
+from agentrun.worker.records import Decision, NewRun, PendingCall, Run, RunStatus
 from agentrun.worker.settings import WorkerSettings
-from agentrun.worker.store import RunStore
+from agentrun.worker.store import DecideOutcome, RunStore
 from agentrun.worker.tools import ToolBox
 
 MAX_PAGE = 200
@@ -39,7 +47,8 @@ RunId = Annotated[uuid.UUID, Path(alias="id", description="The run's id (a UUID)
 ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody, "description": text}
     for code, text in {
-        401: "Missing or wrong bearer token (only when the server has one)",
+        401: "Missing or wrong bearer token (only when the server requires tokens)",
+        403: "The token's identity lacks the scope the operation requires: `error` names it",
         404: "No such run",
         422: "Invalid input: `fields` names each field and its problem",
         503: "Database unavailable",
@@ -56,7 +65,7 @@ class _OrjsonRequest(Request):
         return self._json
 
 
-class OrjsonRoute(APIRoute):
+class OrjsonRoute(ScopedRoute):
     def get_route_handler(self) -> Any:
         handler = super().get_route_handler()
 
@@ -71,9 +80,11 @@ def _not_found(run_id: uuid.UUID) -> ApiError:
 
 
 def _same_request(run: Run, new: NewRun) -> bool:
+    # The identity too: another identity reusing a key is not retrying, and must not be handed the run.
     return (run.input, run.model, run.token_budget, run.timeout_seconds, run.max_steps, run.tools, run.system,
-            run.cost_budget_usd) == (new.input, new.model, new.token_budget, new.timeout_seconds, new.max_steps,
-                                     new.tools, new.system, new.cost_budget_usd)
+            run.cost_budget_usd, run.created_by) == (new.input, new.model, new.token_budget, new.timeout_seconds,
+                                                     new.max_steps, new.tools, new.system, new.cost_budget_usd,
+                                                     new.created_by)
 
 
 def _idempotency_key(value: str | None) -> str | None:
@@ -85,14 +96,15 @@ def _idempotency_key(value: str | None) -> str | None:
     return value
 
 
-def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> APIRouter:
-    # The scheme only documents the token in OpenAPI; guards.BearerAuth enforces it before any parsing.
-    # Documented only when the server has a token: an open server that advertised one would be lying.
-    bearer = HTTPBearer(auto_error=False, description="The server's AGENTRUN_API_TOKEN.")
+def runs_router(
+    store: RunStore, tools: ToolBox, settings: WorkerSettings, prices: PriceTable, identities: Identities | None = None,
+    metrics: Metrics | None = None,
+) -> APIRouter:
+    # ScopedRoute (OrjsonRoute's base) enforces each route's scope before any parsing; `access` declares it.
+    secured = identities.enabled if identities is not None else bool(settings.api_token or settings.api_tokens_file)
     router = APIRouter(
         prefix="/api/runs", tags=["runs"], route_class=OrjsonRoute,
-        responses=ERRORS if settings.api_token else {k: v for k, v in ERRORS.items() if k != 401},
-        dependencies=[Security(bearer)] if settings.api_token else [],
+        responses=ERRORS if secured else {k: v for k, v in ERRORS.items() if k not in (401, 403)},
     )
 
     async def get_run(run_id: uuid.UUID) -> Run:
@@ -101,10 +113,35 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
             raise _not_found(run_id)
         return run
 
-    @router.post("", status_code=201, response_model=RunCreated,
-                 responses={400: {"model": ErrorBody, "description": "The body is not JSON, or over the size limit"}})
+    async def _source(body: RunRequest) -> Run | None:
+        """The run a new one continues or forks, checked: 404 if there is none, 409 for a continuation of
+        a run that did not succeed, 400 for a fork at a seq it does not have."""
+        if body.continue_from is not None:
+            source = await store.get(body.continue_from)
+            if source is None:
+                raise ApiError(404, f"continueFrom: no run with id {body.continue_from}",
+                               [FieldProblem(field="continueFrom", problem="names no run")])
+            if source.status is not RunStatus.SUCCEEDED:
+                raise ApiError(409, f"continueFrom: run {source.id} is {source.status.value}; only a SUCCEEDED "
+                               "run can be continued (fork it instead)")
+            return source
+        if body.fork_from is not None:
+            source = await store.get(body.fork_from.run_id)
+            if source is None:
+                raise ApiError(404, f"forkFrom: no run with id {body.fork_from.run_id}",
+                               [FieldProblem(field="forkFrom.runId", problem="names no run")])
+            if not 1 <= body.fork_from.seq <= source.steps:
+                problem = f"must be between 1 and {source.steps}, the steps run {source.id} has"
+                raise ApiError(400, f"forkFrom.seq {problem}", [FieldProblem(field="forkFrom.seq", problem=problem)])
+            return source
+        return None
+
+    @router.post("", status_code=201, response_model=RunCreated, **access(Scope.SUBMIT, secured),
+                 responses={400: {"model": ErrorBody, "description": "The body is not JSON, or over the size "
+                                  "limit, or `costBudgetUsd` is set for a model without a price"}})
     async def submit(
         body: RunRequest,
+        request: Request,
         response: Response,
         idempotency_key: Annotated[str | None, Header(
             alias="Idempotency-Key",
@@ -113,25 +150,60 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
             json_schema_extra={"minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY, "pattern": "^[\\x20-\\x7e]*$"},
         )] = None,
     ) -> RunCreated:
-        """Queue a run. The next free worker claims it."""
+        """Queue a run. The next free worker claims it. Scope: `submit`; the run records who as `createdBy`."""
         key = _idempotency_key(idempotency_key)
+        source = await _source(body)
+        given = body.model_fields_set
         problems = [
-            FieldProblem(field=f"tools[{i}]", problem=f"unknown tool {name!r}; this server offers: "
+            FieldProblem(field=f"{field}[{i}]", problem=f"unknown tool {name!r}; this server offers: "
                          f"{', '.join(tools.names) or 'no tools'}")
-            for i, name in enumerate(body.tools or ()) if tools.get(name) is None
+            for field, names in (("tools", body.tools), ("requireApproval", body.require_approval))
+            for i, name in enumerate(names or ())
+            if tools.get(name) is None and not (field == "requireApproval" and name == "*")
         ]
+        for field, attr in (("input", "input"), ("tokenBudget", "token_budget"), ("timeoutSeconds", "timeout_seconds")):
+            if source is None and getattr(body, attr) is None:
+                problems.append(FieldProblem(field=field, problem="is required"))
+        if body.fork_from is not None and body.input is not None:
+            problems.append(FieldProblem(field="input", problem="a fork takes no input: it goes on from the steps "
+                                         "it starts with"))
+        if body.continue_from is not None and body.input is None:
+            problems.append(FieldProblem(field="input", problem="is required: the next user message"))
+        if body.continue_from is not None and body.fork_from is not None:
+            problems.append(FieldProblem(field="forkFrom", problem="give continueFrom or forkFrom, not both"))
         if problems:
             raise ApiError(422, summary(problems), problems)
+        if body.output_schema is not None and (why := schema_problem(body.output_schema)) is not None:
+            raise ApiError(400, f"outputSchema {why}", [FieldProblem(field="outputSchema", problem=why)])
+
+        def inherited(attr: str, default: Any = None) -> Any:
+            """What the body gives, else (continuing or forking) the source's, else the default."""
+            if attr in given and getattr(body, attr) is not None:
+                return getattr(body, attr)
+            return getattr(source, attr) if source is not None else default
+
+        model = inherited("model", settings.default_model)
+        cost_budget = body.cost_budget() if body.cost_budget_usd is not None else inherited("cost_budget_usd")
+        # A step of an unpriced model costs null, so its budget would never stop the run.
+        if (problem := cost_budget_problem(prices, model, cost_budget)) is not None:
+            raise ApiError(400, problem, [FieldProblem(field="costBudgetUsd", problem=problem)])
+        tools_given = body.tools if "tools" in given else (source.tools if source is not None else None)
+        approval = inherited("require_approval")
         new = NewRun(
-            input=body.input,
-            model=body.model or settings.default_model,
-            token_budget=body.token_budget,
-            timeout_seconds=body.timeout_seconds,
-            max_steps=body.max_steps,
-            tools=tuple(dict.fromkeys(body.tools)) if body.tools is not None else None,
-            system=body.system,
-            cost_budget_usd=body.cost_budget(),
+            input=body.input if body.input is not None else (source.input if source is not None else ""),
+            model=model,
+            token_budget=inherited("token_budget"),
+            timeout_seconds=inherited("timeout_seconds"),
+            max_steps=inherited("max_steps", 100) if "max_steps" not in given else body.max_steps,
+            tools=tuple(dict.fromkeys(tools_given)) if tools_given is not None else None,
+            system=inherited("system"),
+            cost_budget_usd=cost_budget,
             idempotency_key=key,
+            created_by=caller_name(request),
+            require_approval=tuple(dict.fromkeys(approval)) if approval is not None else None,
+            output_schema=inherited("output_schema"),
+            continue_from=body.continue_from,
+            fork_from=(body.fork_from.run_id, body.fork_from.seq) if body.fork_from is not None else None,
         )
         run, created = await store.create(new)
         if not created:
@@ -146,7 +218,7 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         # A new run is QUEUED when inserted, though a worker may have claimed it by the time it is read back.
         return RunCreated(id=run.id, status=RunStatus.QUEUED if created else run.status)
 
-    @router.get("", response_model=RunPage)
+    @router.get("", response_model=RunPage, **access(Scope.READ, secured))
     async def list_runs(
         status: Annotated[RunStatus | None, Query(description="Only runs in this status.")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="Runs per page.")] = 50,
@@ -156,7 +228,7 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         """Runs, newest first, a page at a time (keyset pagination: stable while runs are added).
 
         The answer is `{"items": [...], "next": "<uuid>" | null}`; to get the following page pass
-        `next` as `after`, with the same `status`. `next` is null on the last page.
+        `next` as `after`, with the same `status`. `next` is null on the last page. Scope: `read`.
         """
         runs = await store.list_runs(status, limit + 1, after)
         # A cursor naming no run yields an empty page; only then is it worth a query to tell the two apart.
@@ -166,38 +238,100 @@ def runs_router(store: RunStore, tools: ToolBox, settings: WorkerSettings) -> AP
         page = runs[:limit]
         return RunPage(items=[RunSummary.of(r) for r in page], next=page[-1].id if len(runs) > limit else None)
 
-    @router.get("/{id}", response_model=RunView)
+    @router.get("/{id}", response_model=RunView, **access(Scope.READ, secured))
     async def get(run_id: RunId) -> RunView:
-        """A run: status, input, model, budgets, tokens and cost so far, error, times, the holding worker."""
+        """A run: status, input, model, budgets, tokens and cost so far, error, times, the holding worker,
+        who created it and who cancelled it. Scope: `read`."""
         return RunView.of(await get_run(run_id))
 
-    @router.get("/{id}/timeline", response_model=list[TimelineStep])
+    @router.get("/{id}/timeline", response_model=list[TimelineStep], **access(Scope.READ, secured))
     async def timeline(run_id: RunId) -> list[TimelineStep]:
-        """The run's steps in seq order, without their request and response bodies."""
+        """The run's steps in seq order, without their request and response bodies. Scope: `read`."""
         steps = await store.timeline(run_id)
         if not steps:  # a run without steps yet, or no run at all
             await get_run(run_id)
-        return [TimelineStep.of(s) for s in steps]
+        calls = await store.decisions(run_id)
+        by_call: dict[str, list[PendingCall]] = {}
+        for call in calls:
+            by_call.setdefault(call.tool_use_id, []).append(call)
+        rows = [TimelineStep.of(s) for s in steps]
+        for i, s in enumerate(steps):
+            if s.tool_use_id in by_call:
+                rows[i] = rows[i].model_copy(update={
+                    "decisions": [DecisionView.of(c) for c in by_call.pop(s.tool_use_id)]
+                })
+        # Calls that wait for a person and have no step yet (approvals not given) follow the steps.
+        rows.extend(TimelineStep.waiting(c[-1], c) for c in by_call.values())
+        return rows
 
-    @router.get("/{id}/steps/{seq}", response_model=StepDetail)
+    @router.get("/{id}/pending", response_model=list[PendingView], **access(Scope.READ, secured))
+    async def pending(run_id: RunId) -> list[PendingView]:
+        """The tool calls waiting for a person's decision, oldest first (empty when none). Scope: `read`."""
+        run = await get_run(run_id)
+        if run.status is not RunStatus.WAITING:
+            return []
+        return [PendingView.of(c) for c in await store.decisions(run_id) if c.decision is None]
+
+    @router.post("/{id}/pending/{toolUseId}", response_model=RunView, **access(Scope.DECIDE, secured),
+                 responses={409: {"model": ErrorBody, "description": "The decision does not fit the call's kind, "
+                                  "or the call was already decided"},
+                            400: {"model": ErrorBody, "description": "A bad body: `record` without `output`"}})
+    async def decide(
+        run_id: RunId, body: DecisionRequest, request: Request,
+        tool_use_id: Annotated[str, Path(alias="toolUseId", max_length=MAX_NAME_CHARS,
+                                         description="The pending call's tool_use id.")],
+    ) -> RunView:
+        """Decide a pending call, exactly once: `approve` or `deny` an approval; `retry`, `record` (with
+        `output`, optionally `isError`) or `fail` a call in doubt. When the last open call is decided the
+        run is queued again and a worker resumes it. Scope: `decide`; recorded as `decidedBy`."""
+        if body.decision is Decision.RECORD and body.output is None:
+            problem = "is required with the decision record: what the call returned"
+            raise ApiError(400, f"output {problem}", [FieldProblem(field="output", problem=problem)])
+        before = await store.decisions(run_id)
+        outcome, run = await store.decide(
+            run_id, tool_use_id, body.decision, output=body.output, is_error=body.is_error, reason=body.reason,
+            by=caller_name(request),
+        )
+        if outcome is DecideOutcome.NO_RUN:
+            raise _not_found(run_id)
+        if outcome is DecideOutcome.NO_CALL:
+            raise ApiError(404, f"run {run_id} has no pending call {tool_use_id!r}")
+        if outcome is DecideOutcome.WRONG_KIND:
+            kinds = {c.kind.value for c in before if c.tool_use_id == tool_use_id}
+            fits = "approve or deny" if "approval" in kinds else "retry, record or fail"
+            raise ApiError(409, f"{body.decision.value} does not fit call {tool_use_id}: it needs {fits}")
+        if outcome is DecideOutcome.ALREADY:
+            raise ApiError(409, f"call {tool_use_id} of run {run_id} was already decided")
+        assert run is not None
+        if metrics is not None:
+            since = min((c.since for c in before if c.decision is None), default=None)
+            waited = None
+            if run.status is not RunStatus.WAITING and since is not None:
+                waited = max((datetime.datetime.now(datetime.UTC) - since).total_seconds(), 0.0)
+            metrics.decided(body.decision.kind.value, body.decision.value, waited)
+        return RunView.of(run)
+
+    @router.get("/{id}/steps/{seq}", response_model=StepDetail, **access(Scope.READ, secured))
     async def step(
         run_id: RunId, seq: Annotated[int, Path(ge=1, le=MAX_SEQ, description="The step's seq (from 1).")]
     ) -> StepDetail:
-        """One step with its request and response bodies, for debugging."""
+        """One step with its request and response bodies, for debugging. Scope: `read`."""
         found = await store.step(run_id, seq)
         if found is None:
             await get_run(run_id)
             raise ApiError(404, f"run {run_id} has no step {seq}")
         return StepDetail.of(found)
 
-    @router.post("/{id}/cancel", status_code=202, response_model=RunView,
+    @router.post("/{id}/cancel", status_code=202, response_model=RunView, **access(Scope.CANCEL, secured),
                  responses={409: {"model": ErrorBody, "description": "The run has already finished"}})
-    async def cancel(run_id: RunId) -> RunView:
-        """Ask a run to stop: a queued run is CANCELLED at once, a running one at its next step boundary."""
+    async def cancel(run_id: RunId, request: Request) -> RunView:
+        """Ask a run to stop: a queued run is CANCELLED at once, a running one at its next step boundary.
+
+        Scope: `cancel`. The first caller to ask is recorded as `cancelledBy`."""
         before = await get_run(run_id)
         if before.status.terminal:
             raise ApiError(409, f"run {run_id} has already finished: {before.status.value}")
-        after = await store.cancel(run_id)
+        after = await store.cancel(run_id, by=caller_name(request))
         if after is None:
             raise _not_found(run_id)
         if after.status.terminal and not after.cancel_requested:  # it finished in between

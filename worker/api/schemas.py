@@ -5,12 +5,14 @@ from __future__ import annotations
 import datetime
 import uuid
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Annotated
+from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from agentrun.worker.records import Run, RunStatus, Step, StepKind, StepStatus
+from agentrun.worker.api.identities import Scope
+from agentrun.worker.records import Decision, DecisionKind, PendingCall, Run, RunStatus, Step, StepKind, StepStatus
 from agentrun.worker.text import unstorable
 
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
@@ -62,6 +64,13 @@ class _Camel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
 
 
+class ForkFrom(_Camel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    run_id: uuid.UUID = Field(description="The run to fork.")
+    seq: Whole = Field(ge=1, le=MAX_SEQ, description="How many of its steps the fork starts with (1..its steps).")
+
+
 class RunRequest(_Camel):
     """A run to start. Unknown fields are refused, so a misspelt budget does not pass unnoticed."""
 
@@ -69,13 +78,21 @@ class RunRequest(_Camel):
     model_config = ConfigDict(extra="forbid", strict=True)  # merged with _Camel's
 
     input: Annotated[
-        str, Field(min_length=1, description="The user's request: the first message.",
+        str, Field(min_length=1, description="The user's request: the first message (with `continueFrom`, the "
+                   "next one). Required, except with `forkFrom`, which takes none.",
                    json_schema_extra={"pattern": NOT_BLANK}),
         AfterValidator(_storable), AfterValidator(_not_blank),
-    ]
+    ] | None = None
     model: Name | None = Field(None, description="Model name; the server's default model when absent.")
-    token_budget: Whole = Field(gt=0, le=MAX_TOKEN_BUDGET, description="Tokens the run may spend, all kinds.")
-    timeout_seconds: Whole = Field(gt=0, le=MAX_TIMEOUT_SECONDS, description="Wall-clock limit (at most 7 days).")
+    token_budget: Whole | None = Field(
+        None, gt=0, le=MAX_TOKEN_BUDGET,
+        description="Tokens the run may spend, all kinds. Required, except with `continueFrom` or `forkFrom` "
+        "(then the source's).",
+    )
+    timeout_seconds: Whole | None = Field(
+        None, gt=0, le=MAX_TIMEOUT_SECONDS,
+        description="Wall-clock limit (at most 7 days). Required, except with `continueFrom` or `forkFrom`.",
+    )
     max_steps: Whole = Field(100, gt=0, le=MAX_STEPS, description="Most steps (model and tool) the run may take.")
     tools: list[Name] | None = Field(
         None, max_length=MAX_TOOLS, description="Tools the model may call; every tool of the worker when absent."
@@ -84,6 +101,22 @@ class RunRequest(_Camel):
     cost_budget_usd: float | None = Field(
         None, ge=float(MIN_COST_BUDGET_USD), le=MAX_COST_BUDGET_USD,
         description="Optional spending limit in USD, kept to the micro-dollar (6 decimal places).",
+    )
+
+    require_approval: list[Name] | None = Field(
+        None, max_length=MAX_TOOLS,
+        description='Tools whose every call waits for a person\'s approval in this run; "*" for every tool.',
+    )
+    continue_from: uuid.UUID | None = Field(
+        None, description="A SUCCEEDED run whose whole conversation this run goes on with; `input` is the next "
+        "user message.",
+    )
+    fork_from: ForkFrom | None = Field(
+        None, description="Start from the first `seq` steps of another run, whatever its status (no `input`).",
+    )
+    output_schema: dict[str, Any] | None = Field(
+        None, description="A JSON Schema (an object): the run's answer must be JSON valid against it, and "
+        "`output` is then that JSON value.",
     )
 
     def cost_budget(self) -> Decimal | None:
@@ -131,6 +164,22 @@ class RunView(_Camel):
         description="The namespace of the AgentRun this run mirrors, if any.",
     )
     k8s_name: str | None = Field(default=None, serialization_alias="k8sName", description="The name of that AgentRun.")
+    created_by: str | None = Field(
+        default=None, description="Who created the run: an API identity's name, `k8s:<namespace>/<user>` "
+        "or `k8s` for an AgentRun, null when the API was open.",
+    )
+    cancelled_by: str | None = Field(
+        default=None, description="Who first asked the run to stop, named as `createdBy`; null if no one did.",
+    )
+    pending: int = Field(0, description="Tool calls waiting for a person's decision (while WAITING).")
+    output: Any = Field(
+        None, description="The answer of a SUCCEEDED run: the text of its final assistant message, or the JSON "
+        "value of a structured answer (with `outputSchema`); null otherwise.",
+    )
+    require_approval: list[str] | None = Field(None, description="Tools whose calls wait for approval in this run.")
+    output_schema: dict[str, Any] | None = Field(None, description="The JSON Schema the answer must satisfy.")
+    parent_run_id: uuid.UUID | None = Field(None, description="The run this one was continued or forked from.")
+    forked_at_seq: int | None = Field(None, description="A fork: how many of the parent's steps it started with.")
 
     @classmethod
     def of(cls, run: Run) -> RunView:
@@ -141,7 +190,10 @@ class RunView(_Camel):
             max_steps=run.max_steps, timeout_seconds=run.timeout_seconds, deadline_at=run.deadline_at,
             cancel_requested=run.cancel_requested, steps=run.steps, error=run.error, locked_by=run.locked_by,
             created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
-            k8s_namespace=run.k8s_namespace, k8s_name=run.k8s_name,
+            k8s_namespace=run.k8s_namespace, k8s_name=run.k8s_name, created_by=run.created_by,
+            cancelled_by=run.cancelled_by, pending=run.pending, output=run.output,
+            require_approval=list(run.require_approval) if run.require_approval is not None else None,
+            output_schema=run.output_schema, parent_run_id=run.parent_run_id, forked_at_seq=run.forked_at_seq,
         )
 
 
@@ -159,6 +211,7 @@ class RunSummary(_Camel):
     locked_by: str | None
     created_at: datetime.datetime
     finished_at: datetime.datetime | None
+    created_by: str | None = Field(default=None, description="Who created the run, as in the run's `createdBy`.")
 
     @classmethod
     def of(cls, run: Run) -> RunSummary:
@@ -166,7 +219,7 @@ class RunSummary(_Camel):
         return cls(
             id=run.id, status=run.status, input_preview=preview, model=run.model, tokens_used=run.tokens_used,
             cost_usd=float(run.cost_usd), steps=run.steps, error=run.error, locked_by=run.locked_by,
-            created_at=run.created_at, finished_at=run.finished_at,
+            created_at=run.created_at, finished_at=run.finished_at, created_by=run.created_by,
         )
 
 
@@ -178,14 +231,32 @@ class RunPage(_Camel):
     next: uuid.UUID | None
 
 
-class TimelineStep(_Camel):
-    """A step without its request and response bodies."""
+class DecisionView(_Camel):
+    """What a person decided about a tool call (or that it waits for them)."""
 
-    seq: int
+    kind: DecisionKind
+    decision: Decision | None = Field(description="null while the call waits.")
+    reason: str | None
+    is_error: bool
+    since: datetime.datetime
+    decided_at: datetime.datetime | None
+    decided_by: str | None
+
+    @classmethod
+    def of(cls, call: PendingCall) -> DecisionView:
+        return cls(kind=call.kind, decision=call.decision, reason=call.reason, is_error=call.is_error,
+                   since=call.since, decided_at=call.decided_at, decided_by=call.decided_by)
+
+
+class TimelineStep(_Camel):
+    """A step without its request and response bodies. A tool call that waits for a person and has no step
+    yet is listed too, with `status: "WAITING"` and no seq."""
+
+    seq: int | None
     kind: StepKind
     tool_name: str | None
     tool_use_id: str | None
-    status: StepStatus
+    status: StepStatus | Literal["WAITING"]
     stop_reason: str | None
     input_tokens: int
     output_tokens: int
@@ -197,6 +268,19 @@ class TimelineStep(_Camel):
     started_at: datetime.datetime | None
     finished_at: datetime.datetime | None
     worker: str | None
+    inherited: bool = Field(False, description="Copied from the run this one was continued or forked from.")
+    decisions: list[DecisionView] = Field(
+        default_factory=list, description="What people decided about this tool call (approval, in doubt)."
+    )
+
+    @classmethod
+    def waiting(cls, call: PendingCall, decided: list[PendingCall]) -> TimelineStep:
+        """A call waiting for a person that has no step row yet."""
+        return cls(seq=None, kind=StepKind.TOOL, tool_name=call.tool_name, tool_use_id=call.tool_use_id,
+                   status="WAITING", stop_reason=None, input_tokens=0, output_tokens=0,
+                   cache_creation_input_tokens=0, cache_read_input_tokens=0, cost_usd=None, latency_ms=None,
+                   attempts=0, started_at=None, finished_at=None, worker=None, inherited=False,
+                   decisions=[DecisionView.of(d) for d in decided])
 
     @classmethod
     def fields_of(cls, step: Step) -> dict[str, object]:
@@ -206,7 +290,7 @@ class TimelineStep(_Camel):
             output_tokens=step.output_tokens, cache_creation_input_tokens=step.cache_creation_input_tokens,
             cache_read_input_tokens=step.cache_read_input_tokens, cost_usd=_usd(step.cost_usd),
             latency_ms=step.latency_ms, attempts=step.attempts, started_at=step.started_at,
-            finished_at=step.finished_at, worker=step.worker,
+            finished_at=step.finished_at, worker=step.worker, inherited=step.inherited,
         )
 
     @classmethod
@@ -223,6 +307,40 @@ class StepDetail(TimelineStep):
     @classmethod
     def of(cls, step: Step) -> StepDetail:
         return cls(**cls.fields_of(step), request=step.request, response=step.response)  # type: ignore[arg-type]
+
+
+class WhoAmI(BaseModel):
+    """The caller: the name of the identity its token stands for, and what it may do."""
+
+    name: str | None = Field(description="The identity's name; null when the server requires no token.")
+    scopes: list[Scope] = Field(description="Its scopes, `admin` expanded into all the others.")
+
+
+class PendingView(BaseModel):
+    """A tool call waiting for a person's decision."""
+
+    toolUseId: str  # noqa: N815 - the API's JSON names
+    tool: str
+    input: Any = Field(description="The call's input, as the model gave it.")
+    kind: DecisionKind
+    since: datetime.datetime
+
+    @classmethod
+    def of(cls, call: PendingCall) -> PendingView:
+        return cls(toolUseId=call.tool_use_id, tool=call.tool_name,
+                   input=orjson.loads(call.input) if call.input else None, kind=call.kind, since=call.since)
+
+
+class DecisionRequest(_Camel):
+    """A decision on a pending call: `approve`/`deny` for an approval, `retry`/`record`/`fail` for a call in
+    doubt. `record` needs `output` (what the call returned; `isError` says whether it failed)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    decision: Decision = Field(strict=False, description="approve | deny | retry | record | fail")
+    output: Text | None = Field(None, max_length=1_000_000, description="With `record`: what the call returned.")
+    is_error: bool = Field(False, description="With `record`: the call failed (the model sees an error result).")
+    reason: Text | None = Field(None, max_length=10_000, description="Why; the model sees it when a call is denied.")
 
 
 class FieldProblem(BaseModel):

@@ -48,3 +48,11 @@ CREATE TRIGGER run_event_notify_insert AFTER INSERT ON run
 CREATE TRIGGER run_event_notify AFTER UPDATE ON run
     FOR EACH ROW WHEN (NEW.event_xid IS DISTINCT FROM OLD.event_xid)
     EXECUTE FUNCTION agentrun_event_notify();
+
+-- A decision on a pending call (migration 0008) changes the run's pending count and its tool call's
+-- timeline row: marked and notified the same way.
+ALTER TABLE run_decision ADD COLUMN event_xid xid8;
+CREATE TRIGGER run_decision_event_mark BEFORE INSERT OR UPDATE ON run_decision
+    FOR EACH ROW EXECUTE FUNCTION agentrun_event_mark();
+CREATE TRIGGER run_decision_event_notify AFTER INSERT OR UPDATE ON run_decision
+    FOR EACH ROW EXECUTE FUNCTION agentrun_event_notify();

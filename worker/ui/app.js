@@ -199,7 +199,9 @@ function pretty(text) {
 }
 
 function conversation(run, steps, details, live) {
-  const items = [h("li", { class: "msg user" }, h("div", { class: "who" }, "user"), h("div", { class: "text" }, run.input))];
+  // A continued run starts with its parent's conversation, user messages included (USER steps).
+  const opensWithUser = steps.length && steps[0].kind === "USER";
+  const items = opensWithUser ? [] : [h("li", { class: "msg user" }, h("div", { class: "who" }, "user"), h("div", { class: "text" }, run.input))];
   for (const s of steps) {
     const d = details.get(s.seq);
     if (s.kind === "MODEL") {
@@ -214,15 +216,25 @@ function conversation(run, steps, details, live) {
             h("div", { class: "mono small" }, b.id), h("pre", {}, JSON.stringify(b.input, null, 2))));
         }
       }
+    } else if (s.kind === "USER") {
+      const text = d ? asText((() => { try { return JSON.parse(d.response || '""'); } catch (_) { return d.response; } })()) : "…";
+      items.push(h("li", { class: "msg user", "data-seq": s.seq }, h("div", { class: "who" }, `user · #${s.seq}`), h("div", { class: "text" }, text)));
+    } else if (s.seq === null) {
+      items.push(h("li", { class: "msg result waiting", "data-tool-use": s.toolUseId },
+        h("div", { class: "who" }, `tool call · ${s.toolName}`, " ", badge("WAITING")),
+        h("p", { class: "muted" }, "waiting for a person's decision (above)")));
     } else {
       const error = s.status === "ERROR";
       const body = s.status === "STARTED" ? h("p", { class: "muted" }, "running…")
         : d ? h("pre", {}, pretty(asText(d.response))) : h("p", { class: "muted" }, "loading…");
       items.push(h("li", { class: `msg result${error ? " is-error" : ""}`, "data-seq": s.seq },
-        h("div", { class: "who" }, `tool result · ${s.toolName}${error ? " · is_error" : ""}`, " ", badge(s.status)), body));
+        h("div", { class: "who" }, `tool result · ${s.toolName}${error ? " · is_error" : ""}`, " ", badge(s.status)),
+        (s.decisions || []).filter((d) => d.decision).map((d) => h("p", { class: "small decided" },
+          `${d.kind === "approval" ? "approval" : "in doubt"}: ${d.decision}${d.decidedBy ? ` by ${d.decidedBy}` : ""}${d.reason ? ` (${d.reason})` : ""}`)),
+        body));
     }
   }
-  const lastSeq = steps.length ? Math.max(...steps.map((s) => s.seq)) : 0;
+  const lastSeq = Math.max(0, ...steps.filter((s) => s.seq !== null).map((s) => s.seq));
   for (const [seq, text] of live) {
     if (seq > lastSeq && text) {
       items.push(h("li", { class: "msg assistant streaming", "aria-live": "polite", "data-seq": seq },
@@ -290,7 +302,7 @@ function runView(id) {
   }
 
   async function loadDetail(step) {
-    if (step.status === "STARTED") return;
+    if (step.seq === null || step.status === "STARTED") return;
     const have = details.get(step.seq);
     if (have && have.status === step.status) return;
     try {
@@ -322,7 +334,7 @@ function runView(id) {
     if (focused) { const el = document.getElementById(focused); if (el) el.focus(); }
   }
 
-  const ordered = () => [...steps.values()].sort((a, b) => a.seq - b.seq);
+  const ordered = () => [...steps.values()].sort((a, b) => (a.seq ?? Infinity) - (b.seq ?? Infinity));
 
   function draw(ordered) {
     const cancel = !TERMINAL.has(run.status)
@@ -363,7 +375,7 @@ function runView(id) {
         ? h("section", { class: "card answer" }, h("h2", {}, "Answer"), h("div", { class: "text" },
           typeof run.output === "string" ? run.output : JSON.stringify(run.output, null, 2)))
         : null,
-      h("section", { class: "card" }, h("h2", {}, "Steps"), waterfall(run, ordered, fork)),
+      h("section", { class: "card" }, h("h2", {}, "Steps"), waterfall(run, ordered.filter((s) => s.seq !== null), fork)),
       h("section", { class: "card" }, h("h2", {}, "Conversation"), conversation(run, ordered, details, live)),
       cont,
     ].filter(Boolean));
@@ -375,7 +387,9 @@ function runView(id) {
       run = data;
       if (run.status === "WAITING" || (run.pending !== undefined && run.pending !== before)) loadPending();
     } else if (type === "step") {
-      steps.set(data.seq, data);
+      // A call waiting for a person has no seq yet: keyed by its tool_use id until its step appears.
+      if (data.seq === null) steps.set(`w:${data.toolUseId}`, data);
+      else { steps.delete(`w:${data.toolUseId}`); steps.set(data.seq, data); }
       if (data.kind === "MODEL") live.delete(data.seq);
       loadDetail(data);
       if (data.status !== "DONE" && data.status !== "ERROR" && data.status !== "STARTED") loadPending();

@@ -103,6 +103,57 @@ app.kubernetes.io/component: {{ .component }}
       key: {{ include "agentrun.databaseSecretKey" . }}
 {{- end }}
 
+{{/* The URL the migrate init containers use: the owner role's when `database.migrationSecret` names
+one, else the runtime URL. Workers and the operator never get the owner's. */}}
+{{- define "agentrun.migrationDatabaseEnv" -}}
+{{- if .Values.database.migrationSecret }}
+- name: AGENTRUN_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.database.migrationSecret }}
+      key: {{ .Values.database.migrationSecretKey }}
+{{- else }}
+{{- include "agentrun.databaseEnv" . }}
+{{- end }}
+{{- end }}
+
+{{/* `agentrun migrate` as an init container, as the owner role, for the worker and operator pods:
+(dict "ctx" $ "resources" .Values.worker.resources). */}}
+{{- define "agentrun.migrateInitContainer" -}}
+{{- $resources := .resources }}
+{{- with .ctx }}
+- name: migrate
+  image: {{ include "agentrun.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args: ["migrate"]
+  envFrom:
+    - configMapRef:
+        name: {{ include "agentrun.fullname" . }}-config
+  env:
+    {{- include "agentrun.migrationDatabaseEnv" . | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.containerSecurityContext | nindent 4 }}
+  resources:
+    {{- toYaml $resources | nindent 4 }}
+  volumeMounts:
+    - name: tmp
+      mountPath: /tmp
+{{- end }}
+{{- end }}
+
+{{/* The Secret holding the API tokens file, or nothing when no identities are configured. */}}
+{{- define "agentrun.apiTokensSecretName" -}}
+{{- if .Values.apiTokens.existingSecret }}
+{{- .Values.apiTokens.existingSecret }}
+{{- else if .Values.apiTokens.identities }}
+{{- printf "%s-api-tokens" (include "agentrun.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{- define "agentrun.apiTokensDir" -}}
+/etc/agentrun-tokens
+{{- end }}
+
 {{/* The worker's secrets: the database URL, the model API key and the /api bearer token. */}}
 {{- define "agentrun.workerEnv" -}}
 {{ include "agentrun.databaseEnv" . }}

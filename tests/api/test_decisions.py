@@ -1,0 +1,372 @@
+"""People in the loop over real HTTP, a real worker and real PostgreSQL: approvals, calls in doubt,
+waiting runs' deadlines and cancels, and decisions that race."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from fastapi import FastAPI
+
+from agentrun.worker.llm.scripted import ScriptedLlm
+from agentrun.worker.records import RunStatus
+from agentrun.worker.runner import Worker
+from agentrun.worker.store import RunStore
+from agentrun.worker.tools import Tool, ToolBox, ToolContext, tool
+from tests.api.conftest import make_app, serving
+from tests.helpers import SimulatedCrash, eventually, worker
+
+executed: list[str] = []
+
+
+@tool(name="noop", description="Does nothing.")
+async def noop(args: dict[str, Any], ctx: ToolContext) -> str:
+    executed.append(f"noop:{ctx.tool_use_id}")
+    return "ok"
+
+
+@tool(name="charge", description="Charges a card.", requires_approval=True, idempotent=False)
+async def charge(args: dict[str, Any], ctx: ToolContext) -> str:
+    executed.append(f"charge:{ctx.tool_use_id}")
+    return f"charged {args.get('usd')}"
+
+
+@tool(name="refund", description="Refunds a card.")
+async def refund(args: dict[str, Any], ctx: ToolContext) -> str:
+    executed.append(f"refund:{ctx.tool_use_id}")
+    return "refunded"
+
+
+TOOLS = [noop, charge, refund]
+
+
+@pytest.fixture(autouse=True)
+def _clear() -> None:
+    executed.clear()
+
+
+@pytest.fixture
+def toolbox() -> ToolBox:
+    return ToolBox(TOOLS)
+
+
+@contextlib.asynccontextmanager
+async def api(store: RunStore, toolbox: ToolBox, settings: Any, metrics: Any) -> AsyncIterator[httpx.AsyncClient]:
+    app: FastAPI = make_app(store, toolbox, settings, metrics)
+    async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
+        yield client
+
+
+@contextlib.asynccontextmanager
+async def running(w: Worker) -> AsyncIterator[Worker]:
+    task = asyncio.create_task(w.run())
+    try:
+        yield w
+    finally:
+        w.stop()
+        await asyncio.wait_for(task, 60)
+
+
+async def status_is(client: httpx.AsyncClient, run_id: str, *statuses: str, timeout: float = 30) -> dict[str, Any]:
+    found: dict[str, Any] = {}
+
+    async def check() -> bool:
+        found.update((await client.get(f"/api/runs/{run_id}")).json())
+        return found.get("status") in statuses
+
+    await eventually(check, timeout, f"run {run_id} to be {'/'.join(statuses)}")
+    return found
+
+
+async def submit(client: httpx.AsyncClient, **fields: Any) -> str:
+    body = {"input": "pay the invoice", "tokenBudget": 100_000, "timeoutSeconds": 300, **fields}
+    r = await client.post("/api/runs", json=body)
+    assert r.status_code == 201, r.text
+    return str(r.json()["id"])
+
+
+def parallel_turn() -> ScriptedLlm:
+    return (
+        ScriptedLlm()
+        .then_tool_uses([("t_noop", "noop", {}), ("t_charge", "charge", {"usd": 10}), ("t_refund", "refund", {})],
+                        10, 5)
+        .then_text("all settled", 10, 5)
+    )
+
+
+async def test_approve_and_deny_with_parallel_tool_use(
+    store: RunStore, toolbox: ToolBox, settings: Any, metrics: Any
+) -> None:
+    llm = parallel_turn()
+    async with api(store, toolbox, settings, metrics) as client, running(worker(store, llm, toolbox)):
+        run_id = await submit(client, requireApproval=["refund"])
+        run = await status_is(client, run_id, "WAITING")
+        assert run["pending"] == 2
+        assert executed == ["noop:t_noop"]  # what needs no approval ran first
+        pending = (await client.get(f"/api/runs/{run_id}/pending")).json()
+        assert [(p["toolUseId"], p["tool"], p["kind"], p["input"]) for p in pending] == [
+            ("t_charge", "charge", "approval", {"usd": 10}), ("t_refund", "refund", "approval", {})
+        ]
+        assert all(p["since"] for p in pending)
+        r = await client.post(f"/api/runs/{run_id}/pending/t_charge", json={"decision": "approve"})
+        assert r.status_code == 200 and r.json()["status"] == "WAITING" and r.json()["pending"] == 1, r.text
+        r = await client.post(f"/api/runs/{run_id}/pending/t_refund",
+                              json={"decision": "deny", "reason": "refunds need a ticket"})
+        assert r.status_code == 200, r.text
+        run = await status_is(client, run_id, "SUCCEEDED")
+        assert run["output"] == "all settled" and run["pending"] == 0
+        assert (await client.get(f"/api/runs/{run_id}/pending")).json() == []
+        timeline = (await client.get(f"/api/runs/{run_id}/timeline")).json()
+    assert sorted(executed) == ["charge:t_charge", "noop:t_noop"]  # refund denied: never ran
+    last = llm.seen[-1].messages[-1]["content"]
+    denied = next(b for b in last if b["tool_use_id"] == "t_refund")
+    assert denied["is_error"] is True and "denied" in denied["content"] and "refunds need a ticket" in denied["content"]
+    by_id = {row["toolUseId"]: row for row in timeline if row["toolUseId"]}
+    assert by_id["t_refund"]["status"] == "ERROR" and by_id["t_refund"]["attempts"] == 0
+    assert [d["decision"] for d in by_id["t_refund"]["decisions"]] == ["deny"]
+    assert by_id["t_refund"]["decisions"][0]["reason"] == "refunds need a ticket"
+    assert [d["decision"] for d in by_id["t_charge"]["decisions"]] == ["approve"]
+    assert by_id["t_noop"]["decisions"] == []
+    scraped = metrics.registry.get_sample_value("agentrun_decisions_total", {"kind": "approval", "decision": "deny"})
+    assert scraped == 1.0
+    assert metrics.registry.get_sample_value("agentrun_waiting_seconds_count") == 1.0
+
+
+async def test_a_waiting_call_shows_in_the_timeline(store: RunStore, toolbox: ToolBox, settings: Any, metrics: Any) -> None:
+    async with api(store, toolbox, settings, metrics) as client, running(worker(store, parallel_turn(), toolbox)):
+        run_id = await submit(client, requireApproval=["*"])
+        await status_is(client, run_id, "WAITING")
+        timeline = (await client.get(f"/api/runs/{run_id}/timeline")).json()
+    waiting = [row for row in timeline if row["status"] == "WAITING"]
+    assert [(w["toolUseId"], w["seq"]) for w in waiting] == [("t_noop", None), ("t_charge", None), ("t_refund", None)]
+    assert all(w["decisions"][0]["decision"] is None for w in waiting)
+    assert executed == []  # "*": every call waits
+
+
+async def test_decisions_that_do_not_fit_are_refused(store: RunStore, toolbox: ToolBox, settings: Any, metrics: Any) -> None:
+    async with api(store, toolbox, settings, metrics) as client, running(worker(store, parallel_turn(), toolbox)):
+        run_id = await submit(client)
+        await status_is(client, run_id, "WAITING")
+        base = f"/api/runs/{run_id}/pending"
+        assert (await client.post(f"{base}/t_charge", json={"decision": "retry"})).status_code == 409
+        assert (await client.post(f"{base}/t_nope", json={"decision": "approve"})).status_code == 404
+        assert (await client.post(f"/api/runs/{uuid.uuid4()}/pending/t_charge",
+                                  json={"decision": "approve"})).status_code == 404
+        assert (await client.get(f"/api/runs/{uuid.uuid4()}/pending")).status_code == 404
+        bad = await client.post(f"{base}/t_charge", json={"decision": "maybe"})
+        assert bad.status_code == 422 and "decision" in bad.text
+        record = await client.post(f"{base}/t_charge", json={"decision": "record"})
+        assert record.status_code == 400 and "output" in record.json()["error"]
+        assert (await client.post(f"{base}/t_charge", json={"decision": "approve"})).status_code == 200
+        again = await client.post(f"{base}/t_charge", json={"decision": "deny"})
+        assert again.status_code == 409 and "already decided" in again.json()["error"]
+        await status_is(client, run_id, "SUCCEEDED")
+
+
+async def test_two_decisions_at_once_one_wins(store: RunStore, toolbox: ToolBox, settings: Any, metrics: Any) -> None:
+    async with api(store, toolbox, settings, metrics) as client:
+        run_id = await submit(client)
+        w = worker(store, parallel_turn(), toolbox)
+        async with running(w):
+            await status_is(client, run_id, "WAITING")
+            w.stop()  # nobody resumes it while the race is judged
+        url = f"/api/runs/{run_id}/pending/t_charge"
+        answers = await asyncio.gather(*(
+            client.post(url, json={"decision": d}) for d in ("approve", "deny", "approve", "deny")
+        ))
+        assert sorted(a.status_code for a in answers) == [200, 409, 409, 409]
+        [call] = [c for c in await store.decisions(uuid.UUID(run_id)) if c.tool_use_id == "t_charge"]
+        winner = next(a for a in answers if a.status_code == 200)
+        assert winner.request.content and call.decision is not None
+        assert call.decision.value in winner.request.content.decode()
+
+
+async def test_the_last_two_decisions_at_once_queue_the_run(
+    store: RunStore, toolbox: ToolBox, settings: Any, metrics: Any
+) -> None:
+    async with api(store, toolbox, settings, metrics) as client:
+        run_id = await submit(client, requireApproval=["refund"])
+        w = worker(store, parallel_turn(), toolbox)
+        async with running(w):
+            await status_is(client, run_id, "WAITING")
+            w.stop()
+        answers = await asyncio.gather(
+            client.post(f"/api/runs/{run_id}/pending/t_charge", json={"decision": "approve"}),
+            client.post(f"/api/runs/{run_id}/pending/t_refund", json={"decision": "approve"}),
+        )
+        assert [a.status_code for a in answers] == [200, 200]
+        assert (await client.get(f"/api/runs/{run_id}")).json()["status"] == "QUEUED"
+
+
+async def test_a_waiting_run_past_its_deadline_times_out(
+    store: RunStore, toolbox: ToolBox, settings: Any, metrics: Any
+) -> None:
+    async with api(store, toolbox, settings, metrics) as client, running(worker(store, parallel_turn(), toolbox)):
+        run_id = await submit(client, timeoutSeconds=3)
+        await status_is(client, run_id, "WAITING", "TIMED_OUT")
+        run = await status_is(client, run_id, "TIMED_OUT", timeout=30)
+    assert "waiting for a decision" in run["error"]
+    assert executed == ["noop:t_noop", "refund:t_refund"]  # only charge needs approval
+
+
+async def test_cancel_ends_a_waiting_run_at_once(store: RunStore, toolbox: ToolBox, settings: Any, metrics: Any) -> None:
+    async with api(store, toolbox, settings, metrics) as client, running(worker(store, parallel_turn(), toolbox)):
+        run_id = await submit(client)
+        await status_is(client, run_id, "WAITING")
+        r = await client.post(f"/api/runs/{run_id}/cancel")
+        assert r.status_code == 202 and r.json()["status"] == "CANCELLED"
+        assert (await client.get(f"/api/runs/{run_id}/pending")).json() == []
+        late = await client.post(f"/api/runs/{run_id}/pending/t_charge", json={"decision": "approve"})
+        assert late.status_code == 409
+
+
+async def test_a_waiting_run_holds_no_lease_and_spends_nothing(
+    store: RunStore, toolbox: ToolBox, settings: Any, metrics: Any, db: psycopg.AsyncConnection[Any]
+) -> None:
+    llm = parallel_turn()
+    async with api(store, toolbox, settings, metrics) as client, running(worker(store, llm, toolbox)):
+        run_id = await submit(client)
+        before = await status_is(client, run_id, "WAITING")
+        cur = await db.execute("SELECT locked_by, locked_until FROM run WHERE id = %s", (run_id,))
+        assert await cur.fetchone() == (None, None)
+        assert len(llm.seen) == 1
+        listed = (await client.get("/api/runs", params={"status": "WAITING"})).json()["items"]
+        assert [r["id"] for r in listed] == [run_id]
+    assert before["tokensUsed"] == 15
+
+
+# -- crashes around decisions ------------------------------------------------------------------------
+
+
+crash_in: set[str] = set()
+
+
+@tool(name="pay", description="Pays, once.", idempotent=False)
+async def pay(args: dict[str, Any], ctx: ToolContext) -> str:
+    executed.append(f"pay:{ctx.tool_use_id}")
+    if "pay" in crash_in:
+        crash_in.discard("pay")
+        raise SimulatedCrash()
+    return "paid"
+
+
+@tool(name="lookup", description="Looks up, safely repeated.", requires_approval=True)
+async def lookup(args: dict[str, Any], ctx: ToolContext) -> str:
+    executed.append(f"lookup:{ctx.tool_use_id}")
+    if "lookup" in crash_in:
+        crash_in.discard("lookup")
+        raise SimulatedCrash()
+    return "found"
+
+
+async def _crash_then_lapse(store: RunStore, db: psycopg.AsyncConnection[Any], w: Worker, run_id: str) -> None:
+    with pytest.raises(SimulatedCrash):
+        await w.run_once()
+    await db.execute("UPDATE run SET locked_until = now() - interval '1 second' WHERE id = %s", (run_id,))
+
+
+@pytest.mark.parametrize("decision", ["retry", "record", "fail"])
+async def test_a_call_in_doubt_waits_for_a_person(
+    decision: str, store: RunStore, settings: Any, metrics: Any, db: psycopg.AsyncConnection[Any]
+) -> None:
+    box = ToolBox([pay])
+    llm = ScriptedLlm().then_tool_use("t_pay", "pay", {"usd": 5}, 10, 5).then_text("done", 10, 5)
+    crash_in.add("pay")
+    async with api(store, box, settings, metrics) as client:
+        run_id = await submit(client)
+        await _crash_then_lapse(store, db, worker(store, llm, box, "worker-A"), run_id)
+        async with running(worker(store, llm, box, "worker-B")):
+            await status_is(client, run_id, "WAITING")
+            [p] = (await client.get(f"/api/runs/{run_id}/pending")).json()
+            assert (p["toolUseId"], p["kind"]) == ("t_pay", "in_doubt")
+            assert (await client.post(f"/api/runs/{run_id}/pending/t_pay", json={"decision": "approve"})).status_code == 409
+            body: dict[str, Any] = {"decision": decision, "reason": "checked the ledger"}
+            if decision == "record":
+                body.update(output="paid (found in the ledger)", isError=False)
+            r = await client.post(f"/api/runs/{run_id}/pending/t_pay", json=body)
+            assert r.status_code == 200, r.text
+            run = await status_is(client, run_id, "SUCCEEDED", "FAILED")
+        steps = await store.steps(uuid.UUID(run_id))
+    pay_step = next(s for s in steps if s.tool_use_id == "t_pay")
+    if decision == "retry":
+        assert run["status"] == "SUCCEEDED" and executed == ["pay:t_pay", "pay:t_pay"]
+        assert pay_step.attempts == 2 and pay_step.response == "paid"
+    elif decision == "record":
+        assert run["status"] == "SUCCEEDED" and executed == ["pay:t_pay"]
+        assert pay_step.response == "paid (found in the ledger)" and pay_step.status.value == "DONE"
+    else:
+        assert run["status"] == "FAILED" and executed == ["pay:t_pay"]
+        assert "t_pay" in run["error"] and "checked the ledger" in run["error"]
+        assert pay_step.status.value == "STARTED"  # the evidence stays
+
+
+async def test_a_worker_crash_while_waiting_loses_nothing(
+    store: RunStore, settings: Any, metrics: Any
+) -> None:
+    box = ToolBox([lookup])
+    llm = ScriptedLlm().then_tool_use("t_look", "lookup", {}, 10, 5).then_text("done", 10, 5)
+    async with api(store, box, settings, metrics) as client:
+        run_id = await submit(client)
+        async with running(worker(store, llm, box, "worker-A")):
+            await status_is(client, run_id, "WAITING")
+        # worker-A is gone; the decision is durable and any worker takes the run from here.
+        assert (await client.post(f"/api/runs/{run_id}/pending/t_look", json={"decision": "approve"})).status_code == 200
+        async with running(worker(store, llm, box, "worker-B")):
+            run = await status_is(client, run_id, "SUCCEEDED")
+    assert executed == ["lookup:t_look"] and run["output"] == "done"
+
+
+async def test_a_crash_while_an_approved_call_runs(
+    store: RunStore, settings: Any, metrics: Any, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """An approved idempotent call is run again with the same key; it needs no second approval."""
+    box = ToolBox([lookup])
+    llm = ScriptedLlm().then_tool_use("t_look", "lookup", {}, 10, 5).then_text("done", 10, 5)
+    async with api(store, box, settings, metrics) as client:
+        run_id = await submit(client)
+        async with running(worker(store, llm, box, "worker-A")):
+            await status_is(client, run_id, "WAITING")
+        await client.post(f"/api/runs/{run_id}/pending/t_look", json={"decision": "approve"})
+        crash_in.add("lookup")
+        await _crash_then_lapse(store, db, worker(store, llm, box, "worker-B"), run_id)
+        async with running(worker(store, llm, box, "worker-C")):
+            await status_is(client, run_id, "SUCCEEDED")
+    assert executed == ["lookup:t_look", "lookup:t_look"]
+
+
+async def test_a_crash_while_an_approved_non_idempotent_call_runs_puts_it_in_doubt(
+    store: RunStore, settings: Any, metrics: Any, db: psycopg.AsyncConnection[Any]
+) -> None:
+    guarded_pay = Tool(pay.name, pay.description, pay.input_schema, pay.fn, idempotent=False,
+                       requires_approval=True)
+    box = ToolBox([guarded_pay])
+    llm = ScriptedLlm().then_tool_use("t_pay", "pay", {}, 10, 5).then_text("done", 10, 5)
+    async with api(store, box, settings, metrics) as client:
+        run_id = await submit(client)
+        async with running(worker(store, llm, box, "worker-A")):
+            await status_is(client, run_id, "WAITING")
+        await client.post(f"/api/runs/{run_id}/pending/t_pay", json={"decision": "approve"})
+        crash_in.add("pay")
+        await _crash_then_lapse(store, db, worker(store, llm, box, "worker-B"), run_id)
+        async with running(worker(store, llm, box, "worker-C")):
+            await status_is(client, run_id, "WAITING")
+            [p] = (await client.get(f"/api/runs/{run_id}/pending")).json()
+            assert p["kind"] == "in_doubt"
+            r = await client.post(f"/api/runs/{run_id}/pending/t_pay", json={"decision": "record", "output": "paid"})
+            assert r.status_code == 200
+            await status_is(client, run_id, "SUCCEEDED")
+        timeline = (await client.get(f"/api/runs/{run_id}/timeline")).json()
+    assert executed == ["pay:t_pay"]
+    row = next(r for r in timeline if r["toolUseId"] == "t_pay")
+    assert sorted((d["kind"], d["decision"]) for d in row["decisions"]) == [("approval", "approve"),
+                                                                           ("in_doubt", "record")]
+
+
+def test_the_run_statuses_include_waiting() -> None:
+    assert RunStatus.WAITING.value == "WAITING" and not RunStatus.WAITING.terminal

@@ -219,3 +219,24 @@ async def test_two_hundred_streams_share_one_listening_connection(
         finally:
             await asyncio.gather(*(s.close() for s in streams))
     assert all(s.of("end") == [{"status": "CANCELLED"}] for s in streams)
+
+
+async def test_a_decision_streams_as_the_calls_row_and_the_runs_pending_count(
+    store: RunStore, toolbox: ToolBox, model: FakeAnthropic, server_url: str
+) -> None:
+    async with httpx.AsyncClient(base_url=server_url) as http:
+        run_id = (await http.post("/api/runs", json={**BODY, "requireApproval": ["lookup"]})).json()["id"]
+        async with streaming(http, f"/api/runs/{run_id}/events") as stream, driving(store, toolbox, model):
+            await stream.until(lambda s: any(r["status"] == "WAITING" for r in s.of("run")), what="WAITING")
+            waiting = [st for st in stream.of("step") if st["seq"] is None]
+            assert waiting and waiting[-1]["status"] == "WAITING" and waiting[-1]["toolName"] == "lookup"
+            assert [r for r in stream.of("run") if r["status"] == "WAITING"][-1]["pending"] == 1
+            use = waiting[-1]["toolUseId"]
+            r = await http.post(f"/api/runs/{run_id}/pending/{use}", json={"decision": "approve", "reason": "fine"})
+            assert r.status_code == 200, r.text
+            await stream.until(lambda s: s.ended, what="the end")
+        tool = [st for st in stream.of("step") if st["seq"] == 2][-1]
+        assert tool["status"] == "DONE" and [d["decision"] for d in tool["decisions"]] == ["approve"]
+        assert stream.of("run")[-1]["status"] == "SUCCEEDED" and stream.of("run")[-1]["pending"] == 0
+        ids = [e.id for e in stream.events if e.event in ("step", "run")]
+        assert len(ids) == len(set(ids))

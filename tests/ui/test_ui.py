@@ -189,7 +189,7 @@ async def test_the_list_shows_runs_and_a_run_page_its_steps_and_conversation(
         await page.screenshot(path=shot("ui-run.png", tmp_path), full_page=True)
 
 
-async def test_a_running_runs_page_updates_live_and_cancel_works(store: RunStore, page: Page) -> None:
+async def test_a_running_runs_page_updates_live_and_cancel_works(store: RunStore, page: Page, tmp_path: Path) -> None:
     async with stack(store) as (url, http):
         run_id = await submit(http)
         await page.goto(f"{url}/ui/#/runs/{run_id}")
@@ -200,6 +200,7 @@ async def test_a_running_runs_page_updates_live_and_cancel_works(store: RunStore
         GATE.set()
         # The final answer streams in before its step is written...
         await expect(page.locator(".msg.streaming")).to_contain_text("Two acme tickets")
+        await page.screenshot(path=shot("ui-live.png", tmp_path), full_page=True)
         # ...then the step and the run's end arrive.
         await expect(page.locator(".wf-row")).to_have_count(3)
         await expect(page.locator(".run-head")).to_contain_text("SUCCEEDED")

@@ -240,3 +240,26 @@ async def test_a_decision_streams_as_the_calls_row_and_the_runs_pending_count(
         assert stream.of("run")[-1]["status"] == "SUCCEEDED" and stream.of("run")[-1]["pending"] == 0
         ids = [e.id for e in stream.events if e.event in ("step", "run")]
         assert len(ids) == len(set(ids))
+
+
+async def test_stopping_the_worker_ends_open_streams_instead_of_waiting_for_them(app: FastAPI, store: RunStore) -> None:
+    from agentrun.worker.api.server import HttpServer
+
+    run, _ = await store.create(new_run())  # queued, with no worker: its stream would stay open for good
+    port = _free_port()
+    server = HttpServer(app, "127.0.0.1", port)
+    serve = asyncio.create_task(server.serve())
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+        async def up() -> bool:
+            with contextlib.suppress(httpx.TransportError):
+                return (await http.get("/healthz")).status_code == 200
+            return False
+
+        await eventually(up, timeout=30, what="the server")
+        async with streaming(http, f"/api/runs/{run.id}/events") as stream:
+            await stream.until(lambda s: bool(s.of("run")), what="the run")
+            server.should_exit = True
+            async with asyncio.timeout(30):
+                await serve
+            await stream.until(lambda s: s.closed.is_set(), what="the stream to close")
+    assert not stream.ended  # closed by the server going away, not by the run ending: the client reconnects

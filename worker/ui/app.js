@@ -151,9 +151,17 @@ function budgets(run) {
   return out;
 }
 
-function waterfall(run, steps, onFork) {
-  if (!steps.length) return h("p", { class: "muted" }, run.status === "QUEUED" ? "Waiting for a worker…" : "No steps yet.");
+function waterfall(run, steps, onFork, inflight) {
+  if (!steps.length && !inflight) return h("p", { class: "muted" }, run.status === "QUEUED" ? "Waiting for a worker…" : "No steps yet.");
   const now = Date.now();
+  if (inflight && !TERMINAL.has(run.status)) {
+    // The model call whose text is streaming in has no step row until it ends: drawn from the last
+    // step's end (or the run's start) to now.
+    const ends = steps.map((s) => s.finishedAt).filter(Boolean).sort();
+    steps = [...steps, { seq: inflight, kind: "MODEL", status: "STARTED", startedAt: ends.length ? ends[ends.length - 1] : run.startedAt,
+      finishedAt: null, latencyMs: null, inputTokens: 0, outputTokens: 0, cacheCreationInputTokens: 0, cacheReadInputTokens: 0,
+      worker: run.lockedBy, stopReason: "streaming", inflight: true }];
+  }
   const times = steps.map((s) => {
     const end = s.finishedAt ? new Date(s.finishedAt).getTime() : now;
     return { start: new Date(s.startedAt).getTime(), end };
@@ -180,7 +188,7 @@ function waterfall(run, steps, onFork) {
         takeover ? h("span", { class: "tag takeover", title: "another worker took the run over" }, `⇄ taken over by ${s.worker}`) : null),
       h("div", { class: "wf-track", "aria-hidden": "true" },
         h("div", { class: `wf-bar ${kind} ${s.status.toLowerCase()}`, style: `left:${left.toFixed(2)}%;width:${width.toFixed(2)}%` })),
-      h("div", { class: "wf-meta mono" }, `${ms(s.latencyMs)} · ${tokens} · ${s.worker || "–"}`,
+      s.inflight ? h("div", { class: "wf-meta mono" }, `in flight · ${s.worker || "–"}`) : h("div", { class: "wf-meta mono" }, `${ms(s.latencyMs)} · ${tokens} · ${s.worker || "–"}`,
         " ", h("button", { type: "button", class: "link", id: `fork-${s.seq}`, onclick: () => onFork(s.seq), "aria-label": `Fork from step ${s.seq}` }, "Fork here")));
   });
   return h("div", {}, h("div", { class: "wf-axis mono", "aria-hidden": "true" }, h("span", {}, "0 s"), h("span", {}, `${(span / 1000).toFixed(1)} s`)),
@@ -334,6 +342,12 @@ function runView(id) {
     if (focused) { const el = document.getElementById(focused); if (el) el.focus(); }
   }
 
+  const inflightSeq = (rows) => {
+    const last = Math.max(0, ...rows.filter((s) => s.seq !== null).map((s) => s.seq));
+    const streaming = [...live.keys()].filter((seq) => seq > last && live.get(seq));
+    return streaming.length ? Math.max(...streaming) : null;
+  };
+
   const ordered = () => [...steps.values()].sort((a, b) => (a.seq ?? Infinity) - (b.seq ?? Infinity));
 
   function draw(ordered) {
@@ -375,7 +389,7 @@ function runView(id) {
         ? h("section", { class: "card answer" }, h("h2", {}, "Answer"), h("div", { class: "text" },
           typeof run.output === "string" ? run.output : JSON.stringify(run.output, null, 2)))
         : null,
-      h("section", { class: "card" }, h("h2", {}, "Steps"), waterfall(run, ordered.filter((s) => s.seq !== null), fork)),
+      h("section", { class: "card" }, h("h2", {}, "Steps"), waterfall(run, ordered.filter((s) => s.seq !== null), fork, inflightSeq(ordered))),
       h("section", { class: "card" }, h("h2", {}, "Conversation"), conversation(run, ordered, details, live)),
       cont,
     ].filter(Boolean));

@@ -30,7 +30,8 @@ from pydantic import BaseModel
 from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.guards import ScopedRoute, access
 from agentrun.worker.api.identities import Scope
-from agentrun.worker.api.schemas import DecisionView, FieldProblem, RunView, TimelineStep
+from agentrun.worker.api.routes import ERRORS
+from agentrun.worker.api.schemas import DecisionView, ErrorBody, FieldProblem, RunView, TimelineStep
 from agentrun.worker.deltas import DELTA_CHANNEL
 from agentrun.worker.records import PendingCall, StepKind
 from agentrun.worker.store import DECISION_COLUMNS, RUN_COLUMNS, TIMELINE_COLUMNS, RunStore, _pending, _run, _step
@@ -300,15 +301,18 @@ async def stream_events(hub: EventHub, run_id: uuid.UUID, after: Position, first
 
 
 def events_router(store: RunStore, hub: EventHub, secured: bool) -> APIRouter:
-    router = APIRouter(prefix="/api/runs", tags=["runs"], route_class=ScopedRoute)
+    # The errors every run route documents (routes.ERRORS), 401 and 403 only when tokens are required.
+    router = APIRouter(
+        prefix="/api/runs", tags=["runs"], route_class=ScopedRoute,
+        responses=ERRORS if secured else {k: v for k, v in ERRORS.items() if k not in (401, 403)},
+    )
 
     @router.get(
         "/{id}/events",
         response_class=StreamingResponse,
         responses={
             200: {"content": {"text/event-stream": {}}, "description": "The run's events, until it ends"},
-            400: {"description": "A Last-Event-ID this stream never sent"},
-            404: {"description": "No such run"},
+            400: {"model": ErrorBody, "description": "A Last-Event-ID this stream never sent"},
         },
         **access(Scope.READ, secured),
     )

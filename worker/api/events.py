@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -31,7 +32,7 @@ from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.guards import ScopedRoute, access
 from agentrun.worker.api.identities import Scope
 from agentrun.worker.api.routes import ERRORS
-from agentrun.worker.api.schemas import DecisionView, ErrorBody, FieldProblem, RunView, TimelineStep
+from agentrun.worker.api.schemas import DecisionView, RunView, TimelineStep
 from agentrun.worker.deltas import DELTA_CHANNEL
 from agentrun.worker.records import PendingCall, StepKind
 from agentrun.worker.store import DECISION_COLUMNS, RUN_COLUMNS, TIMELINE_COLUMNS, RunStore, _pending, _run, _step
@@ -168,15 +169,15 @@ def event_id(position: Position) -> str:
     return ".".join(str(p) for p in position)
 
 
+EVENT_ID = re.compile(r"([0-9]{1,18})\.([0-2])\.([0-9]{1,10})")
+"""What `event_id` makes: a transaction id (below 10^18, as PostgreSQL's are for ages), a kind, a seq."""
+
+
 def parse_event_id(text: str) -> Position:
-    parts = text.strip().split(".")
-    try:
-        xid, kind, seq = (int(p) for p in parts)
-    except ValueError:
-        problem = "is not an event id this stream sent (three numbers joined by dots)"
-        fields = [FieldProblem(field="Last-Event-ID", problem=problem)]
-        raise ApiError(400, f"Last-Event-ID {problem}", fields) from None
-    return xid, kind, seq
+    """The position an id names; START for one this stream never sent (a proxy's or an older server's):
+    such a client is served as a new one, the stored steps first, rather than refused mid-reconnect."""
+    m = EVENT_ID.fullmatch(text.strip())
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else START
 
 
 async def read_changes(store: RunStore, run_id: uuid.UUID, after: Position) -> Batch | None:
@@ -312,15 +313,17 @@ def events_router(store: RunStore, hub: EventHub, secured: bool) -> APIRouter:
         response_class=StreamingResponse,
         responses={
             200: {"content": {"text/event-stream": {}}, "description": "The run's events, until it ends"},
-            400: {"model": ErrorBody, "description": "A Last-Event-ID this stream never sent"},
         },
         **access(Scope.READ, secured),
     )
     async def events(
         run_id: Annotated[uuid.UUID, Path(alias="id", description="The run's id (a UUID).")],
-        last_event_id: Annotated[str | None, Header(
-            alias="Last-Event-ID", description="Resume after this event: what the stream missed, nothing twice.",
-        )] = None,
+        # A plain string (absent: empty), so the document states its form on the string itself.
+        last_event_id: Annotated[str, Header(
+            alias="Last-Event-ID", description="Resume after this event: what the stream missed, nothing twice "
+            "(an id this stream never sent is ignored: the stream starts from the stored steps).",
+            json_schema_extra={"pattern": f"^{EVENT_ID.pattern}$"},
+        )] = "",
     ) -> StreamingResponse:
         """Server-sent events of a run: `step` (a timeline row appeared or changed), `run` (the run JSON
         changed: status, tokens, cost, ...), `delta` (`{"seq", "text"}`: model text in flight, not stored,

@@ -265,3 +265,29 @@ async def test_stopping_the_worker_ends_open_streams_instead_of_waiting_for_them
                 await serve
             await stream.until(lambda s: s.closed.is_set(), what="the stream to close")
     assert not stream.ended  # closed by the server going away, not by the run ending: the client reconnects
+
+
+async def test_runs_watch_prints_the_steps_and_the_model_text_as_it_streams(
+    app: FastAPI, store: RunStore, toolbox: ToolBox, model: FakeAnthropic, server_url: str,
+    capsys: pytest.CaptureFixture[str], restore_logging: None,  # after server_url: the CLI's log handler is gone before the server stops
+) -> None:
+    from agentrun.worker import cli
+
+    async with httpx.AsyncClient(base_url=server_url) as http:
+        run_id = (await http.post("/api/runs", json=BODY)).json()["id"]
+    watching = asyncio.create_task(asyncio.to_thread(cli.main, ["runs", "watch", run_id, "--url", server_url]))
+    # The watcher subscribes before the run is driven, so it hears every fragment of the answer.
+    async def subscribed() -> bool:
+        return uuid.UUID(run_id) in app.state.events.subscribers
+
+    await eventually(subscribed, timeout=30, what="the watcher to subscribe")
+    async with driving(store, toolbox, model):
+        code = await asyncio.wait_for(watching, 60)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    lines = out.splitlines()
+    assert "  model (seq 3): Summary of lookup: found x" in lines
+    rows = [line.split()[:4] for line in lines if line.strip().startswith(("1 ", "2 ", "3 "))]
+    assert rows[0] == ["1", "MODEL", "-", "DONE"] and rows[-1] == ["3", "MODEL", "-", "DONE"]
+    assert ["2", "TOOL", "lookup", "DONE"] in rows  # seen STARTED first too, when the stream caught it running
+    assert lines[-1].startswith(f"run {run_id} SUCCEEDED")

@@ -11,8 +11,11 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY worker/ worker/
 COPY operator/ operator/
+# Every model provider's SDK (Bedrock, Vertex, OpenAI-compatible): the image serves whichever a run names.
 # The final stage installs nothing, so the virtualenv loses its installer.
-RUN /opt/agentrun/bin/pip install . \
+# With the `providers` extra (Bedrock, Vertex AI, OpenAI-compatible) and the `otel` one (traces over
+# OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT is set, off otherwise).
+RUN /opt/agentrun/bin/pip install ".[providers,otel]" \
     && /opt/agentrun/bin/pip uninstall --yes pip
 
 # -- final: the virtualenv on the same slim base, run as an unprivileged user with a numeric UID

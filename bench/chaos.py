@@ -1,5 +1,6 @@
-"""Chaos run: many runs through worker processes killed with SIGKILL every few seconds and a PostgreSQL
-restart in the middle; then the promises are checked against the database and the model's request log.
+"""Chaos run: many runs through worker processes killed with SIGKILL every few seconds, every client
+connection cut a few times, and a PostgreSQL restart in the middle; then the promises are checked against
+the database, the tool's execution log, the lease history and the model's request log.
 
     .venv/bin/python -m bench.chaos                      # 200 runs, 4 workers, the full run
     .venv/bin/python -m bench.chaos --runs 20 --workers 2
@@ -15,6 +16,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import math
 import os
 import random
 import signal
@@ -52,9 +54,17 @@ class Options:
     """Runs in flight per worker."""
     lease_seconds: float = 2.5
     kill_every: float = 2.0
-    """Mean seconds between two SIGKILLs (uniform between half and one and a half times this)."""
+    """Mean seconds between two SIGKILLs (uniform between half and one and a half times this). Each kills
+    a worker that holds a run, so that it interrupts work rather than a process still starting up."""
+    max_claims: int = 4
+    """A worker holding a run claimed this many times is not killed: every run gets to end, and stays
+    below the worker's limit on claims of a run that keeps killing its workers."""
     pg_restart: bool = True
     pg_down_seconds: float = 2.0
+    cuts: int = 3
+    """How many times every client connection is cut (pg_terminate_backend), each while workers hold runs."""
+    cut_every: float = 2.0
+    """Seconds at least between two cuts (and from the start to the first)."""
     slow_seconds: float = 1.5
     """How long a slow tool call sleeps: long enough for kills to land inside tool calls."""
     model_latency: float = 0.05
@@ -115,7 +125,7 @@ class Fleet:
         self.slots: list[WorkerProc | None] = [None] * options.workers
         self.generation = [0] * options.workers
         self.pids: dict[int, str] = {}
-        self.kills: list[tuple[float, str]] = []  # (epoch seconds, worker name)
+        self.kills: list[tuple[float, str]] = []  # (epoch seconds just before the SIGKILL, worker name)
 
     async def start(self, slot: int) -> None:
         self.generation[slot] += 1
@@ -133,14 +143,19 @@ class Fleet:
         self.pids[proc.pid] = name
         self.slots[slot] = WorkerProc(name, port, proc)
 
-    async def kill_one(self, rng: random.Random) -> str:
-        slot = rng.randrange(len(self.slots))
+    async def kill_one(self, rng: random.Random, busy: set[str]) -> str | None:
+        """SIGKILL one of the workers named in `busy` and start another in its slot; None if none is there."""
+        slots = [i for i, w in enumerate(self.slots) if w and w.name in busy and w.proc.returncode is None]
+        if not slots:
+            return None
+        slot = rng.choice(slots)
         w = self.slots[slot]
         assert w is not None
+        # Taken before the signal: a takeover of its runs can follow the kill at once.
+        self.kills.append((time.time(), w.name))
         if w.proc.returncode is None:
             w.proc.send_signal(signal.SIGKILL)
         await w.proc.wait()
-        self.kills.append((time.time(), w.name))
         await self.start(slot)
         return w.name
 
@@ -156,41 +171,104 @@ class Fleet:
                     w.proc.kill()
                     await w.proc.wait()
 
-    def any_port(self) -> int:
-        return next(w.port for w in self.slots if w)
+    async def live(self, deadline: float) -> tuple[list[WorkerProc], list[str]]:
+        """The current workers once each answers /healthz (a worker just started may still be coming
+        up); and the names of those that exited or did not answer by the monotonic `deadline`."""
+        workers = [w for w in self.slots if w]
+        answered = await asyncio.gather(*(_until(w, "/healthz", 200, deadline) for w in workers))
+        return ([w for w, ok in zip(workers, answered, strict=True) if ok],
+                [w.name for w, ok in zip(workers, answered, strict=True) if not ok])
 
 
-async def _readyz(port: int) -> int | None:
+async def _get(port: int, path: str) -> int | None:
+    """The status of one request, None if nothing answered."""
     try:
         async with httpx.AsyncClient(timeout=5) as c:
-            return (await c.get(f"http://127.0.0.1:{port}/readyz")).status_code
+            return (await c.get(f"http://127.0.0.1:{port}{path}")).status_code
     except httpx.HTTPError:
         return None
+
+
+async def _until(w: WorkerProc, path: str, status: int, deadline: float) -> bool:
+    """Whether the worker answered `path` with `status` before the monotonic deadline (False once it exited)."""
+    while w.proc.returncode is None:
+        if await _get(w.port, path) == status:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.1)
+    return False
 
 
 @dataclasses.dataclass
 class Outage:
     started: float = 0.0
     ended: float = 0.0
-    readyz_while_down: list[int | None] = dataclasses.field(default_factory=list)
-    readyz_after: int | None = None
+    probed: list[str] = dataclasses.field(default_factory=list)
+    """The workers that answered /healthz before the outage: the ones whose /readyz is judged."""
+    not_live: list[str] = dataclasses.field(default_factory=list)
+    readyz_while_down: collections.Counter[int | None] = dataclasses.field(default_factory=collections.Counter)
+    not_ready_after: list[str] = dataclasses.field(default_factory=list)
+    seconds_to_ready: float = 0.0
 
 
 async def restart_postgres(pg: LocalPostgres, fleet: Fleet, options: Options) -> Outage:
-    out = Outage(started=time.time())
+    """Stop PostgreSQL for a while and back: every live worker's /readyz must say 503 while it is down
+    and 200 again after, without the worker being restarted. No worker is killed meanwhile."""
+    live, not_live = await fleet.live(time.monotonic() + 60)
+    out = Outage(probed=[w.name for w in live], not_live=not_live)
+    out.started = time.time()
     await asyncio.to_thread(pg.stop)
     deadline = time.monotonic() + options.pg_down_seconds
-    while time.monotonic() < deadline:
-        out.readyz_while_down.append(await _readyz(fleet.any_port()))
+    rounds = 0
+    while rounds == 0 or time.monotonic() < deadline:  # at least one full round while it is down
+        for code in await asyncio.gather(*(_get(w.port, "/readyz") for w in live)):
+            out.readyz_while_down[code] += 1
+        rounds += 1
         await asyncio.sleep(0.3)
     await asyncio.to_thread(pg.start)
     out.ended = time.time()
-    for _ in range(100):  # the worker's pool reconnects on its own, with backoff
-        out.readyz_after = await _readyz(fleet.any_port())
-        if out.readyz_after == 200:
-            break
-        await asyncio.sleep(0.2)
+    back = time.monotonic()
+    # The pools reconnect on their own, with backoff; generous, as the machine may be loaded.
+    ready = await asyncio.gather(*(_until(w, "/readyz", 200, back + 60) for w in live))
+    out.seconds_to_ready = time.monotonic() - back
+    out.not_ready_after = [w.name for w, ok in zip(live, ready, strict=True) if not ok]
     return out
+
+
+CUT_CONNECTIONS = """SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+                     WHERE datname = current_database() AND pid <> pg_backend_pid()"""
+
+
+@dataclasses.dataclass(frozen=True)
+class Cut:
+    at: float
+    """Epoch seconds, just before the connections were cut."""
+    connections: int
+    tools_in_flight: int
+
+
+async def busy_workers(conn: psycopg.AsyncConnection[Any], max_claims: int | None = None) -> set[str]:
+    """The workers holding a run now; with `max_claims`, only those whose every run was claimed fewer times."""
+    cur = await conn.execute(
+        """SELECT locked_by FROM run WHERE status = 'RUNNING' AND locked_until > now()
+           GROUP BY locked_by HAVING max(claims) < %s""", (max_claims or 2**31 - 1,))
+    return {row[0] for row in await cur.fetchall()}
+
+
+async def cut_connections(conn: psycopg.AsyncConnection[Any], fleet: Fleet) -> Cut | None:
+    """Terminate every other session of the database at once, as a pooler restart or a failover would;
+    only while some worker holds a run (mid-run), else None."""
+    if not await busy_workers(conn):
+        return None
+    pids = [w.proc.pid for w in fleet.slots if w and w.proc.returncode is None]
+    cur = await conn.execute("SELECT count(*) FROM chaos_tool_exec WHERE ended_at IS NULL AND pid = ANY(%s)", (pids,))
+    row = await cur.fetchone()
+    tools = int(row[0]) if row else 0
+    at = time.time()
+    cur = await conn.execute(CUT_CONNECTIONS)
+    killed = await cur.fetchone()
+    return Cut(at=at, connections=int(killed[0]) if killed else 0, tools_in_flight=tools)
 
 
 # -- the check ------------------------------------------------------------------------------------
@@ -231,10 +309,11 @@ def _sample(items: Sequence[Any], n: int = 5) -> str:
 
 
 async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fleet, outage: Outage | None,
-                seconds: float) -> Report:
+                seconds: float, cuts: Sequence[Cut] = ()) -> Report:
     by_tag = {p.tag: p for p in plan_list}
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        runs = await _rows(conn, "SELECT id, input, status, error, tokens_used, cost_usd, claims FROM run")
+        runs = await _rows(conn, """SELECT id, input, status, error, tokens_used, cost_usd, claims,
+                                           extract(epoch FROM finished_at)::float8 AS finished FROM run""")
         steps = await _rows(conn, """SELECT run_id, seq, kind, status, tool_use_id, request, attempts, worker,
                                             input_tokens + output_tokens + cache_creation_input_tokens
                                               + cache_read_input_tokens AS tokens, cost_usd, finished_at,
@@ -242,9 +321,13 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
                                                AND l.claimed_at <= s.finished_at
                                              ORDER BY l.claimed_at DESC LIMIT 1) AS holder
                                      FROM run_step s""")
-        execs = await _rows(conn, """SELECT e.idempotency_key, e.run_tag, e.pid, extract(epoch FROM e.executed_at)
-                                     AS at FROM chaos_tool_exec e ORDER BY e.executed_at""")
-        leases = (await _rows(conn, "SELECT count(*) AS n FROM run_lease"))[0]["n"]
+        execs = await _rows(conn, """SELECT e.idempotency_key, e.run_tag, e.pid,
+                                            extract(epoch FROM e.executed_at)::float8 AS at,
+                                            extract(epoch FROM e.ended_at)::float8 AS ended
+                                     FROM chaos_tool_exec e ORDER BY e.executed_at""")
+        history = await _rows(conn, """SELECT run_id, worker, extract(epoch FROM claimed_at)::float8 AS at
+                                       FROM run_lease ORDER BY run_id, claimed_at""")
+    leases = len(history)
     tag_of = {r["id"]: ScriptResponder.plan({"messages": [{"content": r["input"]}]})["run"] for r in runs}
     status = collections.Counter(r["status"] for r in runs)
     checks: list[Check] = []
@@ -280,6 +363,7 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
     for e in execs:
         per_key[e["idempotency_key"]].append(e)
     crashes = [(t, name) for t, name in fleet.kills]
+    lease = fleet.options.lease_seconds
     bad_exec = []
     for key, es in per_key.items():
         step = tool_steps.get(key)
@@ -293,8 +377,12 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
             crashed = any(prev["at"] <= t <= nxt["at"] and name == who for t, name in crashes)
             db_down = outage is not None and prev["at"] <= outage.ended and outage.started <= nxt["at"]
             if not (crashed or db_down):
+                # A cut acts until the pools have reconnected: one a little before counts too.
+                cut = max((c.at for c in cuts if prev["at"] - lease <= c.at <= nxt["at"]), default=None)
+                why = f" ({nxt['at'] - cut:.1f}s after a connection cut)" if cut is not None else ""
                 bad_exec.append(
-                    f"{key}: executed again at {nxt['at']:.2f} without a crash of {who} since {prev['at']:.2f}"
+                    f"{key}: executed again at {nxt['at']:.2f} by {fleet.pids.get(nxt['pid'], '?')} without a "
+                    f"crash of {who} since {prev['at']:.2f}{why}"
                 )
     again = sum(len(es) - 1 for es in per_key.values())
     checks.append(Check(
@@ -325,14 +413,17 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
     checks.append(Check("no step left half-written", not unfinished,
                         f"{len(unfinished)} tool steps still STARTED"))
 
+    checks.extend(overlap_and_tenure_checks(execs, history, runs, tag_of, fleet, outage, cuts))
+
     if outage is not None:
-        down = [c for c in outage.readyz_while_down if c is not None]
+        answers = outage.readyz_while_down
         checks.append(Check(
-            "readyz not ready while the database is down, ready after", bool(down) and all(c == 503 for c in down)
-            and outage.readyz_after == 200,
-            f"readyz during the {outage.ended - outage.started:.1f}s outage: "
-            f"{collections.Counter(outage.readyz_while_down)}; "
-            f"after: {outage.readyz_after}"))
+            "readyz not ready while the database is down, ready after",
+            bool(outage.probed) and not outage.not_live and set(answers) == {503} and not outage.not_ready_after,
+            f"{len(outage.probed)} live workers probed ({len(outage.not_live)} never answered /healthz "
+            f"{_sample(outage.not_live)}); readyz during the {outage.ended - outage.started:.1f}s outage: "
+            f"{dict(answers)}; after: all 200 within {outage.seconds_to_ready:.1f}s except "
+            f"{len(outage.not_ready_after)} {_sample(outage.not_ready_after)}"))
 
     lines = [
         "chaos report",
@@ -343,10 +434,92 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
         f"{len(fleet.kills)} killed with SIGKILL",
         f"  postgres restarts: {1 if outage else 0}"
         + (f" (down {outage.ended - outage.started:.1f}s)" if outage else ""),
-        f"  claims: {leases} ({leases - len(runs)} hand-overs)",
+        f"  connection cuts: {len(cuts)} ({sum(c.connections for c in cuts)} connections terminated, "
+        f"with {sum(c.tools_in_flight for c in cuts)} tool executions in flight)",
+        f"  claims: {leases} ({leases - len(runs)} hand-overs; at most {max((r['claims'] for r in runs), default=0)} "
+        "for one run)",
         f"  wall time: {seconds:.1f}s",
     ]
     return Report(lines, checks)
+
+
+def overlap_and_tenure_checks(execs: list[dict[str, Any]], history: list[dict[str, Any]],
+                              runs: list[dict[str, Any]], tag_of: dict[Any, str], fleet: Fleet,
+                              outage: Outage | None, cuts: Sequence[Cut]) -> list[Check]:
+    """The promises a dropped connection must not break, and proof that the kills hit work in flight."""
+    checks: list[Check] = []
+    killed_at = {name: t for t, name in fleet.kills}
+    lease = fleet.options.lease_seconds
+
+    # (a) a tool call never runs twice at the same time: per tool_use id, no two executions overlap.
+    # An execution without an end died with its process, at the kill; one whose process was never
+    # killed and that recorded no end is taken to run to the end of the benchmark.
+    def end_of(e: dict[str, Any]) -> float:
+        if e["ended"] is not None:
+            return float(e["ended"])
+        return killed_at.get(fleet.pids.get(e["pid"], "?"), math.inf)
+
+    per_key: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+    for e in execs:
+        per_key[e["idempotency_key"]].append(e)
+    overlaps = []
+    for key, es in per_key.items():
+        es.sort(key=lambda e: e["at"])
+        for i, later in enumerate(es):
+            for earlier in es[:i]:
+                if later["at"] < end_of(earlier):
+                    overlaps.append(
+                        f"{key}: {fleet.pids.get(later['pid'], '?')} started it at {later['at']:.2f} while "
+                        f"{fleet.pids.get(earlier['pid'], '?')} ran it ({earlier['at']:.2f}–{end_of(earlier):.2f})")
+    unended = sum(1 for e in execs if e["ended"] is None)
+    checks.append(Check(
+        "no tool call executed twice at the same time", not overlaps,
+        f"{len(execs)} executions of {len(per_key)} tool calls, {unended} cut short by a kill; "
+        f"overlapping: {len(overlaps)} {_sample(overlaps)}"))
+
+    # (b) a run changes hands only when its holder died, or could not reach the database long enough that
+    # it had to give its runs up (about 2/3 of the lease without a renewal): never because a connection
+    # dropped under a live holder.
+    claims: dict[Any, list[dict[str, Any]]] = collections.defaultdict(list)
+    for h in history:
+        claims[h["run_id"]].append(h)
+    long_outage = outage is not None and outage.ended - outage.started >= 2 * lease / 3
+    handovers, stolen = 0, []
+    for run_id, hs in claims.items():
+        for prev, nxt in zip(hs, hs[1:], strict=False):
+            if prev["worker"] == nxt["worker"]:
+                continue
+            handovers += 1
+            if prev["worker"] in killed_at and killed_at[prev["worker"]] <= nxt["at"]:
+                continue
+            if long_outage and outage is not None and prev["at"] <= outage.ended and outage.started <= nxt["at"]:
+                continue
+            # A cut acts until the pools have reconnected: one a little before the earlier claim counts.
+            cut = max((c.at for c in cuts if prev["at"] - lease <= c.at <= nxt["at"]), default=None)
+            why = f", {nxt['at'] - cut:.1f}s after a connection cut" if cut is not None else ""
+            stolen.append(f"{tag_of[run_id]}: {prev['worker']} (alive) → {nxt['worker']} at {nxt['at']:.2f}{why}")
+    checks.append(Check(
+        "no run changes hands while its holder is alive", not stolen,
+        f"{handovers} hand-overs between workers; {len(stolen)} from a live holder {_sample(stolen)}"))
+
+    # (c) the kills hit work in flight: the killed worker held a run that was not finished yet (so it
+    # was in a model call, a tool call or a checkpoint), or was running a tool.
+    finished = {r["id"]: (math.inf if r["finished"] is None else float(r["finished"])) for r in runs}
+    in_flight = in_tool = 0
+    for t, name in fleet.kills:
+        held = any(
+            hs[j]["worker"] == name and finished[run_id] > t
+            for run_id, hs in claims.items()
+            for j in [max((i for i, h in enumerate(hs) if h["at"] <= t), default=-1)] if j >= 0
+        )
+        tool = any(fleet.pids.get(e["pid"]) == name and e["at"] <= t < end_of(e) + 1e-6 for e in execs)
+        in_flight += held or tool
+        in_tool += tool
+    checks.append(Check(
+        "kills hit steps in flight", in_flight > 0,
+        f"{len(fleet.kills)} kills; {in_flight} landed while the worker had a step in flight "
+        f"({in_tool} during a tool execution)"))
+    return checks
 
 
 # -- the run --------------------------------------------------------------------------------------
@@ -384,8 +557,11 @@ async def chaos(options: Options) -> Report:
         fleet = Fleet(options, env, logdir)
         for slot in range(options.workers):
             await fleet.start(slot)
+        await fleet.live(time.monotonic() + 120)  # the clock starts once the first workers are up
         t0 = time.monotonic()
         outage: Outage | None = None
+        cuts: list[Cut] = []
+        last_cut = t0
         next_kill = t0 + options.kill_every * rng.uniform(0.5, 1.5)
         last_note = t0
         async with await psycopg.AsyncConnection.connect(pg.url, autocommit=True) as conn:
@@ -406,18 +582,31 @@ async def chaos(options: Options) -> Report:
                 if now - t0 > options.timeout:
                     print(f"chaos: timed out after {options.timeout:g}s with {done} runs finished", file=sys.stderr)
                     break
-                if options.pg_restart and outage is None and done >= len(plan_list) * 0.4:
+                # Once the cuts and a first kill are behind: the restart takes long enough that the runs
+                # left after it may not give them a chance.
+                if options.pg_restart and outage is None and done >= len(plan_list) * 0.4 and (
+                        len(cuts) >= options.cuts and fleet.kills):
                     print(f"chaos: restarting PostgreSQL ({done} of {len(plan_list)} runs finished)", file=sys.stderr)
                     outage = await restart_postgres(pg, fleet, options)
                     with contextlib.suppress(Exception):
                         await conn.close()
                     conn = await psycopg.AsyncConnection.connect(pg.url, autocommit=True)
                     continue
+                if len(cuts) < options.cuts and now - last_cut >= options.cut_every:
+                    with contextlib.suppress(psycopg.OperationalError):
+                        if cut := await cut_connections(conn, fleet):
+                            cuts.append(cut)
+                            last_cut = now
+                            print(f"chaos: cut {cut.connections} connections ({cut.tools_in_flight} tools in "
+                                  f"flight; {done} of {len(plan_list)} runs finished)", file=sys.stderr)
                 if now >= next_kill:
-                    name = await fleet.kill_one(rng)
-                    if options.verbose:
-                        print(f"chaos: killed {name}", file=sys.stderr)
-                    next_kill = time.monotonic() + options.kill_every * rng.uniform(0.5, 1.5)
+                    name = None
+                    with contextlib.suppress(psycopg.OperationalError):
+                        name = await fleet.kill_one(rng, await busy_workers(conn, options.max_claims))
+                    if name is not None:  # else a worker holding a run is waited for
+                        if options.verbose:
+                            print(f"chaos: killed {name}", file=sys.stderr)
+                        next_kill = time.monotonic() + options.kill_every * rng.uniform(0.5, 1.5)
                 if now - last_note > 10:
                     print(f"chaos: {done} of {len(plan_list)} runs finished, {len(fleet.kills)} kills", file=sys.stderr)
                     last_note = now
@@ -425,7 +614,7 @@ async def chaos(options: Options) -> Report:
             await conn.close()
         seconds = time.monotonic() - t0
         await fleet.stop()
-        report = await check(pg.url, plan_list, model, fleet, outage, seconds)
+        report = await check(pg.url, plan_list, model, fleet, outage, seconds, cuts)
         report.lines.append(f"  worker logs: {logdir}")
         return report
     finally:
@@ -444,8 +633,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=d.concurrency, help="runs in flight per worker")
     p.add_argument("--lease-seconds", type=float, default=d.lease_seconds)
     p.add_argument("--kill-every", type=float, default=d.kill_every, help="mean seconds between SIGKILLs")
+    p.add_argument("--max-claims", type=int, default=d.max_claims,
+                   help="spare a worker holding a run claimed this many times")
     p.add_argument("--no-pg-restart", action="store_true", help="skip the PostgreSQL restart")
     p.add_argument("--pg-down-seconds", type=float, default=d.pg_down_seconds)
+    p.add_argument("--cuts", type=int, default=d.cuts, help="times every client connection is cut, each mid-run")
+    p.add_argument("--cut-every", type=float, default=d.cut_every, help="seconds at least between two cuts")
     p.add_argument("--slow-seconds", type=float, default=d.slow_seconds, help="sleep of a slow tool call")
     p.add_argument("--model-latency", type=float, default=d.model_latency, help="seconds the model takes")
     p.add_argument("--seed", type=int, default=d.seed, help="seeds the scripts and the kills")
@@ -454,7 +647,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     options = Options(
         runs=a.runs, workers=a.workers, concurrency=a.concurrency, lease_seconds=a.lease_seconds,
-        kill_every=a.kill_every, pg_restart=not a.no_pg_restart, pg_down_seconds=a.pg_down_seconds,
+        kill_every=a.kill_every, pg_restart=not a.no_pg_restart, pg_down_seconds=a.pg_down_seconds, cuts=a.cuts,
+        cut_every=a.cut_every, max_claims=a.max_claims,
         slow_seconds=a.slow_seconds, model_latency=a.model_latency, seed=a.seed, timeout=a.timeout, verbose=a.verbose,
     )
     report = asyncio.run(chaos(options))

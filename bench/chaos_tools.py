@@ -1,11 +1,12 @@
-"""The chaos run's tool: records every execution in its own table (the tool's side effect), then
-optionally sleeps. Loaded by the workers through AGENTRUN_TOOLS=bench.chaos_tools.
+"""The chaos run's tool: records every execution, its start and its end, in its own table (the tool's
+side effect), sleeping in between if asked. Loaded by the workers through AGENTRUN_TOOLS=bench.chaos_tools.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 import uuid
 from typing import Any
 
@@ -18,31 +19,38 @@ EXEC_TABLE = """CREATE TABLE IF NOT EXISTS chaos_tool_exec (
     idempotency_key TEXT NOT NULL,
     run_tag         TEXT NOT NULL,
     pid             INT NOT NULL,
-    executed_at     TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())"""
+    executed_at     TIMESTAMPTZ NOT NULL,  -- when the execution started (this process's clock)
+    ended_at        TIMESTAMPTZ            -- when it ended; NULL if its process died first
+)"""
 
 
-async def _record(key: str, tag: str) -> None:
-    """Write the execution, riding out a database restart: an effect the tool had must not go unrecorded.
-
-    An INSERT can commit and still fail on the client (the server went down before it answered), so the
-    retry is made idempotent with an id of its own per execution: one execution, one row, however many
-    tries it took to record it.
-    """
-    execution_id = uuid.uuid4()
+async def _write(query: str, params: tuple[object, ...]) -> None:
+    """One idempotent write, riding out a database restart or a cut connection: an effect the tool had
+    must not go unrecorded. A write can commit and still fail on the client (the server went down before
+    it answered), which is why each is made idempotent by the execution's own id."""
     delay = 0.1
     for _ in range(60):
         try:
             async with await psycopg.AsyncConnection.connect(os.environ["AGENTRUN_DATABASE_URL"], autocommit=True) as c:
-                await c.execute(
-                    "INSERT INTO chaos_tool_exec (execution_id, idempotency_key, run_tag, pid) "
-                    "VALUES (%s, %s, %s, %s) ON CONFLICT (execution_id) DO NOTHING",
-                    (execution_id, key, tag, os.getpid()),
-                )
+                await c.execute(query, params)
                 return
         except psycopg.OperationalError:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
     raise RuntimeError("chaos_step: the database stayed unreachable")
+
+
+async def _record(execution_id: uuid.UUID, key: str, tag: str, started: float) -> None:
+    await _write(
+        "INSERT INTO chaos_tool_exec (execution_id, idempotency_key, run_tag, pid, executed_at) "
+        "VALUES (%s, %s, %s, %s, to_timestamp(%s)) ON CONFLICT (execution_id) DO NOTHING",
+        (execution_id, key, tag, os.getpid(), started),
+    )
+
+
+async def _record_end(execution_id: uuid.UUID, ended: float) -> None:
+    await _write("UPDATE chaos_tool_exec SET ended_at = to_timestamp(%s) WHERE execution_id = %s",
+                 (ended, execution_id))
 
 
 @tool(
@@ -57,7 +65,15 @@ async def _record(key: str, tag: str) -> None:
     timeout_seconds=60,
 )
 async def chaos_step(args: dict[str, Any], ctx: ToolContext) -> str:
-    await _record(ctx.idempotency_key, args["run"])
-    if args.get("sleep"):
-        await asyncio.sleep(args["sleep"])
+    # Times from this process's clock, taken where the execution starts and ends, not when the write
+    # lands: the benchmark compares executions of one key for overlap, and a write may be retried.
+    execution_id = uuid.uuid4()
+    await _record(execution_id, ctx.idempotency_key, args["run"], time.time())
+    try:
+        if args.get("sleep"):
+            await asyncio.sleep(args["sleep"])
+    finally:
+        # Also when the step is cancelled: the end is recorded in a task of its own that a second
+        # cancellation cannot interrupt.
+        await asyncio.shield(asyncio.ensure_future(_record_end(execution_id, time.time())))
     return f"step {args['turn']}.{args['part']} of run {args['run']} done"

@@ -22,14 +22,15 @@ from agentrun.operator.notify import listen
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.status import StatusSync
 from agentrun.worker.pricing import PriceTable
-from agentrun.worker.records import Run
-from agentrun.worker.store import RunStore
+from agentrun.worker.records import Decision, Run
+from agentrun.worker.store import DecideOutcome, RunStore
 
 log = logging.getLogger("agentrun.operator")
 
 FINALIZER = "agentrun.dev/finalizer"
 INDEX = "agentruns_by_uid"
 CANCEL_FIELD = ("spec", "cancel")
+DECISIONS_FIELD = ("spec", "decisions")
 
 log_db = logging.getLogger("agentrun.operator.database")
 
@@ -72,6 +73,56 @@ class Operator:
             return await self.store.cancel(uid, by=by)
         except DATABASE_DOWN as e:
             raise kopf.TemporaryError(f"cannot cancel, database unreachable: {e}", delay=self.retry_in(retry)) from e
+
+    async def source(self, spec: Any, ref: Ref, retry: int) -> Run | None:
+        """The run of the AgentRun this one continues or forks (same namespace), if it names one.
+
+        Not there yet (that AgentRun's run is being made), or not finished when it is to be continued:
+        a TemporaryError, so kopf tries again; gone for good, the spec is rejected by `new_run`."""
+        name = mapping.source_name(spec)
+        if name is None:
+            return None
+        try:
+            source = await self.store.find_linked(ref.namespace, name)
+        except DATABASE_DOWN as e:
+            raise kopf.TemporaryError(f"waiting for the database: {e}", delay=self.retry_in(retry)) from e
+        if source is None or (spec.get("continueFrom") and not source.status.terminal):
+            raise kopf.TemporaryError(
+                f"waiting for AgentRun {name} to {'exist' if source is None else 'finish'}",
+                delay=self.retry_in(retry),
+            )
+        return source
+
+    async def decide(self, ref: Ref, entry: Any, by: str, retry: int) -> None:
+        """One decision from spec.decisions, stored as the API stores it; refused ones become Events."""
+        try:
+            decision = Decision(entry.get("decision"))
+            tool_use_id = str(entry["toolUseId"])
+        except (AttributeError, KeyError, ValueError):
+            await self.kube.event(ref.namespace, ref.name, ref.uid, "Warning", "DecisionRejected",
+                                  f"not a decision: {str(entry)[:200]}")
+            return
+        if decision is Decision.RECORD and not isinstance(entry.get("output"), str):
+            await self.kube.event(ref.namespace, ref.name, ref.uid, "Warning", "DecisionRejected",
+                                  f"{tool_use_id}: record needs output")
+            return
+        try:
+            outcome, run = await self.store.decide(
+                ref.uid, tool_use_id, decision, output=entry.get("output"), is_error=bool(entry.get("isError")),
+                reason=entry.get("reason") if isinstance(entry.get("reason"), str) else None, by=by,
+            )
+        except DATABASE_DOWN as e:
+            raise kopf.TemporaryError(f"cannot decide, database unreachable: {e}", delay=self.retry_in(retry)) from e
+        if outcome is DecideOutcome.DECIDED:
+            log.info("%s/%s %s %s (by %s)", ref.namespace, ref.name, decision.value, tool_use_id, by)
+            if run is not None:
+                await self.show(run, ref)
+        elif outcome is not DecideOutcome.ALREADY:
+            why = {DecideOutcome.NO_CALL: "has no pending call with that toolUseId",
+                   DecideOutcome.WRONG_KIND: "does not fit the call's kind",
+                   DecideOutcome.NO_RUN: "has no run"}[outcome]
+            await self.kube.event(ref.namespace, ref.name, ref.uid, "Warning", "DecisionRejected",
+                                  f"{decision.value} {tool_use_id}: the run {why}")
 
     async def show(self, run: Run, ref: Ref) -> None:
         """Show the run in its AgentRun now, as a handler that just changed it wants."""
@@ -191,8 +242,12 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     async def create(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int, **_: Any) -> None:
         ref = Ref.of(body)
         now = datetime.datetime.now(datetime.UTC)
+        source = await op.source(spec, ref, retry)
         try:
-            new = mapping.new_run(spec, str(ref.uid), ref.namespace, ref.name, op.settings.tool_names, op.prices)
+            new = mapping.new_run(
+                spec, str(ref.uid), ref.namespace, ref.name, op.settings.tool_names, op.prices, source,
+                annotations=body.metadata.annotations,
+            )
             new = dataclasses.replace(new, created_by=mapping.requester(body))
         except mapping.InvalidSpec as e:
             # Nothing a retry would fix: say so in the status, make no run.
@@ -221,6 +276,16 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         run = await op.cancel(ref.uid, retry, by=mapping.requester(body, CANCEL_FIELD, latest=True))
         if run is not None:
             await op.show(run, ref)
+
+    @kopf.on.field(GROUP, VERSION, PLURAL, field="spec.decisions", **on)  # type: ignore[arg-type]
+    async def decide(body: kopf.Body, old: Any, new: Any, retry: int, **_: Any) -> None:
+        """Apply each decision added to spec.decisions, through the store as the API does (exactly once:
+        one already taken is refused there, so a retried or replayed handler changes nothing)."""
+        ref = Ref.of(body)
+        seen = len(old) if isinstance(old, list) else 0
+        by = mapping.requester(body, DECISIONS_FIELD, latest=True)
+        for entry in (new or [])[seen:] if isinstance(new, list) else []:
+            await op.decide(ref, entry, by, retry)
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, **on)  # type: ignore[arg-type]
     async def delete(body: kopf.Body, retry: int, **_: Any) -> None:

@@ -10,9 +10,13 @@ from collections.abc import Collection, Mapping, Sequence
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from typing import Any, TypedDict
 
+import orjson
+
+from agentrun.worker.answer import schema_problem
 from agentrun.worker.pricing import PriceTable, cost_budget_problem
-from agentrun.worker.records import NewRun, Run, RunStatus
+from agentrun.worker.records import NewRun, PendingCall, Run, RunStatus
 from agentrun.worker.text import unstorable
+from agentrun.worker.tracing.context import TRACEPARENT_ANNOTATION, checked_traceparent
 
 GROUP = "agentrun.dev"
 VERSION = "v1alpha1"
@@ -28,6 +32,7 @@ DEFAULT_MAX_STEPS = 100
 PHASES: dict[RunStatus, str] = {
     RunStatus.QUEUED: "Queued",
     RunStatus.RUNNING: "Running",
+    RunStatus.WAITING: "Waiting",
     RunStatus.SUCCEEDED: "Succeeded",
     RunStatus.FAILED: "Failed",
     RunStatus.CANCELLED: "Cancelled",
@@ -86,13 +91,20 @@ def new_run(
     name: str,
     known_tools: Collection[str] | None = None,
     prices: PriceTable | None = None,
+    source: Run | None = None,
+    annotations: Mapping[str, str] | None = None,
 ) -> NewRun:
     """The run an AgentRun asks for; raises InvalidSpec naming what is wrong.
 
     `known_tools` is what the workers offer; None skips the check (the operator was not told).
     `prices` is the workers' price table: a cost budget on a model it does not price is refused.
+    `source` is the run of the AgentRun named by `spec.continueFrom` or `spec.forkFrom`, looked up.
+    The `agentrun.dev/traceparent` annotation, if any, makes the run's trace a child of that span.
     """
+    fork = spec.get("forkFrom")
     text = spec.get("input")
+    if isinstance(fork, Mapping) and text is None and source is not None:
+        text = source.input  # a fork goes on from the source's steps; its first message is the source's
     if not isinstance(text, str) or not text.strip():
         raise InvalidSpec("spec.input must be a non-empty string")
     tools = spec.get("tools")
@@ -121,6 +133,36 @@ def new_run(
     cost_budget = _cost_budget(spec)
     if prices is not None and (problem := cost_budget_problem(prices, model, cost_budget)):
         raise InvalidSpec(problem)
+    approval = spec.get("requireApproval")
+    if approval is not None:
+        if not isinstance(approval, list) or not all(isinstance(t, str) and t for t in approval):
+            raise InvalidSpec("spec.requireApproval must be a list of tool names")
+        if known_tools is not None:
+            unknown = sorted(set(approval) - set(known_tools) - {"*"})
+            if unknown:
+                raise InvalidSpec(f"spec.requireApproval names unknown tools: {', '.join(unknown)}")
+    schema = spec.get("outputSchema")
+    if schema is not None and (why := schema_problem(schema)) is not None:
+        raise InvalidSpec(f"spec.outputSchema {why}")
+    continue_from = fork_from = None
+    if spec.get("continueFrom") is not None or fork is not None:
+        if source is None:
+            raise InvalidSpec("the AgentRun named by spec.continueFrom or spec.forkFrom has no run")
+        if fork is not None:
+            seq = fork.get("seq") if isinstance(fork, Mapping) else None
+            if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= source.steps:
+                raise InvalidSpec(f"spec.forkFrom.seq must be between 1 and {source.steps}, the steps its run has")
+            fork_from = (source.id, seq)
+        else:
+            if source.status is not RunStatus.SUCCEEDED:
+                raise InvalidSpec(f"spec.continueFrom: its run is {source.status.value}; only a Succeeded one "
+                                  "can be continued (fork it instead)")
+            continue_from = source.id
+    traceparent = (annotations or {}).get(TRACEPARENT_ANNOTATION)
+    try:
+        traceparent = checked_traceparent(traceparent) if isinstance(traceparent, str) else None
+    except ValueError as e:
+        raise InvalidSpec(f"annotation {TRACEPARENT_ANNOTATION} {e}") from None
     return NewRun(
         id=uuid.UUID(uid),
         input=text,
@@ -133,7 +175,19 @@ def new_run(
         cost_budget_usd=cost_budget,
         k8s_namespace=namespace,
         k8s_name=name,
+        require_approval=tuple(dict.fromkeys(approval)) if approval is not None else None,
+        output_schema=dict(schema) if schema is not None else None,
+        continue_from=continue_from,
+        fork_from=fork_from,
+        traceparent=traceparent,
     )
+
+
+def source_name(spec: Mapping[str, Any]) -> str | None:
+    """The AgentRun (same namespace) this one continues or forks, if any."""
+    fork = spec.get("forkFrom")
+    name = fork.get("name") if isinstance(fork, Mapping) else spec.get("continueFrom")
+    return name if isinstance(name, str) and name else None
 
 
 def _positive_int(spec: Mapping[str, Any], field: str, default: int, limit: int) -> int:
@@ -175,8 +229,10 @@ def run_status(
     generation: int | None,
     previous: Mapping[str, Any] | None,
     now: datetime.datetime,
+    pending: Sequence[PendingCall] = (),
 ) -> dict[str, Any]:
-    """The status an AgentRun shows for its run. `previous` keeps the conditions' transition times."""
+    """The status an AgentRun shows for its run. `previous` keeps the conditions' transition times;
+    `pending` are its calls waiting for a decision (while Waiting)."""
     phase = PHASES[run.status]
     if run.status is RunStatus.SUCCEEDED:
         succeeded = ("True", "Succeeded", "the run finished")
@@ -194,6 +250,12 @@ def run_status(
         "finishedAt": timestamp(run.finished_at) if run.finished_at else None,
         "message": run.error or _phase_message(run),
         "lockedBy": run.locked_by,
+        "pending": [
+            {"toolUseId": c.tool_use_id, "tool": c.tool_name, "kind": c.kind.value, "since": timestamp(c.since),
+             "input": _cut(c.input or "", MAX_PENDING_INPUT)[0]}
+            for c in pending if c.decision is None
+        ],
+        **_output(run),
     }
     ready = ("Ready", "True", "Accepted", "the run is recorded in the database")
     return _status(fields, [ready, ("Succeeded", *succeeded)], generation, previous, now)
@@ -254,6 +316,39 @@ def conditions(
     return out
 
 
+MAX_OUTPUT = 4096
+MAX_PENDING_INPUT = 1024
+
+
+def _cut(text: str, limit: int) -> tuple[str, bool]:
+    """`text` cut to at most `limit` bytes of UTF-8 (whole characters), and whether it was cut."""
+    data = text.encode()
+    if len(data) <= limit:
+        return text, False
+    return data[:limit].decode(errors="ignore"), True
+
+
+def _output(run: Run) -> dict[str, Any]:
+    """status.output: the answer (a structured one as JSON text), cut to 4 KiB, and whether it was cut."""
+    if run.output is None:
+        return {"output": None, "outputTruncated": None}
+    text = run.output if isinstance(run.output, str) else orjson.dumps(run.output).decode()
+    cut, truncated = _cut(text, MAX_OUTPUT)
+    return {"output": cut, "outputTruncated": truncated}
+
+
+def decision_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+    """A DecisionRequired Event for every pending call the AgentRun did not show before."""
+    shown = {p.get("toolUseId") for p in old.get("pending") or [] if isinstance(p, Mapping)}
+    return [
+        ("Normal", "DecisionRequired",
+         f"tool {p['tool']} call {p['toolUseId']} "
+         + ("needs approval" if p["kind"] == "approval" else "is in doubt after a crash: retry, record or fail")
+         + ": add a decision to spec.decisions")
+        for p in new.get("pending") or [] if p["toolUseId"] not in shown
+    ]
+
+
 def _money(value: Decimal) -> str:
     return f"{value.quantize(MICRO_DOLLAR):f}"
 
@@ -263,6 +358,8 @@ def _phase_message(run: Run) -> str:
         return "waiting for a worker"
     if run.status is RunStatus.RUNNING:
         return f"running on {run.locked_by}" if run.locked_by else "running"
+    if run.status is RunStatus.WAITING:
+        return f"waiting for {run.pending} decision{'s' if run.pending != 1 else ''} (see status.pending)"
     return ""
 
 
@@ -275,7 +372,7 @@ def visible_change(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> boo
 
 def event_for(phase: str, message: str) -> tuple[str, str, str] | None:
     """The Kubernetes Event (type, reason, message) announcing a phase, or None for phases not announced."""
-    if phase in ("Queued", "Running", "Succeeded", "Cancelled"):
+    if phase in ("Queued", "Running", "Waiting", "Succeeded", "Cancelled"):
         return "Normal", phase, message or phase.lower()
     if phase in ("Failed", "TimedOut", PENDING):
         return "Warning", phase, message or phase.lower()

@@ -22,7 +22,7 @@ from agentrun.operator import mapping
 from agentrun.operator.kube import KubeApi, KubeError
 from agentrun.operator.mapping import Ref
 from agentrun.operator.settings import OperatorSettings
-from agentrun.worker.records import Run
+from agentrun.worker.records import Run, RunStatus
 from agentrun.worker.store import RunStore
 
 log = logging.getLogger("agentrun.operator.status")
@@ -127,12 +127,13 @@ class StatusSync:
 
     async def _publish(self, run: Run, ref: Ref) -> None:
         old = self._shown(ref)
-        new = mapping.run_status(run, ref.generation, old, datetime.datetime.now(datetime.UTC))
+        pending = await self.store.decisions(run.id) if run.status is RunStatus.WAITING else []
+        new = mapping.run_status(run, ref.generation, old, datetime.datetime.now(datetime.UTC), pending)
         if mapping.visible_change(old, new):
             # The Events first, then the phase: whoever sees a phase finds its Event already there, and
             # one that cannot be posted is retried with the patch (a failed patch may repeat an Event:
             # at least once, never lost).
-            for event in mapping.phase_events(old.get("phase"), run):
+            for event in [*mapping.phase_events(old.get("phase"), run), *mapping.decision_events(old, new)]:
                 await self.kube.event(ref.namespace, ref.name, ref.uid, *event, strict=True)
             if not await self.kube.patch_status(ref.namespace, ref.name, mapping.status_patch(old, new)):
                 self.forget(ref.uid)

@@ -11,10 +11,10 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentrun.worker import logs
-from agentrun.worker.records import RunStatus
+from agentrun.worker.records import Decision, RunStatus
 
 if TYPE_CHECKING:
     from agentrun.worker.settings import WorkerSettings
@@ -76,6 +76,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         default_model=os.environ.get("AGENTRUN_DEFAULT_MODEL", WorkerSettings.default_model),
         prices_file=os.environ.get("AGENTRUN_PRICES_FILE") or None,
+        providers_file=os.environ.get("AGENTRUN_PROVIDERS") or None,
         pool_size=args.pool_size or min(max(args.concurrency, 1) + 2, 20),
         api_token=os.environ.get("AGENTRUN_API_TOKEN") or None,
         api_tokens_file=os.environ.get("AGENTRUN_API_TOKENS") or None,
@@ -111,17 +112,26 @@ def _env_flag(name: str, default: bool) -> bool:
 
 
 async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> int:
-    from agentrun.worker import migrate
-    from agentrun.worker.api.app import create_app
+    """Serve /healthz at once, wait (retrying) for a usable database, then claim and drive runs.
+
+    The HTTP server comes first and nothing ever blocks it: through a database outage at start the
+    process is alive and not ready, and picks up work as soon as the database answers, without a restart.
+    """
+    import psycopg
+    import psycopg_pool
+
+    from agentrun.worker.api.app import create_app, create_starting_app
     from agentrun.worker.api.identities import Identities, IdentityFileError
-    from agentrun.worker.api.server import HttpServer
-    from agentrun.worker.db import open_pool
-    from agentrun.worker.llm.factory import llm_from_env
+    from agentrun.worker.api.server import AppSlot, HttpServer
+    from agentrun.worker.db import Readiness, open_pool, wait_until_usable
+    from agentrun.worker.llm.factory import llm_from_env, load_providers
     from agentrun.worker.metrics import Metrics
+    from agentrun.worker.observer import Observer, Observers
     from agentrun.worker.pricing import PriceTable
     from agentrun.worker.runner import Worker
     from agentrun.worker.store import RunStore
     from agentrun.worker.tools import ToolBox, ToolThreads, load_tool_modules
+    from agentrun.worker.tracing import tracer_from_env
 
     try:
         tools = ToolBox(load_tool_modules(settings.tool_modules), threads=ToolThreads(settings.tool_threads))
@@ -131,7 +141,15 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     # An API-only process (--concurrency 0) needs no model.
     metrics = Metrics(cache_seconds=settings.metrics_cache_seconds)
     metrics.watch_tool_threads(tools.threads)
-    llm = llm_from_env(settings, on_retry=metrics.model_retry) if settings.concurrency > 0 else None
+    providers = load_providers(settings.providers_file)
+    if problem := providers.problem(settings.default_model):
+        raise SystemExit(f"agentrun: AGENTRUN_DEFAULT_MODEL: {problem}")
+    try:
+        tracer = tracer_from_env(os.environ, settings.worker_id)
+    except (ValueError, ImportError) as e:
+        raise SystemExit(f"agentrun: {e}") from None
+    observer: Observer = Observers(metrics, tracer) if tracer is not None else metrics
+    llm = llm_from_env(settings, on_retry=observer.model_retry, providers=providers) if settings.concurrency else None
     try:
         prices = PriceTable.load(settings.prices_file)
     except (OSError, ValueError) as e:
@@ -140,41 +158,70 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         identities = Identities(settings.api_token, settings.api_tokens_file)
     except IdentityFileError as e:
         raise SystemExit(f"agentrun: {e}") from None
-    if migrate_first:
-        await migrate.migrate(settings.database_url)
-    pool = await open_pool(settings.database_url, max_size=settings.pool_max)
-    store = RunStore(pool)
-    metrics.count_runs_with(store.count_by_status)
-    worker = Worker(settings, store, llm, tools, prices, observer=metrics) if llm is not None else None
-    stopping = worker.stopping if worker else asyncio.Event()
+
+    stopping = asyncio.Event()
+    worker: Worker | None = None
 
     def stop() -> None:
+        stopping.set()
         if worker:
             worker.stop()
-        stopping.set()
-
-    app = create_app(store, tools, settings, metrics, prices, identities)
-    server = HttpServer(app, settings.host, settings.port)
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop)
-    log.info(
-        "%s serving on :%d with %d slots, lease %gs, tools: %s",
-        settings.worker_id, settings.port, settings.concurrency, settings.lease_seconds,
-        ", ".join(tools.names) or "none",
-    )
-    http = asyncio.create_task(server.serve())
+    readiness = Readiness()
+    starting = create_starting_app(readiness, metrics)
+    slot = AppSlot(starting)
+    server = HttpServer(slot, settings.host, settings.port)
+    http = asyncio.create_task(server.serve(), name="http")
+    while not server.started:
+        if http.done():  # uvicorn logged why (the port is taken, say) and gave up
+            raise SystemExit(f"agentrun: cannot serve HTTP on {settings.host}:{settings.port}")
+        await asyncio.sleep(0.01)
+    pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
     try:
-        if worker:
-            await worker.run()
-        else:
-            await stopping.wait()
+        while await wait_until_usable(settings.database_url, readiness, stopping, migrate_first=migrate_first):
+            try:
+                pool = await open_pool(settings.database_url, max_size=settings.pool_max)
+            except psycopg_pool.PoolTimeout as e:  # gone again between the check and the pool
+                log.warning("%s cannot open its connection pool (%s); waiting for the database again",
+                            settings.worker_id, e)
+                continue
+            store = RunStore(pool)
+            metrics.count_runs_with(store.count_by_status)
+            slot.app = create_app(store, tools, settings, metrics, prices, identities, providers)
+            log.info(
+                "%s serving on :%d with %d slots, lease %gs, tools: %s",
+                settings.worker_id, settings.port, settings.concurrency, settings.lease_seconds,
+                ", ".join(tools.names) or "none",
+            )
+            if llm is None:
+                await stopping.wait()
+                break
+            worker = Worker(settings, store, llm, tools, prices, observer=observer)
+            if stopping.is_set():
+                worker.stop()
+            try:
+                await worker.run()
+                break
+            except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as e:
+                # Lost before the worker could begin (its presence session could not connect): no run is
+                # held yet, so back to waiting for the database, as at start.
+                log.warning("%s lost the database while starting (%s); waiting for it again", settings.worker_id, e)
+            worker = None
+            slot.app = starting
+            readiness.reason = "database lost while starting"
+            await pool.close()
+            pool = None
     finally:
         server.should_exit = True
         with contextlib.suppress(Exception):
             await http
-        await pool.close()
+        if pool is not None:
+            await pool.close()
+        if tracer is not None:
+            await asyncio.to_thread(tracer.shutdown)  # exports the spans still buffered
     log.info("%s stopped", settings.worker_id)
     return 0
 
@@ -280,7 +327,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 body: dict[str, object] = {"input": args.input, "tokenBudget": args.budget,
                                            "timeoutSeconds": args.timeout}
                 optional = {"model": args.model, "maxSteps": args.max_steps, "tools": args.tool,
-                            "system": args.system, "costBudgetUsd": args.cost_budget}
+                            "system": args.system, "costBudgetUsd": args.cost_budget,
+                            "continueFrom": client._run_id(args.continue_from, "--continue-from")
+                            if args.continue_from else None,
+                            "requireApproval": args.require_approval}
                 body.update({k: v for k, v in optional.items() if v is not None})
                 texts = [("input", args.input), ("model", args.model), ("system", args.system),
                          *((f"tools[{i}]", t) for i, t in enumerate(args.tool or ()))]
@@ -290,6 +340,23 @@ def cmd_runs(args: argparse.Namespace) -> int:
                         raise client.ApiError(0, f"{field}: {why}")
                 created = api.submit(body, args.idempotency_key)
                 show(created, f"{created['id']} {created['status']}")
+            elif args.runs_command == "fork":
+                fork: dict[str, object] = {"forkFrom": {"runId": client._run_id(args.id), "seq": args.seq}}
+                fork.update({k: v for k, v in {"model": args.model, "tokenBudget": args.budget,
+                                                "timeoutSeconds": args.timeout}.items() if v is not None})
+                created = api.submit(fork)
+                show(created, f"{created['id']} {created['status']}")
+            elif args.runs_command == "pending":
+                calls = api.pending(args.id)
+                show(calls, client.pending_table(calls))
+            elif args.runs_command == "decide":
+                decision: dict[str, object] = {"decision": args.decision}
+                decision.update({k: v for k, v in {"output": args.output, "reason": args.reason}.items()
+                                 if v is not None})
+                if args.is_error:
+                    decision["isError"] = True
+                run = api.decide(args.id, args.tool_use_id, decision)
+                show(run, f"{run['id']} {run['status']} pending={run.get('pending', 0)}")
             elif args.runs_command == "get":
                 run = api.get(args.id)
                 show(run, client.run_details(run))
@@ -363,12 +430,43 @@ def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="wall-clock limit in seconds (default: 300)")
     p.add_argument("--tool", action="append", metavar="NAME",
                    help="a tool the model may call (repeatable; default: every tool of the worker)")
-    p.add_argument("--model", help="model name (default: the server's AGENTRUN_DEFAULT_MODEL)")
+    p.add_argument("--model", help="model name; a prefix picks the provider: bedrock/ID, vertex/MODEL, "
+                   "NAME/MODEL for an endpoint of the server's AGENTRUN_PROVIDERS (default: the server's "
+                   "AGENTRUN_DEFAULT_MODEL)")
     p.add_argument("--max-steps", type=_positive_int, metavar="N", help="most steps the run may take (default: 100)")
     p.add_argument("--system", metavar="TEXT", help="system prompt")
     p.add_argument("--cost-budget", type=_positive_float, metavar="USD", help="spending limit in USD")
     p.add_argument("--idempotency-key", metavar="KEY",
                    help="retrying with the same key returns the same run instead of queueing another")
+    p.add_argument("--continue-from", metavar="ID",
+                   help="go on with the whole conversation of this SUCCEEDED run; INPUT is the next message")
+    p.add_argument("--require-approval", action="append", metavar="TOOL",
+                   help="calls of this tool wait for a person's approval (repeatable; '*' for every tool)")
+
+    p = command("fork", "start a run from the first steps of another",
+                "Start a new run from the first --seq steps of run ID, whatever its status, and go on from "
+                "there; budgets and tools are the source's unless given.")
+    p.add_argument("id", help="the run to fork")
+    p.add_argument("--seq", type=_positive_int, required=True, metavar="N", help="how many of its steps to keep")
+    p.add_argument("--model", help="another model for the fork (default: the source's)")
+    p.add_argument("--budget", type=_positive_int, metavar="N", help="token budget (default: the source's)")
+    p.add_argument("--timeout", type=_positive_int, metavar="S", help="wall-clock limit (default: the source's)")
+
+    p = command("pending", "list the tool calls waiting for a decision",
+                "List the tool calls of a WAITING run that wait for a person: approvals, and calls in doubt "
+                "after a crash.")
+    p.add_argument("id", help="run id")
+
+    p = command("decide", "decide a pending tool call",
+                "Decide a pending call: approve or deny an approval; retry, record (with --output) or fail a "
+                "call in doubt. When the last open call is decided, the run goes on.")
+    p.add_argument("id", help="run id")
+    p.add_argument("tool_use_id", metavar="TOOL_USE_ID", help="the pending call (from `runs pending`)")
+    p.add_argument("decision", choices=[d.value for d in Decision], metavar="DECISION",
+                   help="approve | deny | retry | record | fail")
+    p.add_argument("--output", metavar="TEXT", help="with record: what the call returned")
+    p.add_argument("--is-error", action="store_true", help="with record: the call failed")
+    p.add_argument("--reason", metavar="TEXT", help="why (the model sees it when a call is denied)")
 
     p = command("get", "show a run", "Show a run: status, budgets, tokens, cost, error and times.")
     p.add_argument("id", help="run id")
@@ -422,18 +520,26 @@ def build_parser() -> argparse.ArgumentParser:
         "worker",
         help="claim and drive runs, and serve the HTTP API",
         description="Claim runs with leases, drive each from its last checkpoint, and serve /healthz, "
-        "/readyz, the REST API and /metrics on --port.",
+        "/readyz, the REST API and /metrics on --port. The HTTP server starts first: while the database is "
+        "unreachable or not migrated, /healthz answers 200 and /readyz 503 with the reason, and the worker "
+        "retries (backoff up to 5 s) and starts claiming once it is usable, without a restart.",
         epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated modules whose @tool "
-        "functions the worker offers); ANTHROPIC_API_KEY and/or ANTHROPIC_BASE_URL (the model API, one is "
-        "required); AGENTRUN_LLM_MAX_ATTEMPTS (calls per model step, default 5); AGENTRUN_LLM_TIMEOUT_SECONDS "
+        "functions the worker offers); ANTHROPIC_API_KEY and/or ANTHROPIC_BASE_URL (the Anthropic API, one is "
+        "required for its models); AGENTRUN_LLM_MAX_ATTEMPTS (calls per model step, default 5); "
+        "AGENTRUN_LLM_TIMEOUT_SECONDS "
         "(limit of one call, default 120); AGENTRUN_LLM_BACKOFF_BASE_SECONDS and AGENTRUN_LLM_BACKOFF_CAP_SECONDS "
-        "(full-jitter backoff, defaults 1 and 30; a retry-after header is honoured); AGENTRUN_DEFAULT_MODEL; "
+        "(full-jitter backoff, defaults 1 and 30; a retry-after header is honoured); AGENTRUN_DEFAULT_MODEL "
+        "(a prefix picks the provider: bedrock/ with AWS_REGION and the AWS credential chain, vertex/ with "
+        "CLOUD_ML_REGION and ANTHROPIC_VERTEX_PROJECT_ID, <name>/ for an endpoint of AGENTRUN_PROVIDERS, a "
+        "YAML or JSON file of OpenAI-compatible endpoints); "
         "AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_API_TOKEN (bearer token the /api routes require, "
         "the identity `default` with every scope; unset with AGENTRUN_API_TOKENS: open); AGENTRUN_API_TOKENS "
         "(YAML/JSON file of named identities with scopes, re-read on change); AGENTRUN_MAX_BODY_BYTES; "
         "AGENTRUN_LIVENESS_LOCK; AGENTRUN_MAX_CRASH_CLAIMS; "
         "AGENTRUN_TOOL_THREADS (plain-def tools running at once, default 32; a timed-out one keeps its slot "
-        "until it returns); AGENTRUN_LOG_FORMAT.",
+        "until it returns); AGENTRUN_LOG_FORMAT; OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_TRACES_EXPORTER (traces over "
+        "OTLP/HTTP, off unless set; the other standard OTEL_* variables apply) and "
+        "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT (record prompts and outputs in spans, default false).",
     )
     _add_database(p)
     p.add_argument("--id", metavar="NAME", help="worker name in leases, steps and logs (default: host-pid)")
@@ -456,7 +562,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-crash-claims", type=_positive_int, metavar="N", default=None,
                    help="a run taken over this many times from a worker that died mid-step ends FAILED "
                    "instead (default: $AGENTRUN_MAX_CRASH_CLAIMS or 10)")
-    p.add_argument("--no-migrate", action="store_true", help="do not apply migrations at start")
+    p.add_argument("--no-migrate", action="store_true",
+                   help="do not apply migrations at start; wait, not ready, until they are applied")
     p.add_argument("--no-liveness-lock", action="store_true",
                    help="do not hold the session advisory lock that lets other workers take over this "
                    "worker's runs as soon as it dies; needed behind a connection pooler in transaction "
@@ -600,11 +707,14 @@ def _non_negative_float(text: str) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from agentrun.worker.llm.providers import key_variables
+
     args = build_parser().parse_args(argv)
     logs.setup(
         os.environ.get("AGENTRUN_LOG_FORMAT", "console"),
         os.environ.get("AGENTRUN_LOG_LEVEL", "INFO"),
-        secrets=logs.secrets_from_env(os.environ, urls=[getattr(args, "database_url", None)]),
+        secrets=logs.secrets_from_env(os.environ, urls=[getattr(args, "database_url", None)],
+                                      names=key_variables(os.environ.get("AGENTRUN_PROVIDERS"))),
     )
     try:
         return int(args.func(args) or 0)

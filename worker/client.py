@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 import unicodedata
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TextIO
@@ -79,6 +81,15 @@ class RunsClient:
 
     def cancel(self, run_id: str) -> dict[str, Any]:
         return self._call("POST", f"/api/runs/{_run_id(run_id)}/cancel")  # type: ignore[no-any-return]
+
+    def pending(self, run_id: str) -> list[dict[str, Any]]:
+        return self._call("GET", f"/api/runs/{_run_id(run_id)}/pending")  # type: ignore[no-any-return]
+
+    def decide(self, run_id: str, tool_use_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        if not tool_use_id or not tool_use_id.isascii() or not tool_use_id.isprintable() or "/" in tool_use_id:
+            raise ApiError(0, f"tool_use id {_shown(tool_use_id)} must be printable ASCII without '/'")
+        path = f"/api/runs/{_run_id(run_id)}/pending/{urllib.parse.quote(tool_use_id, safe='')}"
+        return self._call("POST", path, json=dict(body))  # type: ignore[no-any-return]
 
     def list(self, status: str | None = None, limit: int | None = None, after: str | None = None) -> dict[str, Any]:
         if after is not None:
@@ -271,12 +282,35 @@ def run_details(run: Mapping[str, Any]) -> str:
         fields.append(("cancel", "requested"))
     if run.get("cancelledBy"):
         fields.append(("cancelled by", run["cancelledBy"]))
+    if run.get("pending"):
+        fields.append(("pending", f"{run['pending']} decisions (agentrun runs pending {run['id']})"))
+    if run.get("parentRunId"):
+        how = f"forked at step {run['forkedAtSeq']}" if run.get("forkedAtSeq") else "continued"
+        fields.append(("parent", f"{run['parentRunId']} ({how})"))
     if run.get("error"):
         fields.append(("error", run["error"]))
     width = max(len(k) for k, _ in fields)
     lines = [f"{k.ljust(width)}  {v}" for k, v in fields]
     lines.append(f"{'input'.ljust(width)}  {run['input']}")
+    if run.get("output") is not None:
+        lines.append(f"{'output'.ljust(width)}  {answer_text(run['output'])}")
     return "\n".join(lines)
+
+
+def answer_text(output: Any) -> str:
+    """A run's answer for a terminal: its text, or a structured one as JSON."""
+    return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False, indent=2)
+
+
+def pending_table(calls: Sequence[Mapping[str, Any]]) -> str:
+    if not calls:
+        return "nothing pending"
+    header = ["TOOL_USE_ID", "TOOL", "KIND", "SINCE", "INPUT"]
+    rows = [[c["toolUseId"], c["tool"], c["kind"], c["since"][:19].replace("T", " "),
+             _shown(json.dumps(c.get("input"), ensure_ascii=False), 60)] for c in calls]
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in [header, *rows])
 
 
 def runs_table(page: Mapping[str, Any]) -> str:
@@ -295,7 +329,10 @@ def runs_table(page: Mapping[str, Any]) -> str:
 
 def finished_line(run: Mapping[str, Any]) -> str:
     why = f" error={run['error']}" if run.get("error") else ""
-    return f"run {run['id']} {run['status']} tokens={run['tokensUsed']} cost=${run['costUsd']:.4f}{why}"
+    line = f"run {run['id']} {run['status']} tokens={run['tokensUsed']} cost=${run['costUsd']:.4f}{why}"
+    if run.get("output") is not None:
+        line += f"\n{answer_text(run['output'])}"
+    return line
 
 
 # Bidirectional overrides and isolates: they reorder what a terminal shows ("Trojan Source").

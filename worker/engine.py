@@ -25,7 +25,7 @@ from agentrun.worker.deltas import DeltaPublisher
 from agentrun.worker.guard import Stop, deadline_passed, final, guard, remaining
 from agentrun.worker.lease import CancelRequested, LeaseKeeper
 from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, Message, Usage
-from agentrun.worker.observer import UNKNOWN_TOOL, NoObserver, Observer
+from agentrun.worker.observer import NO_NOTES, UNKNOWN_TOOL, NoObserver, Observer, StepNotes
 from agentrun.worker.pricing import PriceTable
 from agentrun.worker.records import DecisionKind, PendingCall, Progress, Run, RunStatus, Step, StepKind, StepStatus
 from agentrun.worker.replay import CORRECTION, Conversation, dump_content
@@ -111,7 +111,7 @@ class RunDriver:
         assert task is not None
         self.keeper.hold(run.id, task)
         try:
-            with logs.step_context(run_id=str(run.id)):
+            with logs.step_context(run_id=str(run.id)), self.observer.driving(run):
                 return await self._resume(run, progress)
         except asyncio.CancelledError:
             if self.keeper.lost(run.id):
@@ -189,8 +189,8 @@ class RunDriver:
             else:
                 try:
                     # The seq is the database's to give; this is the one it gives unless the lease is lost.
-                    with logs.step_context(step_seq=conv.steps + 1):
-                        progress = await self._model_step(run, conv)
+                    with logs.step_context(step_seq=conv.steps + 1), self.observer.model_call(run) as notes:
+                        progress = await self._model_step(run, conv, notes)
                 except CancelRequested:
                     return Stop(RunStatus.CANCELLED, "cancel requested")
                 except LlmError as e:
@@ -213,12 +213,16 @@ class RunDriver:
             decisions=decided or {},
         )
         if isinstance(step, Park) and decided is None:  # nothing decided was known: look at what people said
-            self._decisions[run.id] = {(d.tool_use_id, d.kind): d for d in await self.store.decisions(run.id)}
+            known = await self.store.decisions(run.id)
+            self.observer.decisions_read(run, known)
+            self._decisions[run.id] = {(d.tool_use_id, d.kind): d for d in known}
             return await self._owed(run, conv)
         try:
             with logs.step_context(step_seq=None):
                 if isinstance(step, Execute):
-                    return await self._tool_step(run, conv, step.use)
+                    use = step.use
+                    with self.observer.tool_call(run, use["name"], use["id"], use.get("input")) as notes:
+                        return await self._tool_step(run, conv, use, notes)
                 if isinstance(step, Settle):
                     return await self._settle(run, conv, step.use, step.ok, step.output)
         except CancelRequested:
@@ -229,6 +233,7 @@ class RunDriver:
         self.keeper.drop(run.id)
         calls = [(use["id"], kind, use["name"], _json(use.get("input"))) for use, kind in step.calls]
         await self._durably(lambda again: self.store.park(run.id, self.me, calls))
+        self.observer.parked(run, [(tool_use_id, kind, name) for tool_use_id, kind, name, _ in calls])
         log.info(
             "%s run=%s waiting for %d decisions: %s", self.me, run.id.hex[:8], len(calls),
             ", ".join(f"{name} {tool_use_id} ({kind.value})" for tool_use_id, kind, name, _ in calls),
@@ -322,11 +327,12 @@ class RunDriver:
                 run.id, self.me, stop.status, stop.reason or None, again=again, output=stop.output
             )
         )
+        self.observer.run_ended(run, stop.status, stop.reason or None)
         why = f" reason={stop.reason!r}" if stop.reason else ""
         log.info("%s run=%s %s tokens=%d%s", self.me, run.id.hex[:8], stop.status.value, tokens, why)
         return stop.status
 
-    async def _model_step(self, run: Run, conv: Conversation) -> Progress:
+    async def _model_step(self, run: Run, conv: Conversation, notes: StepNotes = NO_NOTES) -> Progress:
         request = LlmRequest(
             model=run.model,
             max_tokens=self.settings.max_tokens,
@@ -335,6 +341,7 @@ class RunDriver:
             tools=self.tools.definitions(run.tools) + ([definition(run.output_schema)] if run.output_schema else []),
             on_text=(deltas := self.deltas.sink(run.id, conv.steps + 1)),
         )
+        notes.sent(request)
         t0 = time.perf_counter()
         try:
             response = await self.keeper.interruptible(run.id, self.llm.send(request))
@@ -345,6 +352,7 @@ class RunDriver:
         finally:
             deltas.discard()
         seconds = time.perf_counter() - t0
+        notes.answered(response)
         latency_ms = round(seconds * 1000)
         usage = response.usage
         cost = self.prices.cost(run.model, usage)
@@ -382,6 +390,7 @@ class RunDriver:
             latency_ms=latency_ms,
         ))
         logs.set_context(step_seq=seq)
+        notes.checkpointed(seq)
         self.observer.model_step(run.model, usage, cost, seconds, ok=True)
         conv.apply(Step(run.id, seq, StepKind.MODEL, StepStatus.DONE, response=content, stop_reason=stop_reason))
         log.info(
@@ -390,7 +399,9 @@ class RunDriver:
         )
         return progress
 
-    async def _tool_step(self, run: Run, conv: Conversation, use: dict[str, Any]) -> Progress:
+    async def _tool_step(
+        self, run: Run, conv: Conversation, use: dict[str, Any], notes: StepNotes = NO_NOTES
+    ) -> Progress:
         tool_use_id, name = use["id"], use["name"]
         started_id, finished_id = uuid.uuid4(), uuid.uuid4()
         seq, attempts, _ = await self._durably(lambda again: self.store.start_tool(
@@ -398,6 +409,7 @@ class RunDriver:
             tool_name=name, request=_json(use.get("input")),
         ))
         logs.set_context(step_seq=seq)
+        notes.checkpointed(seq, attempts)
         again = f" (attempt {attempts})" if attempts > 1 else ""
         log.info("%s run=%s seq=%d TOOL %s id=%s started%s", self.me, run.id.hex[:8], seq, name, tool_use_id, again)
         t0 = time.perf_counter()
@@ -419,6 +431,7 @@ class RunDriver:
             run.id, self.me, self.settings.lease_seconds, write_id=finished_id, tool_use_id=tool_use_id,
             ok=outcome.ok, output=outcome.output, latency_ms=latency_ms,
         ))
+        notes.tool_outcome(outcome.ok, outcome.output)
         self.observer.tool_step(self.tools.label(name, UNKNOWN_TOOL), seconds, outcome.ok)
         status = StepStatus.DONE if outcome.ok else StepStatus.ERROR
         conv.apply(

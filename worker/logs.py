@@ -1,8 +1,9 @@
 """Logging setup: the design's console lines by default, ECS JSON with AGENTRUN_LOG_FORMAT=json.
 
 `step_context` is the Python counterpart of a logging MDC: the engine sets run_id and step_seq in a
-context variable for the duration of a step, and every record logged meanwhile carries them. Every
-line passes through a `Redactor` on its way out, so secrets never reach a log line.
+context variable for the duration of a step (and tracing its trace.id and span.id), and every record
+logged meanwhile carries them. Every line passes through a `Redactor` on its way out, so secrets
+never reach a log line.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ _context: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
 
 # Fields every record gets, so JSON lines have a stable shape (null outside a run or step).
 CONTEXT_FIELDS = ("run_id", "step_seq")
+
+# ECS fields that link a line to its trace (worker/tracing/ sets them around each span); present only
+# while a span is open, as ECS readers expect of them.
+TRACE_FIELDS = ("trace.id", "span.id")
 
 REDACTED = "[REDACTED]"
 
@@ -62,6 +67,9 @@ class ContextFilter(logging.Filter):
         for name in CONTEXT_FIELDS:
             if not hasattr(record, name):
                 setattr(record, name, ctx.get(name))
+        for name in TRACE_FIELDS:
+            if name in ctx and not hasattr(record, name):
+                setattr(record, name, ctx[name])
         return True
 
 
@@ -92,11 +100,21 @@ class RedactingFormatter(logging.Formatter):
         return self.redactor(self.inner.format(record))
 
 
-def secrets_from_env(env: Mapping[str, str], urls: Iterable[str | None] = ()) -> list[str]:
-    """The secret values a process may know of: API keys, the API token, database passwords."""
+SECRET_VARIABLES = (
+    "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "AGENTRUN_API_TOKEN", "PGPASSWORD",
+    # Model providers' credentials (README "Models and providers").
+    "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_BEARER_TOKEN_BEDROCK",
+)
+
+
+def secrets_from_env(
+    env: Mapping[str, str], urls: Iterable[str | None] = (), names: Iterable[str] = ()
+) -> list[str]:
+    """The secret values a process may know of: API keys, the API token, database passwords, and the
+    variables named in `names` (the key variables of the providers file's endpoints)."""
     from psycopg.conninfo import conninfo_to_dict
 
-    found = [env.get(k) for k in ("ANTHROPIC_API_KEY", "AGENTRUN_API_TOKEN", "PGPASSWORD")]
+    found = [env.get(k) for k in (*SECRET_VARIABLES, *names)]
     for url in (env.get("AGENTRUN_DATABASE_URL"), *urls):
         if url:
             try:
@@ -125,5 +143,5 @@ def setup(fmt: str = "console", level: str = "INFO", secrets: Iterable[str] = ()
     root.handlers[:] = [handler]
     root.setLevel(level)
     # Third-party chatter that says nothing a person running agentrun needs.
-    for noisy in ("httpx", "httpcore", "uvicorn.access", "anthropic"):
+    for noisy in ("httpx", "httpcore", "uvicorn.access", "anthropic", "openai", "botocore", "google.auth"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

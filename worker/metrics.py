@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from decimal import Decimal
 
@@ -18,6 +19,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from agentrun.worker.llm.types import Usage
+from agentrun.worker.observer import NoObserver
 from agentrun.worker.records import RunStatus
 from agentrun.worker.tools import ToolThreads
 
@@ -60,7 +62,9 @@ class _RunsByStatus(Collector):
         yield family
 
 
-class Metrics:
+class Metrics(NoObserver):
+    """The Prometheus side of the `Observer` seam; the hooks it does not override (spans) observe nothing."""
+
     def __init__(
         self,
         registry: CollectorRegistry | None = None,
@@ -141,7 +145,7 @@ class Metrics:
         if not ok:
             self.tool_errors.labels(tool).inc()
 
-    def claimed(self, takeover: bool) -> None:
+    def claimed(self, takeover: bool, run_id: uuid.UUID | None = None, taken_from: str | None = None) -> None:
         self.claims.inc()
         if takeover:
             self.takeovers.inc()

@@ -76,6 +76,7 @@ class Presence:
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
         self._duplicate: DuplicateWorker | None = None
+        self._attempted = asyncio.Event()  # set once a connection attempt has come to an end, either way
 
     async def start(self, timeout: float = 10.0) -> None:
         """Start the session in the background and wait up to `timeout` for it.
@@ -87,6 +88,10 @@ class Presence:
         ready = asyncio.ensure_future(self.ready.wait())
         try:
             await asyncio.wait({ready, self._task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            if not self.ready.is_set() and not self._attempted.is_set():
+                # On a slow machine the first attempt may outlast `timeout`: its answer decides.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._attempted.wait(), CONNECT_TIMEOUT)
         finally:
             ready.cancel()
         if self._task.done():
@@ -150,8 +155,11 @@ class Presence:
         while True:
             try:
                 if self._conn is None:
-                    async with asyncio.timeout(CONNECT_TIMEOUT):
-                        self._conn = await self._connect()
+                    try:
+                        async with asyncio.timeout(CONNECT_TIMEOUT):
+                            self._conn = await self._connect()
+                    finally:
+                        self._attempted.set()
                     self._duplicate = None
                     if down_since is not None:
                         log.info(

@@ -17,6 +17,10 @@ log = logging.getLogger(__name__)
 
 MILLION = Decimal(1_000_000)
 SNAPSHOT = re.compile(r"(.+)-(?:\d{8}|latest)")
+# Bedrock ids: an optional cross-region inference profile ("us.", "eu.", "global."...), the vendor, the
+# model, and a version suffix ("-v1:0"); Vertex ids: the model and an optional "@20250929" snapshot.
+BEDROCK_ID = re.compile(r"bedrock/(?:[a-z-]{2,8}\.)?(anthropic\.[^:]+?)(?:-v\d+(?::\d+)?)?")
+VERTEX_ID = re.compile(r"vertex/([^@]+)@(?:\d{8}|latest)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,13 +69,10 @@ class PriceTable:
         return cls.from_toml(importlib.resources.files("agentrun.worker").joinpath("prices.toml").read_text())
 
     def price(self, model: str) -> Price | None:
-        if model in self.prices:
-            return self.prices[model]
-        # A dated snapshot ("claude-sonnet-4-5-20250929") or alias ("claude-3-5-haiku-latest") costs what
-        # its family costs. Nothing looser: "claude-sonnet-4-6" is a new model, not a "claude-sonnet-4",
-        # and a guessed price would be wrong silently where null is flagged.
-        family = SNAPSHOT.fullmatch(model)
-        return self.prices.get(family.group(1)) if family else None
+        for name in _names(model):
+            if name in self.prices:
+                return self.prices[name]
+        return None
 
     def cost(self, model: str, usage: Usage) -> Decimal | None:
         p = self.price(model)
@@ -100,3 +101,26 @@ def cost_budget_problem(prices: PriceTable, model: str, cost_budget: Decimal | N
         f"costBudgetUsd cannot be enforced: model {model!r} has no price in the price table "
         "(add it to AGENTRUN_PRICES_FILE, or drop the cost budget)"
     )
+
+
+def _names(model: str) -> list[str]:
+    """The price-table names `model` may be listed under, most specific first.
+
+    A dated snapshot ("claude-sonnet-4-5-20250929") or alias ("claude-3-5-haiku-latest") costs what its
+    family costs; "anthropic/<model>" what "<model>" costs; a Bedrock id what its model costs without
+    inference profile and version ("bedrock/us.anthropic.claude-sonnet-4-5-20250929-v1:0" is priced as
+    "bedrock/anthropic.claude-sonnet-4-5"); a Vertex snapshot what its model costs. Nothing looser:
+    "claude-sonnet-4-6" is a new model, not a "claude-sonnet-4", and a guessed price would be wrong
+    silently where null is flagged.
+    """
+    names = [model]
+    if model.startswith("anthropic/"):
+        names.append(model.removeprefix("anthropic/"))
+    if bedrock := BEDROCK_ID.fullmatch(model):
+        names.append(f"bedrock/{bedrock.group(1)}")
+    if vertex := VERTEX_ID.fullmatch(model):
+        names.append(f"vertex/{vertex.group(1)}")
+    for name in list(names):
+        if family := SNAPSHOT.fullmatch(name):
+            names.append(family.group(1))
+    return list(dict.fromkeys(names))

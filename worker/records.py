@@ -77,6 +77,7 @@ class NewRun:
     output_schema: dict[str, Any] | None = None  # a JSON Schema the final answer must satisfy
     continue_from: uuid.UUID | None = None  # a SUCCEEDED run whose conversation this run goes on with
     fork_from: tuple[uuid.UUID, int] | None = None  # (run, seq): start from that run's first seq steps
+    traceparent: str | None = None  # W3C, version 00: the run's trace is a child of the caller's span
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +117,8 @@ class Run:
     forked_at_seq: int | None = None
     inherited_steps: int = 0
     pending: int = 0  # undecided calls while WAITING
+
+    traceparent: str | None = None
 
     def needs_approval(self, tool: str) -> bool:
         return self.require_approval is not None and ("*" in self.require_approval or tool in self.require_approval)

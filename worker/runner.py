@@ -102,7 +102,9 @@ class Worker:
             liveness_grace=self.settings.takeover_grace,
         )
         if claimed is not None:
-            self.observer.claimed(takeover=claimed.taken_from not in (None, self.id))
+            self.observer.claimed(
+                takeover=claimed.taken_from not in (None, self.id), run_id=claimed.run.id, taken_from=claimed.taken_from
+            )
         return claimed
 
     async def _idle_for(self) -> float:

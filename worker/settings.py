@@ -51,6 +51,10 @@ class WorkerSettings:
     prices_file: str | None = None
     """Price table overriding the shipped one (AGENTRUN_PRICES_FILE)."""
 
+    providers_file: str | None = None
+    """OpenAI-compatible endpoints, `providers: [...]` in YAML or JSON (AGENTRUN_PROVIDERS). None: only the
+    built-in providers (Anthropic API, Bedrock, Vertex), so an existing deployment needs nothing new."""
+
     api_token: str | None = dataclasses.field(default=None, repr=False)
     """Bearer token of the identity `default`, which has every scope (AGENTRUN_API_TOKEN); None with no
     `api_tokens_file` leaves the API open. Health, readiness and metrics stay open either way so probes

@@ -83,7 +83,7 @@ RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_bu
     r.cost_budget_usd, r.cost_usd, r.max_steps, r.timeout_seconds, r.deadline_at, r.cancel_requested,
     r.error, r.locked_by, r.locked_until, r.created_at, r.started_at, r.finished_at,
     r.idempotency_key, r.k8s_namespace, r.k8s_name, r.crashes, r.model_retries, r.created_by,
-    r.cancelled_by,
+    r.cancelled_by, r.traceparent,
     r.require_approval, r.output_schema, r.output, r.parent_run_id, r.forked_at_seq, r.inherited_steps,
     CASE WHEN r.status = 'WAITING' THEN (SELECT count(*) FROM run_decision d
          WHERE d.run_id = r.id AND d.decision IS NULL) ELSE 0 END AS pending,
@@ -229,6 +229,7 @@ class RunStore:
             "ns": new.k8s_namespace,
             "name": new.k8s_name,
             "by": new.created_by,
+            "traceparent": new.traceparent,
         }
         params.update({
             "approval": list(new.require_approval) if new.require_approval is not None else None,
@@ -243,11 +244,12 @@ class RunStore:
                         INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd,
                                          max_steps, timeout_seconds, deadline_at, idempotency_key,
                                          k8s_namespace, k8s_name, require_approval, output_schema,
-                                         parent_run_id, forked_at_seq, created_by)
+                                         parent_run_id, forked_at_seq, created_by, traceparent)
                         VALUES (%(id)s, %(input)s, %(model)s, %(system)s, %(tools)s, %(token_budget)s,
                                 %(cost_budget_usd)s, %(max_steps)s, %(timeout_seconds)s,
                                 now() + make_interval(secs => %(timeout_seconds)s), %(key)s, %(ns)s, %(name)s,
-                                %(approval)s, %(schema)s, %(parent)s, %(fork_seq)s, %(by)s)
+                                %(approval)s, %(schema)s, %(parent)s, %(fork_seq)s, %(by)s,
+                                %(traceparent)s)
                         ON CONFLICT DO NOTHING
                         RETURNING id)
                     SELECT (SELECT id FROM ins) AS inserted""",
@@ -733,11 +735,20 @@ class RunStore:
         rows = await self._all(f"SELECT {RUN_COLUMNS} FROM run r WHERE r.id = ANY(%s)", (list(run_ids),))
         return [_run(r) for r in rows]
 
+    async def find_linked(self, namespace: str, name: str) -> Run | None:
+        """The run mirrored from the AgentRun `namespace/name`, if any (the newest, should names repeat)."""
+        row = await self._one(
+            f"""SELECT {RUN_COLUMNS} FROM run r WHERE r.k8s_namespace = %s AND r.k8s_name = %s
+                ORDER BY r.created_at DESC LIMIT 1""",
+            (namespace, name),
+        )
+        return _run(row) if row else None
+
     async def unfinished_linked(self) -> list[Run]:
         """Every queued or running run mirrored from an AgentRun: the operator's periodic resync."""
         rows = await self._all(
             f"""SELECT {RUN_COLUMNS} FROM run r
-                WHERE r.k8s_name IS NOT NULL AND r.status IN ('QUEUED', 'RUNNING')""",
+                WHERE r.k8s_name IS NOT NULL AND r.status IN ('QUEUED', 'RUNNING', 'WAITING')""",
             (),
         )
         return [_run(r) for r in rows]

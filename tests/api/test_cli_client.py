@@ -52,7 +52,8 @@ async def test_submit_watch_timeline_get_list(server_url: str, capsys: pytest.Ca
     assert lines[0].split()[:4] == ["SEQ", "KIND", "TOOL", "STATUS"]
     assert any(line.split()[:2] == ["1", "MODEL"] for line in lines)
     assert any(line.split()[:4] == ["5", "MODEL", "-", "DONE"] for line in lines)
-    assert lines[-1].startswith(f"run {run_id} SUCCEEDED tokens=")
+    assert lines[-2].startswith(f"run {run_id} SUCCEEDED tokens=")
+    assert lines[-1] == "done after 2 turns"  # the answer follows the run's last line
 
     code, out, _ = await agentrun(capsys, "runs", "timeline", run_id, "--url", server_url)
     assert code == 0

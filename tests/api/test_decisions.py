@@ -205,11 +205,13 @@ async def test_the_last_two_decisions_at_once_queue_the_run(
 
 
 async def test_a_waiting_run_past_its_deadline_times_out(
-    store: RunStore, toolbox: ToolBox, settings: Any, metrics: Any
+    store: RunStore, toolbox: ToolBox, settings: Any, metrics: Any, db: psycopg.AsyncConnection[Any]
 ) -> None:
     async with api(store, toolbox, settings, metrics) as client, running(worker(store, parallel_turn(), toolbox)):
-        run_id = await submit(client, timeoutSeconds=3)
-        await status_is(client, run_id, "WAITING", "TIMED_OUT")
+        run_id = await submit(client)
+        await status_is(client, run_id, "WAITING")
+        # Its deadline passes while it waits (set here, so the test does not race the run to the park).
+        await db.execute("UPDATE run SET deadline_at = now() WHERE id = %s", (run_id,))
         run = await status_is(client, run_id, "TIMED_OUT", timeout=30)
     assert "waiting for a decision" in run["error"]
     assert executed == ["noop:t_noop", "refund:t_refund"]  # only charge needs approval
@@ -370,3 +372,15 @@ async def test_a_crash_while_an_approved_non_idempotent_call_runs_puts_it_in_dou
 
 def test_the_run_statuses_include_waiting() -> None:
     assert RunStatus.WAITING.value == "WAITING" and not RunStatus.WAITING.terminal
+
+
+async def test_the_last_decision_wakes_an_idle_worker_by_notification(
+    store: RunStore, toolbox: ToolBox, settings: Any, metrics: Any
+) -> None:
+    """The worker polls once a minute: only the notification of the queued run can wake it in time."""
+    async with api(store, toolbox, settings, metrics) as client:
+        run_id = await submit(client)
+        async with running(worker(store, parallel_turn(), toolbox, poll=60.0)):
+            await status_is(client, run_id, "WAITING")
+            assert (await client.post(f"/api/runs/{run_id}/pending/t_charge", json={"decision": "approve"})).status_code == 200
+            await status_is(client, run_id, "SUCCEEDED", timeout=30)

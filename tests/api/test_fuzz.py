@@ -166,6 +166,18 @@ STATE_CONFLICTS = {
 
 
 def _state_conflict(response: Any) -> bool:
+    body = response.json() if "json" in str(response.headers.get("content-type", "")) else {}
+    fields = {f["field"] for f in body.get("fields", [])} if isinstance(body, dict) else set()
+    # A run to continue or fork that is not there, did not succeed, or has fewer steps: stored state.
+    if response.status_code == 404 and fields and fields <= {"continueFrom", "forkFrom.runId"}:
+        return True
+    if response.status_code == 409 and str(body.get("error", "")).startswith("continueFrom:"):
+        return True
+    # A decision on a call that is not pending in that way (decided already, or of the other kind).
+    if response.status_code == 409 and "/pending/" in response.request.url.path:
+        return True
+    if response.status_code == 400 and fields == {"forkFrom.seq"}:
+        return True
     if response.status_code == 400:
         # A cost budget on a model the price table does not price: the table is configuration, not part
         # of the document, so a schema-valid request may meet this 400 naming its field.

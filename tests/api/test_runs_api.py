@@ -338,9 +338,11 @@ async def test_bearer_token_guards_the_api_but_not_health_or_metrics(
 async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
     doc = (await client.get("/openapi.json")).json()
     assert {"/api/runs", "/api/runs/{id}", "/api/runs/{id}/timeline", "/api/runs/{id}/steps/{seq}",
-            "/api/runs/{id}/cancel", "/healthz", "/readyz", "/metrics"} <= set(doc["paths"])
+            "/api/runs/{id}/cancel", "/api/runs/{id}/pending", "/api/runs/{id}/pending/{toolUseId}", "/healthz",
+            "/readyz", "/metrics"} <= set(doc["paths"])
     props = doc["components"]["schemas"]["RunRequest"]["properties"]
-    assert {"input", "model", "tokenBudget", "timeoutSeconds", "maxSteps", "tools", "system", "costBudgetUsd"} == set(props)
+    assert {"input", "model", "tokenBudget", "timeoutSeconds", "maxSteps", "tools", "system", "costBudgetUsd",
+            "requireApproval", "continueFrom", "forkFrom", "outputSchema"} == set(props)
     assert "next" in doc["paths"]["/api/runs"]["get"]["description"]
 
 

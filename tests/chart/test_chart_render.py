@@ -76,7 +76,9 @@ def test_pods_are_locked_down(render: Render, values: Path | None) -> None:
 def test_no_secret_in_a_configmap(render: Render, values: Path | None) -> None:
     for manifest in _render(render, values):
         if manifest["kind"] == "ConfigMap":
-            data = str(manifest.get("data", {}))
+            # The providers file names the variables holding endpoint keys (`"apiKeyEnv":"OPENAI_API_KEY"`):
+            # a name, not a secret; the keys themselves come from Secrets.
+            data = re.sub(r'"apiKeyEnv":"\w+"', "", str(manifest.get("data", {})))
             assert not re.search(r"postgres(ql)?://|API_KEY|API_TOKEN|password", data, re.I), manifest["metadata"]["name"]
 
 

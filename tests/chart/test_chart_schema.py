@@ -17,6 +17,7 @@ EXPECTED = {
     "zero-lease.yaml": "/worker/leaseSeconds",
     "zero-concurrency.yaml": "/worker/concurrency",
     "incomplete-price.yaml": "cache_read",
+    "provider-kind.yaml": "/providers/endpoints/0/kind",
 }
 
 

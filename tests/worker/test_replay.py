@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentrun.worker.records import Step, StepKind, StepStatus
-from agentrun.worker.replay import Conversation, dump_content
+from agentrun.worker.replay import CORRECTION, Conversation, dump_content
 
 RUN = uuid.uuid4()
 
@@ -21,6 +21,10 @@ def model(seq: int, blocks: list[dict[str, Any]], stop: str) -> Step:
 
 def tool(seq: int, use_id: str, status: StepStatus = StepStatus.DONE, out: str = "ok") -> Step:
     return Step(RUN, seq, StepKind.TOOL, status, tool_name="t", tool_use_id=use_id, response=out)
+
+
+def user(seq: int, text: str, request: str | None = None) -> Step:
+    return Step(RUN, seq, StepKind.USER, StepStatus.DONE, request=request, response=text)
 
 
 def use(id: str) -> dict[str, Any]:
@@ -77,9 +81,14 @@ def test_incremental_apply_equals_full_replay() -> None:
 @st.composite
 def step_logs(draw: st.DrawFn) -> list[Step]:
     """Logs as an engine writes them: model turns, then each tool of the turn (maybe with a crash
-    leaving a STARTED row, maybe ending the log mid-turn)."""
+    leaving a STARTED row, maybe ending the log mid-turn, as a run parked for a decision does); a
+    continued run opens with its parent's first message as a USER step and goes on after an answer
+    with the next USER step; a corrected structured answer adds a USER step too."""
     steps: list[Step] = []
     seq = 0
+    if draw(st.booleans()):
+        seq += 1
+        steps.append(user(seq, "the parent's first message"))
     for turn in range(draw(st.integers(0, 5))):
         for p in range(draw(st.integers(0, 2))):  # a server tool pausing the turn, which then goes on
             seq += 1
@@ -93,12 +102,18 @@ def step_logs(draw: st.DrawFn) -> list[Step]:
         seq += 1
         steps.append(model(seq, blocks or [{"type": "text", "text": "."}], "tool_use" if ids else "end_turn"))
         if not ids:
-            return steps
+            if draw(st.booleans()):
+                return steps
+            seq += 1  # continued (or corrected): the next user message, and the conversation goes on
+            steps.append(user(seq, "and then?", request=draw(st.sampled_from([None, CORRECTION]))))
+            continue
         for i in ids:
             if draw(st.integers(0, 9)) == 0:
                 seq += 1
                 steps.append(tool(seq, i, StepStatus.STARTED))
                 return steps
+            if draw(st.integers(0, 12)) == 0:
+                return steps  # parked: the rest of the turn waits for a person
             seq += 1
             steps.append(tool(seq, i, draw(st.sampled_from([StepStatus.DONE, StepStatus.ERROR]))))
     return steps
@@ -130,8 +145,9 @@ def test_replayed_messages_alternate_and_answer_every_tool_use_once(steps: list[
     if c.last_stop == "pause_turn":
         assert c.messages[-1]["role"] == "assistant" and not c.pending and not c.finished  # the model goes on
     assert c.refused is None
-    inc = Conversation("input")
-    for s in steps:
+    assert c.rejected_answers == sum(1 for s in steps if s.kind is StepKind.USER and s.request == CORRECTION)
+    inc = Conversation.replay("input", steps[:1])
+    for s in steps[1:]:
         inc.apply(s)
     assert inc.messages == c.messages and inc.pending == c.pending
 
@@ -155,3 +171,10 @@ def test_integers_beyond_64_bits_survive_the_step_log_exactly() -> None:
                                        stop_reason="tool_use")])
     assert c.messages[1]["content"] == content and not c.pending
     assert c.refused == "content block 0 (tool_use) of the model's response holds an integer beyond 64 bits"
+
+
+def test_a_continued_conversation_opens_with_the_parents_message_and_goes_on() -> None:
+    c = Conversation.replay("next question", [user(1, "first question"), model(2, [{"type": "text", "text": "a"}],
+                                              "end_turn"), user(3, "next question")])
+    assert [m["role"] for m in c.messages] == ["user", "assistant", "user"]
+    assert c.messages[0]["content"] == "first question" and not c.finished and c.final_text == "a"

@@ -50,7 +50,8 @@ async def _use_the_api(url: str) -> str:
         deadline = time.monotonic() + 30
         while True:
             try:
-                if (await http.get("/healthz")).status_code == 200:
+                # /readyz, not /healthz: a worker is alive (healthz) before it has reached its database.
+                if (await http.get("/readyz")).status_code == 200:
                     break
             except httpx.TransportError:
                 pass

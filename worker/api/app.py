@@ -15,7 +15,10 @@ from agentrun.worker.api.events import EventHub, events_router
 from agentrun.worker.api.guards import BearerAuth, BodyLimit
 from agentrun.worker.api.identities import Identities
 from agentrun.worker.api.routes import runs_router
+from agentrun.worker.api.schemas import NOT_NULL, REQUIRED_FIELDS
 from agentrun.worker.api.whoami import whoami_router
+from agentrun.worker.db import Readiness, schema_problem
+from agentrun.worker.llm.providers import Providers
 from agentrun.worker.metrics import Metrics
 from agentrun.worker.pricing import PriceTable
 from agentrun.worker.settings import WorkerSettings
@@ -25,7 +28,9 @@ from agentrun.worker.tools import ToolBox
 DESCRIPTION = """Submit agent runs, follow them step by step, and cancel them.
 
 Errors are JSON: `{"error": "<message>", "fields": [{"field": "tokenBudget", "problem": "..."}]}`.
-A body that is not JSON is a 400, invalid fields a 422, a body over the size limit a 400 too.
+A body that is not JSON is a 400, invalid fields a 422, a body over the size limit a 400 too, and so is
+a `model` whose prefix names no known provider (`anthropic/`, `bedrock/`, `vertex/` or an endpoint of the
+server's providers file); the message lists the known ones.
 
 When the server sets `AGENTRUN_API_TOKENS` (a file of named identities with scopes) or
 `AGENTRUN_API_TOKEN` (the identity `default`, every scope), every `/api` request needs
@@ -41,16 +46,17 @@ as `after` to get the following page.
 
 def create_app(
     store: RunStore, tools: ToolBox, settings: WorkerSettings, metrics: Metrics, prices: PriceTable | None = None,
-    identities: Identities | None = None,
+    identities: Identities | None = None, providers: Providers | None = None,
 ) -> FastAPI:
     """The app; `prices` (default: the table `settings.prices_file` names) refuses unenforceable cost budgets;
-    `identities` defaults to those of the settings (IdentityFileError if the file is bad)."""
+    `identities` defaults to those of the settings (IdentityFileError if the file is bad); `providers`: the
+    model providers submitted runs may name, the built-in ones when None."""
     if identities is None:
         identities = Identities(settings.api_token, settings.api_tokens_file)
     app = FastAPI(title="agentrun", version="0.1.0", description=DESCRIPTION)
     app.include_router(runs_router(
         store, tools, settings, prices if prices is not None else PriceTable.load(settings.prices_file), identities,
-        metrics,
+        metrics, providers,
     ))
     app.include_router(whoami_router(identities.enabled))
     app.state.events = EventHub(store)
@@ -76,11 +82,12 @@ def create_app(
         """The database answers and is migrated to the version this code expects."""
         try:
             async with store.pool.connection(timeout=2) as conn:
+                problem = await schema_problem(conn)
                 version = await migrate.current_version(conn)
         except Exception as e:
-            return JSONResponse({"status": "unavailable", "reason": f"database: {type(e).__name__}"}, 503)
-        if version is None or version < migrate.latest_version():
-            return JSONResponse({"status": "unavailable", "reason": f"schema at {version}, not migrated"}, 503)
+            return _unavailable(f"database unreachable ({type(e).__name__})")
+        if problem:
+            return _unavailable(f"database {problem}")
         return JSONResponse({"status": "ok", "schemaVersion": version})
 
     @app.get("/metrics", tags=["health"], response_class=Response)
@@ -96,15 +103,61 @@ def create_app(
     return app
 
 
+def _unavailable(reason: str) -> JSONResponse:
+    return JSONResponse({"status": "unavailable", "reason": reason}, 503)
+
+
+def create_starting_app(readiness: Readiness, metrics: Metrics) -> FastAPI:
+    """What the worker serves until its database is usable: alive, not ready, and every API route a 503.
+
+    Served from the first moment of the process, so Kubernetes sees a live pod that is waiting for its
+    database (and keeps it out of the Service) instead of one that crash-loops through an outage.
+    """
+    app = FastAPI(title="agentrun", version="0.1.0", openapi_url=None, docs_url=None, redoc_url=None)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        return _unavailable(readiness.reason)
+
+    @app.get("/metrics", response_class=Response)
+    async def prometheus() -> Response:
+        return Response(await metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.api_route("/{path:path}", methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
+    async def starting(path: str) -> JSONResponse:
+        return errors.error_response(503, "database unavailable, try again shortly", headers={"Retry-After": "5"})
+
+    return app
+
+
 def _document_tools(app: FastAPI, tools: ToolBox) -> None:
     """Name this server's tools in the OpenAPI document, so `tools` lists only names it accepts.
 
     FastAPI builds the document once and caches it; it is amended in that cache.
     """
-    request = app.openapi()["components"]["schemas"]["RunRequest"]["properties"]["tools"]
-    for branch in request.get("anyOf", [request]):
-        if branch.get("type") == "array":
-            if tools.names:
-                branch["items"]["enum"] = list(tools.names)
-            else:
-                branch["maxItems"] = 0
+    schema = app.openapi()["components"]["schemas"]["RunRequest"]
+    for field, extra in (("tools", []), ("requireApproval", ["*"])):
+        request = schema["properties"][field]
+        for branch in request.get("anyOf", [request]):
+            if branch.get("type") == "array":
+                if tools.names or extra:
+                    branch["items"]["enum"] = [*tools.names, *extra]
+                else:
+                    branch["maxItems"] = 0
+    # What may be left out but not sent as null, and which fields go together (schemas.REQUIRED_FIELDS).
+    for field in NOT_NULL:
+        prop = schema["properties"][field]
+        branches = [b for b in prop.pop("anyOf", []) if b.get("type") != "null"]
+        if branches:
+            prop.update(branches[0] if len(branches) == 1 else {"anyOf": branches})
+        prop.pop("default", None)
+        # Bounds of an optional number come out under pydantic's own names: give them JSON Schema's.
+        for ours, theirs in (("gt", "exclusiveMinimum"), ("ge", "minimum"), ("lt", "exclusiveMaximum"),
+                             ("le", "maximum")):
+            if ours in prop:
+                prop[theirs] = prop.pop(ours)
+    schema["anyOf"] = REQUIRED_FIELDS

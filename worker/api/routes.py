@@ -30,12 +30,14 @@ from agentrun.worker.api.schemas import (
     StepDetail,
     TimelineStep,
 )
+from agentrun.worker.llm.providers import Providers
 from agentrun.worker.metrics import Metrics
 from agentrun.worker.pricing import PriceTable, cost_budget_problem
 from agentrun.worker.records import Decision, NewRun, PendingCall, Run, RunStatus
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import DecideOutcome, RunStore
 from agentrun.worker.tools import ToolBox
+from agentrun.worker.tracing.context import TRACEPARENT_PATTERN, checked_traceparent
 
 MAX_PAGE = 200
 MAX_IDEMPOTENCY_KEY = 255
@@ -87,6 +89,12 @@ def _same_request(run: Run, new: NewRun) -> bool:
                                                      new.created_by)
 
 
+def _traceparent_schema(schema: dict[str, Any]) -> None:
+    """Any string (a malformed one is ignored, as W3C asks); an absent header is no value, not a JSON null."""
+    schema.pop("anyOf", None)
+    schema.update(type="string", examples=["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"])
+
+
 def _idempotency_key(value: str | None) -> str | None:
     if value is None:
         return None
@@ -98,8 +106,9 @@ def _idempotency_key(value: str | None) -> str | None:
 
 def runs_router(
     store: RunStore, tools: ToolBox, settings: WorkerSettings, prices: PriceTable, identities: Identities | None = None,
-    metrics: Metrics | None = None,
+    metrics: Metrics | None = None, providers: Providers | None = None,
 ) -> APIRouter:
+    providers = providers or Providers()
     # ScopedRoute (OrjsonRoute's base) enforces each route's scope before any parsing; `access` declares it.
     secured = identities.enabled if identities is not None else bool(settings.api_token or settings.api_tokens_file)
     router = APIRouter(
@@ -138,7 +147,8 @@ def runs_router(
 
     @router.post("", status_code=201, response_model=RunCreated, **access(Scope.SUBMIT, secured),
                  responses={400: {"model": ErrorBody, "description": "The body is not JSON, or over the size "
-                                  "limit, or `costBudgetUsd` is set for a model without a price"}})
+                                  "limit, or `costBudgetUsd` is set for a model without a price, or the model "
+                                  "names an unknown provider"}})
     async def submit(
         body: RunRequest,
         request: Request,
@@ -149,9 +159,22 @@ def runs_router(
             "with `Idempotent-Replayed: true`); reusing it for a different request is a 422.",
             json_schema_extra={"minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY, "pattern": "^[\\x20-\\x7e]*$"},
         )] = None,
+        traceparent: Annotated[str | None, Header(
+            description="W3C Trace Context (version 00, `" + TRACEPARENT_PATTERN + "`): the run's trace (when "
+            "workers export traces) becomes a child of this span, whichever workers drive it. A malformed value "
+            "is ignored, as the W3C specification requires of a receiver (the run gets a trace of its own); the "
+            "answer then carries `Traceparent-Ignored` saying why.",
+            json_schema_extra=_traceparent_schema,
+        )] = None,
     ) -> RunCreated:
         """Queue a run. The next free worker claims it. Scope: `submit`; the run records who as `createdBy`."""
         key = _idempotency_key(idempotency_key)
+        try:
+            caller_span = checked_traceparent(traceparent)
+        except ValueError as e:
+            # A tracing header a proxy mangled must not cost the caller its run: W3C receivers ignore it.
+            caller_span = None
+            response.headers["Traceparent-Ignored"] = f"traceparent {e}"
         source = await _source(body)
         given = body.model_fields_set
         problems = [
@@ -183,6 +206,8 @@ def runs_router(
             return getattr(source, attr) if source is not None else default
 
         model = inherited("model", settings.default_model)
+        if problem := providers.problem(model):
+            raise ApiError(400, f"model: {problem}", [FieldProblem(field="model", problem=problem)])
         cost_budget = body.cost_budget() if body.cost_budget_usd is not None else inherited("cost_budget_usd")
         # A step of an unpriced model costs null, so its budget would never stop the run.
         if (problem := cost_budget_problem(prices, model, cost_budget)) is not None:
@@ -200,6 +225,7 @@ def runs_router(
             cost_budget_usd=cost_budget,
             idempotency_key=key,
             created_by=caller_name(request),
+            traceparent=caller_span,
             require_approval=tuple(dict.fromkeys(approval)) if approval is not None else None,
             output_schema=inherited("output_schema"),
             continue_from=body.continue_from,

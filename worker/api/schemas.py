@@ -8,8 +8,9 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Annotated, Any, Literal
 
 import orjson
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import PydanticCustomError
 
 from agentrun.worker.api.identities import Scope
 from agentrun.worker.records import Decision, DecisionKind, PendingCall, Run, RunStatus, Step, StepKind, StepStatus
@@ -64,10 +65,22 @@ class _Camel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
 
 
+NOT_NULL = ("input", "tokenBudget", "timeoutSeconds", "continueFrom", "forkFrom")
+
+# Which fields a request needs, as JSON Schema (amended into the document by the app): a new run needs
+# input and both limits; a continuation its source and input (limits default to the source's); a fork
+# its source and no input.
+REQUIRED_FIELDS: list[dict[str, Any]] = [
+    {"required": ["input", "tokenBudget", "timeoutSeconds"], "not": {"required": ["forkFrom"]}},
+    {"required": ["continueFrom", "input"], "not": {"required": ["forkFrom"]}},
+    {"required": ["forkFrom"], "not": {"anyOf": [{"required": ["input"]}, {"required": ["continueFrom"]}]}},
+]
+
+
 class ForkFrom(_Camel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    run_id: uuid.UUID = Field(description="The run to fork.")
+    run_id: uuid.UUID = Field(strict=False, description="The run to fork.")
     seq: Whole = Field(ge=1, le=MAX_SEQ, description="How many of its steps the fork starts with (1..its steps).")
 
 
@@ -84,13 +97,13 @@ class RunRequest(_Camel):
         AfterValidator(_storable), AfterValidator(_not_blank),
     ] | None = None
     model: Name | None = Field(None, description="Model name; the server's default model when absent.")
-    token_budget: Whole | None = Field(
-        None, gt=0, le=MAX_TOKEN_BUDGET,
+    token_budget: Annotated[Whole, Field(gt=0, le=MAX_TOKEN_BUDGET)] | None = Field(
+        None,
         description="Tokens the run may spend, all kinds. Required, except with `continueFrom` or `forkFrom` "
         "(then the source's).",
     )
-    timeout_seconds: Whole | None = Field(
-        None, gt=0, le=MAX_TIMEOUT_SECONDS,
+    timeout_seconds: Annotated[Whole, Field(gt=0, le=MAX_TIMEOUT_SECONDS)] | None = Field(
+        None,
         description="Wall-clock limit (at most 7 days). Required, except with `continueFrom` or `forkFrom`.",
     )
     max_steps: Whole = Field(100, gt=0, le=MAX_STEPS, description="Most steps (model and tool) the run may take.")
@@ -108,8 +121,8 @@ class RunRequest(_Camel):
         description='Tools whose every call waits for a person\'s approval in this run; "*" for every tool.',
     )
     continue_from: uuid.UUID | None = Field(
-        None, description="A SUCCEEDED run whose whole conversation this run goes on with; `input` is the next "
-        "user message.",
+        None, strict=False,
+        description="A SUCCEEDED run whose whole conversation this run goes on with; `input` is the next user message.",
     )
     fork_from: ForkFrom | None = Field(
         None, description="Start from the first `seq` steps of another run, whatever its status (no `input`).",
@@ -118,6 +131,17 @@ class RunRequest(_Camel):
         None, description="A JSON Schema (an object): the run's answer must be JSON valid against it, and "
         "`output` is then that JSON value.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _absent_not_null(cls, data: Any) -> Any:
+        """These may be left out (see each), but not sent as null: the document says so too."""
+        if isinstance(data, dict):
+            for key in NOT_NULL:
+                if key in data and data[key] is None:
+                    raise PydanticCustomError("not_null", "{key}: may be left out, but must not be null",
+                                              {"key": key})
+        return data
 
     def cost_budget(self) -> Decimal | None:
         # Through str: the decimal the client wrote, not the binary float nearest to it; then rounded as
@@ -335,7 +359,9 @@ class DecisionRequest(_Camel):
     """A decision on a pending call: `approve`/`deny` for an approval, `retry`/`record`/`fail` for a call in
     doubt. `record` needs `output` (what the call returned; `isError` says whether it failed)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
+        "anyOf": [{"properties": {"decision": {"not": {"const": "record"}}}}, {"required": ["output"]}],
+    })
 
     decision: Decision = Field(strict=False, description="approve | deny | retry | record | fail")
     output: Text | None = Field(None, max_length=1_000_000, description="With `record`: what the call returned.")

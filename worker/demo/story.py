@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import os
 import shutil
@@ -257,6 +258,11 @@ async def tell(options: Options) -> int:
             _print_timeline(timeline, attempts)
             print()
             _explain(status, run, timeline, attempts, effects, first_calls, options)
+            if run.get("output") is not None:
+                answer = run["output"] if isinstance(run["output"], str) else json.dumps(run["output"])
+                print()
+                print(say.style("The answer (GET /api/runs/{id} → output):", "1"))
+                print(_wrap(answer))
             if options.keep:
                 _print_keep(a, b, db_url, model_url)
                 await asyncio.Event().wait()  # until Ctrl-C

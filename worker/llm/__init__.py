@@ -1,4 +1,5 @@
-"""Model clients: the `LlmClient` seam, a scripted fake, and the Anthropic adapter with its decorators."""
+"""Model clients: the `LlmClient` seam, a scripted fake, one adapter per provider (Anthropic API, Bedrock,
+Vertex, OpenAI-compatible), the router that picks one by the model's prefix, and the shared decorators."""
 
 from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, LlmResponse, Usage
 

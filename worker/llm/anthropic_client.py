@@ -23,6 +23,7 @@ MAX_ERROR_CHARS = 500
 `error` column or a log line."""
 
 Clock = Callable[[], datetime.datetime]
+AnthropicSdk = anthropic.AsyncAnthropic | anthropic.AsyncAnthropicBedrock | anthropic.AsyncAnthropicVertex
 
 
 def _utcnow() -> datetime.datetime:
@@ -34,7 +35,8 @@ class AnthropicClient:
 
     `api_key` and `base_url` left as None are read by the SDK from ANTHROPIC_API_KEY and
     ANTHROPIC_BASE_URL. `http_timeout` is the SDK's own timeout: set it a little above the attempt
-    limit of `TimeLimited`, so the limit that fires is ours and says so.
+    limit of `TimeLimited`, so the limit that fires is ours and says so. `sdk` replaces the client
+    those three would build: Bedrock's and Vertex's speak the same Messages API (bedrock.py, vertex.py).
     """
 
     def __init__(
@@ -44,8 +46,9 @@ class AnthropicClient:
         base_url: str | None = None,
         http_timeout: float = 600.0,
         clock: Clock = _utcnow,
+        sdk: AnthropicSdk | None = None,
     ) -> None:
-        self._sdk = anthropic.AsyncAnthropic(
+        self._sdk: AnthropicSdk = sdk or anthropic.AsyncAnthropic(
             api_key=api_key, base_url=base_url, timeout=http_timeout, max_retries=0
         )
         self._clock = clock
@@ -95,6 +98,8 @@ class AnthropicClient:
             # by_alias + exclude_none: the blocks as the API sent them (minus nulls), ready to send back.
             content=[block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in message.content],
             stop_reason=message.stop_reason,
+            id=message.id,
+            model=message.model,
             usage=Usage(
                 input_tokens=usage.input_tokens,
                 output_tokens=usage.output_tokens,

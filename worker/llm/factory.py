@@ -1,4 +1,4 @@
-"""Builds the model client a worker uses, `Retrying(TimeLimited(AnthropicClient))`, from the environment."""
+"""Builds the model client a worker uses, `Retrying(TimeLimited(ProviderRouter))`, from the environment."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 from agentrun.worker.llm.anthropic_client import AnthropicClient
+from agentrun.worker.llm.cloud import ProviderUnavailable
+from agentrun.worker.llm.providers import ANTHROPIC, BEDROCK, VERTEX, Endpoint, Providers, split
 from agentrun.worker.llm.retry import Retrying
+from agentrun.worker.llm.router import Factory, ProviderRouter
 from agentrun.worker.llm.timeout import TimeLimited
 from agentrun.worker.llm.types import LlmClient
 
@@ -80,11 +83,20 @@ def build_llm(
     api_key: str | None = None,
     base_url: str | None = None,
     on_retry: Callable[[int], None] | None = None,
+    providers: Providers | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Retrying:
-    """`Retrying(TimeLimited(AnthropicClient))`: the retry loop outside, the attempt limit inside it."""
-    client = AnthropicClient(
-        api_key=api_key, base_url=base_url, http_timeout=llm.timeout_seconds + llm.http_margin_seconds
-    )
+    """`Retrying(TimeLimited(ProviderRouter))`: the retry loop outside, the attempt limit inside it, and
+    inside that the client of the model's provider, so every provider gets the same policy and metrics.
+
+    Without `api_key` and `base_url`, an Anthropic model fails its run saying what to set.
+    """
+    return decorated(llm, build_router(llm, api_key=api_key, base_url=base_url, providers=providers, environ=environ),
+                     on_retry)
+
+
+def decorated(llm: LlmSettings, client: LlmClient, on_retry: Callable[[int], None] | None = None) -> Retrying:
+    """`client` with the shared retry policy and per-attempt time limit of `llm`."""
     return Retrying(
         TimeLimited(client, llm.timeout_seconds),
         max_attempts=llm.max_attempts,
@@ -94,27 +106,109 @@ def build_llm(
     )
 
 
+def build_router(
+    llm: LlmSettings,
+    *,
+    api_key: str | None = None,
+    base_url: str | None = None,
+    providers: Providers | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> ProviderRouter:
+    """The router over the built-in providers and the declared endpoints, each built on first use."""
+    env = os.environ if environ is None else environ
+    http_timeout = llm.timeout_seconds + llm.http_margin_seconds
+
+    def anthropic_api() -> AnthropicClient:
+        if api_key is None and base_url is None:
+            raise ProviderUnavailable(NO_MODEL_API)
+        return AnthropicClient(api_key=api_key, base_url=base_url, http_timeout=http_timeout)
+
+    def bedrock() -> LlmClient:
+        from agentrun.worker.llm.bedrock import bedrock_client
+
+        return bedrock_client(env, http_timeout)
+
+    def vertex() -> LlmClient:
+        from agentrun.worker.llm.vertex import vertex_client
+
+        return vertex_client(env, http_timeout)
+
+    factories: dict[str, Factory] = {ANTHROPIC: anthropic_api, BEDROCK: bedrock, VERTEX: vertex}
+    for endpoint in (providers or Providers()).endpoints.values():
+        factories[endpoint.name] = _openai_factory(endpoint, env, http_timeout)
+    return ProviderRouter(factories)
+
+
+def _openai_factory(endpoint: Endpoint, env: Mapping[str, str], http_timeout: float) -> Factory:
+    def build() -> LlmClient:
+        try:
+            from agentrun.worker.llm.openai_client import OpenAiClient
+        except ImportError:
+            raise ProviderUnavailable(
+                f"provider {endpoint.name!r} (kind openai) needs the openai package: pip install 'agentrun[openai]'"
+            ) from None
+        key = None
+        if endpoint.api_key_env is not None:
+            key = env.get(endpoint.api_key_env) or None
+            if key is None:
+                raise ProviderUnavailable(
+                    f"provider {endpoint.name!r}: its API key variable {endpoint.api_key_env} is not set"
+                )
+        return OpenAiClient(
+            base_url=endpoint.base_url, api_key=key, headers=endpoint.headers,
+            max_tokens_param=endpoint.max_tokens_param, http_timeout=http_timeout,
+        )
+
+    return build
+
+
+def load_providers(path: str | None) -> Providers:
+    """The AGENTRUN_PROVIDERS file, or an exit naming what is wrong with it."""
+    try:
+        return Providers.load(path)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"agentrun: cannot read the providers file (AGENTRUN_PROVIDERS={path}): {e}") from None
+
+
 def llm_from_env(
     settings: WorkerSettings,
     environ: Mapping[str, str] | None = None,
     on_retry: Callable[[int], None] | None = None,
+    providers: Providers | None = None,
 ) -> LlmClient:
-    """The worker's model client from ANTHROPIC_* and AGENTRUN_LLM_* variables; exits with a clear message
-    when no model API is configured or a variable is bad."""
+    """The worker's model client from ANTHROPIC_*, AGENTRUN_LLM_* and the providers' variables; exits with
+    a clear message when a variable is bad, the providers file is, or the default model's provider
+    cannot be built (an Anthropic default model needs ANTHROPIC_API_KEY or ANTHROPIC_BASE_URL)."""
     env = os.environ if environ is None else environ
+    if providers is None:
+        providers = load_providers(settings.providers_file)
     api_key = env.get("ANTHROPIC_API_KEY") or None
     base_url = env.get("ANTHROPIC_BASE_URL") or None
-    if api_key is None and base_url is None:
-        raise SystemExit(NO_MODEL_API)
-    if api_key is None and not env.get("ANTHROPIC_AUTH_TOKEN"):
+    if api_key is None and base_url is not None and not env.get("ANTHROPIC_AUTH_TOKEN"):
         # A local server or an authenticating proxy needs no key, but the SDK refuses to send without one.
         api_key = "unused"
     try:
         llm = LlmSettings.from_env(env)
     except ValueError as e:
         raise SystemExit(f"agentrun: {e}") from None
+    if problem := providers.problem(settings.default_model):
+        raise SystemExit(f"agentrun: AGENTRUN_DEFAULT_MODEL: {problem}")
+    router = build_router(llm, api_key=api_key, base_url=base_url, providers=providers, environ=env)
+    default = split(settings.default_model).provider
+    try:
+        # The default model's provider is built now, so a worker that cannot serve it says so at start.
+        router.client(default)
+    except ProviderUnavailable as e:
+        raise SystemExit(str(e) if str(e).startswith("agentrun:") else f"agentrun: {e}") from None
+    for name in providers.endpoints:
+        # Declared endpoints are cheap to build: a missing key variable is said now, not at the first run.
+        try:
+            router.client(name)
+        except ProviderUnavailable as e:
+            log.warning("model provider %s is unusable until fixed; its runs will fail: %s", name, e)
     log.info(
-        "model API %s: %d attempts of at most %gs each",
-        base_url or "https://api.anthropic.com", llm.max_attempts, llm.timeout_seconds,
+        "model providers %s (default %s; Anthropic API at %s): %d attempts of at most %gs each",
+        ", ".join(providers.names), default, base_url or "https://api.anthropic.com",
+        llm.max_attempts, llm.timeout_seconds,
     )
-    return build_llm(llm, api_key=api_key, base_url=base_url, on_retry=on_retry)
+    return decorated(llm, router, on_retry)

@@ -1,5 +1,8 @@
 """A small local server speaking the Messages API (`POST /v1/messages`), for tests, the demo and benchmarks.
 
+It serves the same API at Bedrock's and Vertex's paths too, for their SDK clients (`FakeAnthropic`);
+`FakeApi` is the scripted server under it and under the Chat Completions one (fake_openai_server.py).
+
 Point the real SDK at it with ANTHROPIC_BASE_URL. It answers from a queue of scripted replies
 (model turns, or faults such as 429 with retry-after, 529, 500, 400 and slow answers), else from a
 responder: by default a stateless agent that asks for one tool, then summarises its result. It checks
@@ -23,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Self
 
 from aiohttp import web
+from multidict import CIMultiDict
 
 Json = dict[str, Any]
 MAX_CACHE_BREAKPOINTS = 4
@@ -250,21 +254,36 @@ def _breakpoints(body: Json) -> int:
 Responder = Callable[[Json], Reply]
 
 
-class FakeAnthropic:
-    """The server. `script(...)` queues replies (served first, in order); then `responder` answers.
+@dataclasses.dataclass(frozen=True)
+class Received:
+    """One request as it arrived: its path, headers (case-insensitive) and JSON body (None if not JSON)."""
 
-    `requests` holds every JSON body received, in order, including those answered with a fault.
+    path: str
+    headers: Mapping[str, str]
+    body: Json | None
+
+
+class FakeApi:
+    """A scripted JSON-over-HTTP model server. `script(...)` queues replies (served first, in order); then
+    `responder` answers. Subclasses say which paths they serve (`routes`), what they refuse (`check`)
+    and what a success body gains from the request (`complete`).
+
+    `requests` holds every JSON body received, in order, including those answered with a fault;
+    `received` the same requests with their paths and headers.
     """
 
-    def __init__(self, responder: Responder | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
-        self.responder: Responder = responder or AgentResponder()
+    kind = "fake API"
+
+    def __init__(self, responder: Responder, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.responder: Responder = responder
         self.requests: list[Json] = []
+        self.received: list[Received] = []
         self._queue: collections.deque[Reply] = collections.deque()
         self._host, self._port = host, port
         self._runner: web.AppRunner | None = None
         self._closing = asyncio.Event()
 
-    def script(self, *replies: Reply) -> FakeAnthropic:
+    def script(self, *replies: Reply) -> Self:
         self._queue.extend(replies)
         return self
 
@@ -276,13 +295,26 @@ class FakeAnthropic:
     @property
     def base_url(self) -> str:
         if self._runner is None:
-            raise RuntimeError("the fake Messages API server is not started")
+            raise RuntimeError(f"the {self.kind} server is not started")
         host, port = self._runner.addresses[0][:2]
         return f"http://{host}:{port}"
 
-    async def start(self) -> FakeAnthropic:
+    def routes(self, app: web.Application) -> None:
+        raise NotImplementedError
+
+    def check(self, body: Any, request: web.Request) -> str | None:
+        """What the real API would refuse with a 400; None if fine."""
+        return None
+
+    def refuse(self, problem: str) -> Reply:
+        return Reply.bad_request(problem)
+
+    def complete(self, payload: Json, body: Json, request: web.Request) -> None:
+        """Fill in what a success body takes from the request (ids, the model)."""
+
+    async def start(self) -> Self:
         app = web.Application()
-        app.router.add_post("/v1/messages", self._messages)
+        self.routes(app)
         self._closing.clear()
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await self._runner.setup()
@@ -302,20 +334,22 @@ class FakeAnthropic:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def _messages(self, request: web.Request) -> web.StreamResponse:
+    async def answer(self, request: web.Request) -> web.StreamResponse:
         try:
             body = await request.json()
         except ValueError:
             body = None
-        if isinstance(body, dict):
-            self.requests.append(body)
-        problem = check_request(body)
+        json_body = body if isinstance(body, dict) else None
+        if json_body is not None:
+            self.requests.append(json_body)
+        self.received.append(Received(request.path, CIMultiDict(request.headers), json_body))
+        problem = self.check(body, request)
         if problem is not None:
-            reply = Reply.bad_request(problem)
+            reply = self.refuse(problem)
         elif self._queue:
             reply = self._queue.popleft()
         else:
-            reply = self.responder(body)
+            reply = self.responder(self.as_messages(body, request))
         if reply.delay > 0:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(reply.delay):
@@ -326,13 +360,62 @@ class FakeAnthropic:
             return web.Response()  # never sent: the connection is gone
         payload = dict(reply.body)
         if reply.status == 200 and isinstance(body, dict):
-            payload.setdefault("id", f"msg_{uuid.uuid4().hex[:24]}")
-            payload.setdefault("model", body["model"])
+            self.complete(payload, body, request)
             if body.get("stream") is True:
-                return await self._stream(request, payload, reply)
+                return await self.stream(request, payload, reply)
         return web.json_response(payload, status=reply.status, headers=dict(reply.headers))
 
-    async def _stream(self, request: web.Request, message: Json, reply: Reply) -> web.StreamResponse:
+    async def stream(self, request: web.Request, message: Json, reply: Reply) -> web.StreamResponse:
+        """A success answer to a request that asked for a stream; this server does not stream: JSON."""
+        return web.json_response(message, status=reply.status, headers=dict(reply.headers))
+
+    def as_messages(self, body: Json, request: web.Request) -> Json:
+        """The request as the responder reads it."""
+        return body
+
+
+BEDROCK_INVOKE = "/model/{model}/invoke"
+VERTEX_PREDICT = "/v1/projects/{project}/locations/{region}/publishers/anthropic/models/{model:[^/:]+}:rawPredict"
+
+
+class FakeAnthropic(FakeApi):
+    """The Messages API at `POST /v1/messages`, and the same API as Amazon Bedrock (`POST /model/{id}/invoke`)
+    and Google Vertex AI (`POST /v1/projects/{p}/locations/{r}/publishers/anthropic/models/{m}:rawPredict`)
+    serve it: the model in the path, `anthropic_version` in the body. Vertex's clients are pointed at
+    `base_url + "/v1"`. `POST /token` answers OAuth refreshes (google-auth's), for dummy credentials.
+    """
+
+    kind = "fake Messages API"
+
+    def __init__(self, responder: Responder | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(responder or AgentResponder(), host, port)
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/messages", self.answer)
+        app.router.add_post(BEDROCK_INVOKE, self.answer)
+        app.router.add_post(VERTEX_PREDICT, self.answer)
+        app.router.add_post("/token", self._token)
+
+    def as_messages(self, body: Json, request: web.Request) -> Json:
+        model = request.match_info.get("model")
+        return {**body, "model": model} if model is not None and isinstance(body, dict) else body
+
+    def check(self, body: Any, request: web.Request) -> str | None:
+        if "model" in request.match_info:
+            if not isinstance(body, dict):
+                return "request body must be a JSON object"
+            if "model" in body:
+                return "model: Extra inputs are not permitted (the model is in the path)"
+            if not body.get("anthropic_version"):
+                return "anthropic_version: Field required"
+            body = self.as_messages(body, request)
+        return check_request(body)
+
+    def complete(self, payload: Json, body: Json, request: web.Request) -> None:
+        payload.setdefault("id", f"msg_{uuid.uuid4().hex[:24]}")
+        payload.setdefault("model", self.as_messages(body, request).get("model"))
+
+    async def stream(self, request: web.Request, message: Json, reply: Reply) -> web.StreamResponse:
         """The message as the Messages API streams it: server-sent events, text in fragments of a few words."""
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **dict(reply.headers)})
         await response.prepare(request)
@@ -366,6 +449,10 @@ class FakeAnthropic:
         await send("message_stop", {})
         await response.write_eof()
         return response
+
+    async def _token(self, request: web.Request) -> web.Response:
+        self.received.append(Received(request.path, CIMultiDict(request.headers), None))
+        return web.json_response({"access_token": "ya29.fake-token", "expires_in": 3600, "token_type": "Bearer"})
 
 
 async def _serve(args: argparse.Namespace, tool_input: Json) -> None:

@@ -75,6 +75,8 @@ class LlmResponse:
     content: list[Block]
     stop_reason: str | None
     usage: Usage = Usage()
+    id: str | None = None  # the provider's message id, for traces
+    model: str | None = None  # the model that answered, as the provider names it
 
 
 class LlmError(Exception):

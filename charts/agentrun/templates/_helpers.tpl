@@ -164,6 +164,27 @@ one, else the runtime URL. Workers and the operator never get the owner's. */}}
       name: {{ .Values.anthropic.existingSecret }}
       key: {{ .Values.anthropic.secretKey }}
 {{- end }}
+{{- range .Values.providers.apiKeys }}
+- name: {{ .env }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .secretKey }}
+{{- end }}
+{{- with .Values.providers.bedrock }}
+{{- if .existingSecret }}
+- name: AWS_ACCESS_KEY_ID
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .accessKeyIdKey }}
+- name: AWS_SECRET_ACCESS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ .existingSecret }}
+      key: {{ .secretAccessKeyKey }}
+{{- end }}
+{{- end }}
 {{- if .Values.apiToken.enabled }}
 - name: AGENTRUN_API_TOKEN
   valueFrom:
@@ -223,3 +244,12 @@ affinity:
   {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
+
+{{/* `k1=v1,k2=v2` from a map, keys sorted: the shape of OTEL_RESOURCE_ATTRIBUTES and OTEL_EXPORTER_OTLP_HEADERS. */}}
+{{- define "agentrun.keyValues" -}}
+{{- $pairs := list -}}
+{{- range $k, $v := . -}}
+{{- $pairs = append $pairs (printf "%s=%s" $k $v) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}

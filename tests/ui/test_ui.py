@@ -265,3 +265,25 @@ async def test_without_a_token_no_prompt_and_an_unknown_run_says_so(store: RunSt
         await expect(page.get_by_role("dialog", name="API token")).to_be_hidden()
         await page.goto(f"{url}/ui/")
         await expect(page.locator(".muted[role=status]")).to_contain_text("No runs yet")
+
+
+async def test_fork_and_continue_from_the_page(store: RunStore, page: Page) -> None:
+    async with stack(store) as (url, http):
+        GATE.set()
+        source = await submit(http)
+        await wait_status(http, source, "SUCCEEDED")
+        await page.goto(f"{url}/ui/#/runs/{source}")
+        await expect(page.locator(".run-head")).to_contain_text("SUCCEEDED")
+        await page.get_by_role("button", name="Fork from step 1").click()
+        await expect(page.locator(".run-head")).not_to_contain_text(source[:8])
+        await expect(page.get_by_text("From run")).to_contain_text("at step 1")
+        await expect(page.locator(".run-head")).to_contain_text("SUCCEEDED")
+        fork = page.url.rsplit("/", 1)[-1]
+        assert (await http.get(f"/api/runs/{fork}")).json()["parentRunId"] == source
+
+        await page.goto(f"{url}/ui/#/runs/{source}")
+        await page.fill("#continue-input", "And which are due this week?")
+        await page.get_by_role("button", name="Continue", exact=True).click()
+        await expect(page.get_by_text("From run")).to_be_visible()
+        await expect(page.locator(".conversation")).to_contain_text("And which are due this week?")
+        await expect(page.locator(".run-head")).to_contain_text("SUCCEEDED")

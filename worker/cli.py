@@ -10,7 +10,7 @@ import math
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agentrun.worker import logs
@@ -111,6 +111,16 @@ def _env_flag(name: str, default: bool) -> bool:
     raise SystemExit(f"agentrun: {name} must be true or false, got {value!r}")
 
 
+def _claiming(worker: Any) -> Callable[[], str | None]:
+    """Why `worker` cannot claim now, for /readyz: without its presence session (the liveness lock and
+    the wake-ups) it does not claim, and a pod that cannot take work should not count as ready."""
+    def why() -> str | None:
+        if worker.settings.liveness_lock and not worker.presence.ready.is_set():
+            return "worker presence session down (reconnecting)"
+        return None
+    return why
+
+
 async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> int:
     """Serve /healthz at once, wait (retrying) for a usable database, then claim and drive runs.
 
@@ -190,16 +200,18 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
                 continue
             store = RunStore(pool)
             metrics.count_runs_with(store.count_by_status)
-            slot.app = create_app(store, tools, settings, metrics, prices, identities, providers)
+            if llm is not None:
+                worker = Worker(settings, store, llm, tools, prices, observer=observer)
+            slot.app = create_app(store, tools, settings, metrics, prices, identities, providers,
+                                  claiming=_claiming(worker) if worker is not None else None)
             log.info(
                 "%s serving on :%d with %d slots, lease %gs, tools: %s",
                 settings.worker_id, settings.port, settings.concurrency, settings.lease_seconds,
                 ", ".join(tools.names) or "none",
             )
-            if llm is None:
+            if worker is None:
                 await stopping.wait()
                 break
-            worker = Worker(settings, store, llm, tools, prices, observer=observer)
             if stopping.is_set():
                 worker.stop()
             try:

@@ -70,7 +70,8 @@ def test_crd_names_and_shape() -> None:
     columns = {c["name"]: c.get("priority", 0) for c in version["additionalPrinterColumns"]}
     assert columns == {"Phase": 0, "Tokens": 0, "Cost": 0, "Steps": 0, "Age": 0, "Worker": 1, "Message": 1}
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
-    assert status["phase"]["enum"] == ["Pending", "Queued", "Running", "Succeeded", "Failed", "Cancelled", "TimedOut"]
+    assert status["phase"]["enum"] == ["Pending", "Queued", "Running", "Waiting", "Succeeded", "Failed", "Cancelled",
+                                       "TimedOut"]
     assert {"runId", "tokensUsed", "costUsd", "steps", "startedAt", "finishedAt", "message", "lockedBy",
             "observedGeneration", "conditions"} <= set(status)
 
@@ -113,7 +114,7 @@ def test_there_are_examples() -> None:
 @pytest.mark.parametrize(
     "change, words",
     [
-        ({"input": None}, ["spec.input", "Required value"]),
+        ({"input": None}, ["spec", "give input, or forkFrom"]),
         ({"input": ""}, ["spec.input", "at least 1 chars"]),
         ({"input": 42}, ["spec.input", "must be of type string"]),
         ({"input": "x" * 100_001}, ["spec.input", "Too long"]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.resources
+from collections.abc import Callable
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, RedirectResponse, Response
@@ -47,10 +48,12 @@ as `after` to get the following page.
 def create_app(
     store: RunStore, tools: ToolBox, settings: WorkerSettings, metrics: Metrics, prices: PriceTable | None = None,
     identities: Identities | None = None, providers: Providers | None = None,
+    claiming: Callable[[], str | None] | None = None,
 ) -> FastAPI:
     """The app; `prices` (default: the table `settings.prices_file` names) refuses unenforceable cost budgets;
     `identities` defaults to those of the settings (IdentityFileError if the file is bad); `providers`: the
-    model providers submitted runs may name, the built-in ones when None."""
+    model providers submitted runs may name, the built-in ones when None; `claiming` says why this
+    process's worker cannot claim runs now (its presence session is down), or None when it can."""
     if identities is None:
         identities = Identities(settings.api_token, settings.api_tokens_file)
     app = FastAPI(title="agentrun", version="0.1.0", description=DESCRIPTION)
@@ -88,6 +91,8 @@ def create_app(
             return _unavailable(f"database unreachable ({type(e).__name__})")
         if problem:
             return _unavailable(f"database {problem}")
+        if claiming is not None and (why := claiming()) is not None:
+            return _unavailable(why)
         return JSONResponse({"status": "ok", "schemaVersion": version})
 
     @app.get("/metrics", tags=["health"], response_class=Response)

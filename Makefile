@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 RUNTIME := $(VENV)/.installed-runtime
 STAMP   := $(VENV)/.installed
 
-.PHONY: test demo venv clean helm lint
+.PHONY: test demo dev screenshots venv clean helm lint
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,14 @@ helm: $(STAMP)
 ## demo: the crash-and-resume demo
 demo: $(RUNTIME)
 	$(BIN)/agentrun demo
+
+## dev: a persistent local stack (embedded PostgreSQL, a worker, the API and the web UI on http://127.0.0.1:8080/ui/)
+dev: $(RUNTIME)
+	$(BIN)/agentrun dev $(DEV_ARGS)
+
+## screenshots: the UI's screenshots in docs/, taken by its browser test (needs chromium)
+screenshots: $(STAMP)
+	AGENTRUN_UI_SCREENSHOTS=1 $(BIN)/python -m pytest tests/ui -q -k list_shows
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -451,7 +451,27 @@ def cmd_runs(args: argparse.Namespace) -> int:
             elif args.runs_command == "watch":
                 if not args.json:
                     client.emit(sys.stdout, client.step_header())
-                run = api.watch(args.id, lambda step: show(step, client.step_row(step)), interval=args.interval)
+                streaming = [0]  # the seq whose text is being printed, 0 for none
+
+                def step(row: dict[str, object]) -> None:
+                    if streaming[0]:
+                        client.emit(sys.stdout, "")
+                        streaming[0] = 0
+                    show(row, client.step_row(row))
+
+                def text(seq: int, fragment: str) -> None:
+                    if args.json:
+                        show({"seq": seq, "text": fragment}, fragment)
+                        return
+                    if streaming[0] != seq:
+                        sys.stdout.write(("\n" if streaming[0] else "") + f"  model (seq {seq}): ")
+                        streaming[0] = seq
+                    sys.stdout.write(client.terminal_safe(fragment))
+                    sys.stdout.flush()
+
+                run = api.watch(args.id, step, interval=args.interval, on_text=text)
+                if streaming[0]:
+                    client.emit(sys.stdout, "")
                 show(run, client.finished_line(run))
                 return 0 if run["status"] == "SUCCEEDED" else 1
     except client.ApiError as e:
@@ -545,10 +565,11 @@ def _add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("id", help="run id")
 
     p = command("watch", "follow a run's steps until it ends",
-                "Print each step of a run as it happens until the run ends. Exits 0 if it SUCCEEDED, else 1.")
+                "Print each step of a run as it happens, and the model's text as it streams, until the run "
+                "ends (it follows GET /api/runs/{id}/events). Exits 0 if it SUCCEEDED, else 1.")
     p.add_argument("id", help="run id")
     p.add_argument("--interval", type=_positive_float, default=1.0, metavar="S",
-                   help="seconds between polls (default: 1)")
+                   help="seconds before resuming a dropped event stream (default: 1)")
 
     p = command("list", "list runs, newest first", "List runs, newest first, a page at a time.")
     p.add_argument("--status", choices=[s.value for s in RunStatus],
@@ -705,9 +726,33 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the workers' lease (default: 5, so the demo takes seconds)")
     p.add_argument("--verbose", action="store_true", help="also print the workers' other log lines")
     p.set_defaults(func=cmd_demo)
+
+    p = sub.add_parser(
+        "dev",
+        help="a persistent local stack: database, worker, API and web UI",
+        description="Start an embedded PostgreSQL keeping its data in --data-dir, apply the migrations, and "
+        "run one worker with the API and the web UI on http://127.0.0.1:PORT, the demo tools "
+        "(list_tickets) and the local Messages API server, or the real API when ANTHROPIC_API_KEY is set. "
+        "Prints the UI's URL. Ctrl-C stops everything; the next start finds the runs of the last.",
+        epilog="Environment: ANTHROPIC_API_KEY (the real API instead of the local server), "
+        "AGENTRUN_API_TOKEN (ask for a token), AGENTRUN_DEFAULT_MODEL.",
+    )
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="where the database keeps its data (default: ~/.local/share/agentrun/dev)")
+    p.add_argument("--port", type=_port, default=8080, help="the API and UI port on 127.0.0.1 (default: 8080)")
+    p.set_defaults(func=cmd_dev)
     _add_runs(sub)
     _add_token(sub)
     return parser
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from agentrun.worker.demo import dev
+
+    data_dir = Path(args.data_dir).expanduser() if args.data_dir else dev.default_data_dir()
+    return dev.run(dev.DevOptions(data_dir=data_dir, port=args.port))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -731,6 +776,16 @@ def duration(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration (like 90, 90s, 15m, 2h or 30d)") from None
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} must be a duration of zero or more")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a port number, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port number from 1 to 65535, got {text}")
     return value
 
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import unicodedata
 import urllib.parse
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TextIO
 
 import httpx
+import orjson
 
 from agentrun.worker.records import RunStatus
 
@@ -95,22 +97,104 @@ class RunsClient:
         params = {k: v for k, v in {"status": status, "limit": limit, "after": after}.items() if v is not None}
         return self._call("GET", "/api/runs", params=params)  # type: ignore[no-any-return]
 
+    def events(self, run_id: str, last_event_id: str | None = None) -> Iterator[ServerEvent]:
+        """The run's server-sent events (GET /api/runs/{id}/events) until the server closes the stream."""
+        path = f"/api/runs/{_run_id(run_id)}/events"
+        headers = {"Accept": "text/event-stream", **({"Last-Event-ID": last_event_id} if last_event_id else {})}
+        try:
+            # No read timeout: the server sends a keep-alive comment every 15 s, and a run may take hours.
+            with self.http.stream("GET", path, headers=headers, timeout=httpx.Timeout(30.0, read=None)) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise ApiError(r.status_code, _error_message(r))
+                parser = SseParser()
+                for line in r.iter_lines():
+                    event = parser.feed(line)
+                    if event is not None:
+                        yield event
+        except httpx.HTTPError as e:
+            raise ApiError(0, f"cannot reach {self.url}: {e}") from None
+
     def watch(
         self, run_id: str, on_step: Callable[[dict[str, Any]], None], interval: float = 1.0,
-        sleep: Callable[[float], None] = time.sleep,
+        sleep: Callable[[float], None] = time.sleep, on_text: Callable[[int, str], None] | None = None,
+        reconnects: int = 5,
     ) -> dict[str, Any]:
-        """Poll until the run ends, calling `on_step` for each step when it appears and when it changes
-        status (a tool step is seen STARTED, then DONE); returns the finished run."""
+        """Follow the run's events until it ends, calling `on_step` for each step when it appears and when
+        it changes status (a tool step is seen STARTED, then DONE) and `on_text(seq, text)` with model text
+        as it streams; returns the finished run. A dropped stream is resumed (Last-Event-ID) after
+        `interval` seconds, up to `reconnects` times in a row."""
         seen: dict[int, str] = {}
+        last: str | None = None
+        failures = 0
         while True:
-            run = self.get(run_id)  # before the timeline: once it is terminal, the timeline is complete
-            for step in self.timeline(run_id):
-                if seen.get(step["seq"]) != step["status"]:
-                    seen[step["seq"]] = step["status"]
-                    on_step(step)
-            if run["status"] in TERMINAL:
-                return run
+            try:
+                for event in self.events(run_id, last):
+                    failures = 0
+                    last = event.id or last
+                    if event.event == "step":
+                        step = event.json()
+                        if seen.get(step["seq"]) != step["status"]:
+                            seen[step["seq"]] = step["status"]
+                            on_step(step)
+                    elif event.event == "delta" and on_text is not None:
+                        delta = event.json()
+                        on_text(int(delta["seq"]), str(delta["text"]))
+                    elif event.event == "end":
+                        return self.get(run_id)
+            except ApiError as e:
+                if e.status != 0 or failures >= reconnects:
+                    raise
+                failures += 1
+            else:
+                failures += 1  # closed without an end: the server is stopping; resume on the next one
+                if failures > reconnects:
+                    raise ApiError(0, f"{self.url} keeps closing the event stream of run {run_id}")
             sleep(interval)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerEvent:
+    """One server-sent event: its `id`, its type (`event`) and its `data` text."""
+
+    id: str | None
+    event: str
+    data: str
+
+    def json(self) -> Any:
+        try:
+            return orjson.loads(self.data)
+        except orjson.JSONDecodeError:
+            raise ApiError(0, f"a {self.event!r} event whose data is not JSON: {_shown(self.data)}") from None
+
+
+class SseParser:
+    """The text/event-stream format, a line at a time (the WHATWG rules clients follow)."""
+
+    def __init__(self) -> None:
+        self._id: str | None = None
+        self._event = ""
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> ServerEvent | None:
+        if line == "":
+            if not self._data:
+                self._event = ""
+                return None
+            event = ServerEvent(self._id, self._event or "message", "\n".join(self._data))
+            self._event, self._data = "", []
+            return event
+        if line.startswith(":"):
+            return None  # a comment: the keep-alive
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id" and "\0" not in value:
+            self._id = value
+        return None
 
 
 def _run_id(text: str, what: str = "run id") -> str:

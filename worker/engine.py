@@ -21,6 +21,7 @@ import psycopg
 from agentrun.worker import logs
 from agentrun.worker.answer import FINAL_ANSWER, INSTRUCTION, MAX_CORRECTIONS, answer_of, definition, problem
 from agentrun.worker.decisions import Execute, Fail, Park, Settle, next_call
+from agentrun.worker.deltas import DeltaPublisher
 from agentrun.worker.guard import Stop, deadline_passed, final, guard, remaining
 from agentrun.worker.lease import CancelRequested, LeaseKeeper
 from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, Message, Usage
@@ -94,6 +95,7 @@ class RunDriver:
         self._rng = random.Random()
         # What people decided about each run's calls, read once when a call needs a decision, per drive.
         self._decisions: dict[uuid.UUID, dict[tuple[str, DecisionKind], PendingCall]] = {}
+        self.deltas = DeltaPublisher(store.pool)  # the text of a call in flight, for live watchers only
 
     @property
     def me(self) -> str:
@@ -337,14 +339,18 @@ class RunDriver:
             messages=list(conv.messages),
             system=run.system if run.output_schema is None else "\n\n".join(filter(None, [run.system, INSTRUCTION])),
             tools=self.tools.definitions(run.tools) + ([definition(run.output_schema)] if run.output_schema else []),
+            on_text=(deltas := self.deltas.sink(run.id, conv.steps + 1)),
         )
         notes.sent(request)
         t0 = time.perf_counter()
         try:
             response = await self.keeper.interruptible(run.id, self.llm.send(request))
+            await deltas.close()
         except LlmError:
             self.observer.model_step(run.model, Usage(), None, time.perf_counter() - t0, ok=False)
             raise
+        finally:
+            deltas.discard()
         seconds = time.perf_counter() - t0
         notes.answered(response)
         latency_ms = round(seconds * 1000)

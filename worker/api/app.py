@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import importlib.resources
 from collections.abc import Callable
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from agentrun.worker import migrate
 from agentrun.worker.api import errors
+from agentrun.worker.api.events import EventHub, events_router
 from agentrun.worker.api.guards import BearerAuth, BodyLimit
 from agentrun.worker.api.identities import Identities
 from agentrun.worker.api.routes import runs_router
@@ -59,6 +62,15 @@ def create_app(
         metrics, providers,
     ))
     app.include_router(whoami_router(identities.enabled))
+    app.state.events = EventHub(store)
+    app.include_router(events_router(store, app.state.events, identities.enabled))
+    # The web UI: static files shipped in the package, talking to the API above like any client.
+    ui = importlib.resources.files("agentrun.worker").joinpath("ui")
+    app.mount("/ui", StaticFiles(directory=str(ui), html=True), name="ui")
+
+    @app.get("/", include_in_schema=False)
+    async def home() -> RedirectResponse:
+        return RedirectResponse("/ui/")
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

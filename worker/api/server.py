@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import socket
 from collections.abc import Iterator
 
 import uvicorn
@@ -28,7 +29,19 @@ class HttpServer(uvicorn.Server):
         super().__init__(
             uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off")
         )
+        self.asgi = app
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Event streams never end by themselves: close them first, or shutting down waits for them.
+        # The app may sit in an AppSlot: look through it for the one with the event hub.
+        app: object = self.asgi
+        while getattr(app, "state", None) is None and getattr(app, "app", None) is not None:
+            app = getattr(app, "app")  # noqa: B009
+        events = getattr(getattr(app, "state", None), "events", None)
+        if events is not None:
+            await events.close()
+        await super().shutdown(sockets)

@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import anthropic
+import httpx
 
 from agentrun.worker.llm.types import Block, LlmError, LlmRequest, LlmResponse, Message, Usage, sane_retry_after
 
@@ -30,7 +31,7 @@ def _utcnow() -> datetime.datetime:
 
 
 class AnthropicClient:
-    """One Messages API call per `send`; SDK errors become `LlmError`.
+    """One Messages API call per `send`; SDK errors become `LlmError`. A request with `on_text` is streamed.
 
     `api_key` and `base_url` left as None are read by the SDK from ANTHROPIC_API_KEY and
     ANTHROPIC_BASE_URL. `http_timeout` is the SDK's own timeout: set it a little above the attempt
@@ -74,7 +75,14 @@ class AnthropicClient:
         if tools:
             params["tools"] = tools
         try:
-            message = await self._sdk.messages.create(**params)
+            if request.on_text is None:
+                message = await self._sdk.messages.create(**params)
+            else:
+                # The SDK's streaming interface: the same final message, with its text seen as it comes.
+                async with self._sdk.messages.stream(**params) as stream:
+                    async for text in stream.text_stream:
+                        request.on_text(text)
+                    message = await stream.get_final_message()
         except anthropic.APIStatusError as e:
             headers = e.response.headers
             raise LlmError(
@@ -83,6 +91,8 @@ class AnthropicClient:
         except anthropic.APIConnectionError as e:  # includes APITimeoutError
             cause = f" ({type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ is not None else ""
             raise LlmError(-1, None, _truncate(f"{type(e).__name__}: {e.message}{cause}")) from e
+        except httpx.TransportError as e:  # a stream cut off midway surfaces as httpx's own error
+            raise LlmError(-1, None, _truncate(f"stream interrupted: {type(e).__name__}: {e}")) from e
         usage = message.usage
         return LlmResponse(
             # by_alias + exclude_none: the blocks as the API sent them (minus nulls), ready to send back.

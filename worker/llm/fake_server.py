@@ -44,6 +44,8 @@ class Reply:
     body: Json = dataclasses.field(default_factory=dict)
     headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
     delay: float = 0.0
+    chunk_delay: float = 0.0
+    """When the request asks for a stream: seconds between the text fragments, so a watcher sees it grow."""
 
     @classmethod
     def message(cls, content: list[Json], stop_reason: str, usage: Mapping[str, int] | None = None) -> Reply:
@@ -94,6 +96,10 @@ class Reply:
         """The same reply, sent `seconds` later (longer than the client's attempt limit, say)."""
         return dataclasses.replace(self, delay=seconds)
 
+    def streamed_slowly(self, seconds_per_chunk: float) -> Reply:
+        """The same reply whose streamed text fragments come `seconds_per_chunk` apart."""
+        return dataclasses.replace(self, chunk_delay=seconds_per_chunk)
+
 
 def usage_of(input: int, output: int, cache_write: int = 0, cache_read: int = 0) -> dict[str, int]:
     return {
@@ -123,8 +129,13 @@ class AgentResponder:
 
     tool: str = "list_tickets"
     input: Json = dataclasses.field(default_factory=lambda: {"status": "open"})
+    chunk_delay: float = 0.0
+    """Seconds between streamed text fragments (`agentrun dev` slows them down to be seen arriving)."""
 
     def __call__(self, body: Json) -> Reply:
+        return self._reply(body).streamed_slowly(self.chunk_delay)
+
+    def _reply(self, body: Json) -> Reply:
         messages: list[Json] = body.get("messages", [])
         prefix = [body.get("system"), body.get("tools"), messages[:-1]]
         cached = _tokens(prefix) if len(messages) > 1 else 0
@@ -323,7 +334,7 @@ class FakeApi:
     async def __aexit__(self, *exc: object) -> None:
         await self.stop()
 
-    async def answer(self, request: web.Request) -> web.Response:
+    async def answer(self, request: web.Request) -> web.StreamResponse:
         try:
             body = await request.json()
         except ValueError:
@@ -350,7 +361,13 @@ class FakeApi:
         payload = dict(reply.body)
         if reply.status == 200 and isinstance(body, dict):
             self.complete(payload, body, request)
+            if body.get("stream") is True:
+                return await self.stream(request, payload, reply)
         return web.json_response(payload, status=reply.status, headers=dict(reply.headers))
+
+    async def stream(self, request: web.Request, message: Json, reply: Reply) -> web.StreamResponse:
+        """A success answer to a request that asked for a stream; this server does not stream: JSON."""
+        return web.json_response(message, status=reply.status, headers=dict(reply.headers))
 
     def as_messages(self, body: Json, request: web.Request) -> Json:
         """The request as the responder reads it."""
@@ -397,6 +414,41 @@ class FakeAnthropic(FakeApi):
     def complete(self, payload: Json, body: Json, request: web.Request) -> None:
         payload.setdefault("id", f"msg_{uuid.uuid4().hex[:24]}")
         payload.setdefault("model", self.as_messages(body, request).get("model"))
+
+    async def stream(self, request: web.Request, message: Json, reply: Reply) -> web.StreamResponse:
+        """The message as the Messages API streams it: server-sent events, text in fragments of a few words."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **dict(reply.headers)})
+        await response.prepare(request)
+
+        async def send(event: str, data: Json) -> None:
+            await response.write(f"event: {event}\ndata: {json.dumps({'type': event, **data})}\n\n".encode())
+
+        usage = dict(message.get("usage") or {})
+        start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+        await send("message_start", {"message": start})
+        for index, block in enumerate(message.get("content") or []):
+            if block.get("type") == "text":
+                await send("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
+                for fragment in re.findall(r"\S*\s*", block.get("text", "")):
+                    if fragment:
+                        if reply.chunk_delay > 0:
+                            with contextlib.suppress(TimeoutError):
+                                async with asyncio.timeout(reply.chunk_delay):
+                                    await self._closing.wait()
+                        await send("content_block_delta",
+                                   {"index": index, "delta": {"type": "text_delta", "text": fragment}})
+            elif block.get("type") == "tool_use":
+                await send("content_block_start", {"index": index, "content_block": {**block, "input": {}}})
+                await send("content_block_delta", {"index": index, "delta": {
+                    "type": "input_json_delta", "partial_json": json.dumps(block.get("input") or {})}})
+            else:
+                await send("content_block_start", {"index": index, "content_block": block})
+            await send("content_block_stop", {"index": index})
+        await send("message_delta", {"delta": {"stop_reason": message.get("stop_reason"), "stop_sequence": None},
+                                     "usage": {"output_tokens": usage.get("output_tokens", 0)}})
+        await send("message_stop", {})
+        await response.write_eof()
+        return response
 
     async def _token(self, request: web.Request) -> web.Response:
         self.received.append(Received(request.path, CIMultiDict(request.headers), None))

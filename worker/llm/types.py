@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any, Protocol
 
 # Messages API JSON (content blocks, messages, tool definitions) travels as plain dicts: it is stored
@@ -64,6 +65,9 @@ class LlmRequest:
     messages: list[Message]
     system: str | None = None
     tools: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    on_text: Callable[[str], None] | None = dataclasses.field(default=None, compare=False, repr=False)
+    """Called with each fragment of assistant text as it streams in, for live watchers only: a client that
+    cannot stream may ignore it, and the response is the final message either way."""
 
 
 @dataclasses.dataclass(frozen=True)

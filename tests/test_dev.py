@@ -1,0 +1,111 @@
+"""`agentrun dev` as a user runs it: start, a run through the API, the UI served, Ctrl-C, and a second start
+on the same data directory that finds the first one's run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agentrun.worker.demo.dev import default_data_dir
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Dev:
+    def __init__(self, data: Path, port: int) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "AGENTRUN_"))}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "agentrun.worker.cli", "dev", "--data-dir", str(data), "--port", str(port)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip())
+
+    def wait_for(self, text: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines):
+            if self.proc.poll() is not None and not self.reader.is_alive():
+                raise AssertionError(f"agentrun dev exited ({self.proc.returncode}): {self.lines[-20:]}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {text!r} in {timeout:g}s: {self.lines[-20:]}")
+            time.sleep(0.05)
+
+    def interrupt(self, timeout: float = 60) -> int:
+        self.proc.send_signal(signal.SIGINT)  # what Ctrl-C sends
+        try:
+            code = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+        self.reader.join(10)
+        return code
+
+
+def test_dev_starts_serves_stops_and_keeps_its_runs(tmp_path: Path) -> None:
+    data, port = tmp_path / "dev", _free_port()
+    url = f"http://127.0.0.1:{port}"
+    first = Dev(data, port)
+    try:
+        first.wait_for(f"open {url}/ui/")
+        with httpx.Client(base_url=url, timeout=30) as http:
+            assert "agentrun" in http.get("/ui/").text
+            run_id = http.post("/api/runs", json={"input": "Which acme tickets are overdue?", "tokenBudget": 50_000,
+                                                  "timeoutSeconds": 300}).json()["id"]
+            deadline = time.monotonic() + 60
+            while (run := http.get(f"/api/runs/{run_id}").json())["status"] != "SUCCEEDED":
+                assert time.monotonic() < deadline, run
+                time.sleep(0.1)
+            timeline = http.get(f"/api/runs/{run_id}/timeline").json()
+            assert [s["toolName"] for s in timeline] == [None, "list_tickets", None]  # the demo tool
+    finally:
+        code = first.interrupt()
+    assert code == 0, first.lines[-20:]
+    assert any("stopped (worker, model server and database)" in line for line in first.lines)
+    assert not any("Traceback" in line for line in first.lines), first.lines
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/healthz", timeout=2)
+
+    second = Dev(data, port)
+    try:
+        second.wait_for(f"open {url}/ui/")
+        runs = httpx.get(f"{url}/api/runs", timeout=30).json()["items"]
+        assert [r["id"] for r in runs] == [run_id] and runs[0]["status"] == "SUCCEEDED"
+    finally:
+        assert second.interrupt() == 0, second.lines[-20:]
+
+
+def test_a_port_in_use_is_said_plainly(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = subprocess.run([sys.executable, "-m", "agentrun.worker.cli", "dev", "--data-dir", str(tmp_path),
+                              "--port", str(port)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and f"port {port} on 127.0.0.1 is in use" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_default_data_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert default_data_dir() == tmp_path / ".local" / "share" / "agentrun" / "dev"

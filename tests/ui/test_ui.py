@@ -103,13 +103,16 @@ async def page(browser: Browser) -> AsyncIterator[Page]:
     assert not errors, f"the page raised: {errors}"
 
 
-def app_for(store: RunStore, token: str | None = None) -> FastAPI:
-    settings = WorkerSettings(database_url="unused", worker_id="ui-test", default_model=MODEL, api_token=token)
+def app_for(store: RunStore, token: str | None = None, tokens_file: str | None = None) -> FastAPI:
+    settings = WorkerSettings(database_url="unused", worker_id="ui-test", default_model=MODEL, api_token=token,
+                              api_tokens_file=tokens_file)
     return create_app(store, ToolBox([list_tickets]), settings, Metrics())
 
 
 @contextlib.asynccontextmanager
-async def stack(store: RunStore, token: str | None = None) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
+async def stack(
+    store: RunStore, token: str | None = None, tokens_file: str | None = None
+) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
     """The API and UI served over real HTTP, a worker driving runs with the real SDK against the local
     Messages API server (streaming), and an HTTP client for the test's own requests."""
     GATE.clear()
@@ -117,7 +120,7 @@ async def stack(store: RunStore, token: str | None = None) -> AsyncIterator[tupl
         llm = AnthropicClient(api_key="test-key", base_url=model.base_url, http_timeout=60)
         w = worker(store, llm, [list_tickets], name="worker-A", poll=0.05)
         task = asyncio.create_task(w.run())
-        app = app_for(store, token)
+        app = app_for(store, token, tokens_file)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
             async with serving(app) as url, httpx.AsyncClient(base_url=url, headers=headers) as http:
@@ -287,3 +290,38 @@ async def test_fork_and_continue_from_the_page(store: RunStore, page: Page) -> N
         await expect(page.get_by_text("From run")).to_be_visible()
         await expect(page.locator(".conversation")).to_contain_text("And which are due this week?")
         await expect(page.locator(".run-head")).to_contain_text("SUCCEEDED")
+
+
+async def test_the_page_shows_who_you_are_and_hides_what_you_may_not_do(
+    store: RunStore, page: Page, tmp_path: Path
+) -> None:
+    """A read-only identity sees runs and their pending calls, and no control its scopes do not allow."""
+    import hashlib
+    import json
+
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text(json.dumps({"identities": [
+        {"name": "reader", "sha256": hashlib.sha256(b"reader-token-1").hexdigest(), "scopes": ["read"]},
+    ]}))
+    async with stack(store, token="admin-token-1", tokens_file=str(tokens)) as (url, http):
+        waiting = await submit(http, requireApproval=["list_tickets"])
+        await wait_status(http, waiting, "WAITING")
+        await page.add_init_script(
+            "if (!sessionStorage.getItem('agentrun.token')) sessionStorage.setItem('agentrun.token', 'reader-token-1')"
+        )
+        await page.goto(f"{url}/ui/")
+        await expect(page.locator("#me")).to_have_text("reader · read")
+        await expect(page.locator(f"tr[data-run='{waiting}']")).to_be_visible()
+        await expect(page.locator("#new-input")).to_have_count(0)  # no submit form without `submit`
+        await page.goto(f"{url}/ui/#/runs/{waiting}")
+        await expect(page.locator(".decision[data-tool-use]")).to_have_count(1)
+        await expect(page.locator("[id^=no-decide-]")).to_be_visible()
+        await expect(page.get_by_role("button", name="Approve")).to_have_count(0)
+        await expect(page.locator("#cancel")).to_have_count(0)
+        await expect(page.locator("[id^=fork-]")).to_have_count(0)
+        # The same page with the admin's token: every control is back.
+        await page.evaluate("sessionStorage.setItem('agentrun.token', 'admin-token-1')")
+        await page.reload()
+        await expect(page.locator("#me")).to_contain_text("default")
+        await expect(page.get_by_role("button", name="Approve")).to_be_visible()
+        await expect(page.locator("#cancel")).to_be_visible()

@@ -75,6 +75,7 @@ export const api = {
   submit: (body) => call("POST", "/api/runs", body),
   pending: (id) => call("GET", `/api/runs/${id}/pending`),
   decide: (id, toolUseId, body) => call("POST", `/api/runs/${id}/pending/${encodeURIComponent(toolUseId)}`, body),
+  whoami: () => call("GET", "/api/whoami"),
 };
 
 // Server-sent events read with fetch (EventSource cannot send an Authorization header). Resumes after a

@@ -7,6 +7,10 @@ const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"]);
 const STATUSES = ["QUEUED", "RUNNING", "WAITING", "SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"];
 const main = document.getElementById("main");
 let cleanup = () => {};
+// Who the token stands for and what it may do (GET /api/whoami); controls it may not use are not shown.
+// null when the server cannot say (an older one): then every control is shown and the API decides.
+let me = null;
+const can = (scope) => me === null || me.scopes.includes(scope) || me.scopes.includes("admin");
 
 // -- small helpers ----------------------------------------------------------------------------------
 
@@ -96,7 +100,7 @@ function listView(params) {
         .map((c) => h("th", { scope: "col", class: ["Tokens", "Cost", "Steps"].includes(c) ? "num" : null }, c)))),
       body),
     info,
-    form,
+    can("submit") ? form : null,
   );
 
   let timer = null;
@@ -189,7 +193,7 @@ function waterfall(run, steps, onFork, inflight) {
       h("div", { class: "wf-track", "aria-hidden": "true" },
         h("div", { class: `wf-bar ${kind} ${s.status.toLowerCase()}`, style: `left:${left.toFixed(2)}%;width:${width.toFixed(2)}%` })),
       s.inflight ? h("div", { class: "wf-meta mono" }, `in flight · ${s.worker || "–"}`) : h("div", { class: "wf-meta mono" }, `${ms(s.latencyMs)} · ${tokens} · ${s.worker || "–"}`,
-        " ", h("button", { type: "button", class: "link", id: `fork-${s.seq}`, onclick: () => onFork(s.seq), "aria-label": `Fork from step ${s.seq}` }, "Fork here")));
+        " ", can("submit") ? h("button", { type: "button", class: "link", id: `fork-${s.seq}`, onclick: () => onFork(s.seq), "aria-label": `Fork from step ${s.seq}` }, "Fork here") : null));
   });
   return h("div", {}, h("div", { class: "wf-axis mono", "aria-hidden": "true" }, h("span", {}, "0 s"), h("span", {}, `${(span / 1000).toFixed(1)} s`)),
     h("ol", { class: "waterfall", "aria-label": "steps on a time axis" }, rows),
@@ -273,7 +277,8 @@ function pendingSection(run, pending, decide) {
           " ", h("span", { class: "mono small" }, p.toolUseId)),
         h("pre", {}, JSON.stringify(p.input, null, 2)),
         p.kind === "in_doubt" ? h("div", {}, output, h("label", { for: `err-${p.toolUseId}` }, isError, " the output is an error")) : null,
-        h("div", { class: "row" }, reason, ...buttons));
+        can("decide") ? h("div", { class: "row" }, reason, ...buttons)
+          : h("p", { class: "muted", id: `no-decide-${p.toolUseId}` }, "Deciding needs the decide scope."));
     }));
 }
 
@@ -351,12 +356,12 @@ function runView(id) {
   const ordered = () => [...steps.values()].sort((a, b) => (a.seq ?? Infinity) - (b.seq ?? Infinity));
 
   function draw(ordered) {
-    const cancel = !TERMINAL.has(run.status)
+    const cancel = !TERMINAL.has(run.status) && can("cancel")
       ? h("button", { type: "button", class: "danger", id: "cancel", disabled: run.cancelRequested,
         onclick: () => act("Cancel", () => api.cancel(id)) }, run.cancelRequested ? "Cancel requested" : "Cancel run")
       : null;
     const contInput = h("textarea", { id: "continue-input", rows: 2, required: true, placeholder: "Your next message" });
-    const cont = run.status === "SUCCEEDED"
+    const cont = run.status === "SUCCEEDED" && can("submit")
       ? h("form", { class: "card continue", onsubmit: async (e) => {
         e.preventDefault();
         const made = await act("Continue", () => api.submit({ continueFrom: id, input: contInput.value, ...source() }));
@@ -433,5 +438,19 @@ function route() {
   document.title = m ? `run ${shortId(m[1])} · agentrun` : "runs · agentrun";
 }
 
-window.addEventListener("hashchange", route);
-route();
+async function start() {
+  try {
+    me = await api.whoami();
+  } catch (err) {
+    me = null;
+  }
+  const who = document.getElementById("me");
+  if (me !== null && who) {
+    who.textContent = me.name === null ? "open API" : `${me.name} · ${me.scopes.join(", ")}`;
+    who.title = me.name === null ? "this server asks for no token" : "the identity of your token, and its scopes";
+  }
+  window.addEventListener("hashchange", route);
+  route();
+}
+
+start();

@@ -400,7 +400,8 @@ class DecisionRequest(_Camel):
     doubt. `record` needs `output` (what the call returned; `isError` says whether it failed)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
-        "anyOf": [{"properties": {"decision": {"not": {"const": "record"}}}}, {"required": ["output"]}],
+        "anyOf": [{"properties": {"decision": {"not": {"const": "record"}}}},
+                  {"required": ["output"], "properties": {"output": {"type": "string"}}}],
     })
 
     decision: Decision = Field(strict=False, description="approve | deny | retry | record | fail")

@@ -18,11 +18,12 @@ import pytest
 
 from agentrun.worker.llm.scripted import ScriptedLlm
 from agentrun.worker.llm.types import LlmRequest, LlmResponse
-from agentrun.worker.records import Run, RunStatus, StepStatus
+from agentrun.worker.records import RunStatus, StepStatus
 from agentrun.worker.runner import Worker
 from agentrun.worker.store import LIVENESS_LOCK_CLASS, RunStore
 from agentrun.worker.tools import ToolContext, tool
 from tests.helpers import eventually, new_run, worker
+from tests.worker.test_faults import finished
 
 
 @contextlib.asynccontextmanager
@@ -34,19 +35,6 @@ async def serving(*workers: Worker) -> AsyncIterator[None]:
         for w in workers:
             w.stop()
         await asyncio.wait_for(asyncio.gather(*tasks), 60)
-
-
-async def finished(store: RunStore, run_id: uuid.UUID, timeout: float = 60) -> Run:
-    async def done() -> bool:
-        with contextlib.suppress(psycopg.OperationalError):
-            r = await store.get(run_id)
-            return r is not None and r.status.terminal
-        return False
-
-    await eventually(done, timeout, "the run to finish")
-    run = await store.get(run_id)
-    assert run is not None
-    return run
 
 
 async def cut_every_connection(db: psycopg.AsyncConnection[Any]) -> int:

@@ -61,11 +61,19 @@ class Cluster:
         return (obj or {}).get("status") or {}
 
     async def wait_status(self, name: str, what: str, check: Callable[[dict[str, Any]], bool],
-                          timeout: float = 10.0) -> dict[str, Any]:
-        async def ok() -> bool:
-            return check(await self.status_of(name))
+                          timeout: float = 60.0) -> dict[str, Any]:
+        """A generous bound: an operator starting on a loaded machine connects, sweeps and patches late."""
+        last: dict[str, Any] = {}
 
-        await eventually(ok, timeout, f"{name}: {what} (last status: {{}})")
+        async def ok() -> bool:
+            last.clear()
+            last.update(await self.status_of(name))
+            return check(last)
+
+        try:
+            await eventually(ok, timeout, f"{name}: {what}")
+        except AssertionError as e:
+            raise AssertionError(f"{e} (last status: {last})") from None
         return await self.status_of(name)
 
     def writes(self, name: str) -> list[tuple[int, dict[str, Any]]]:

@@ -30,7 +30,7 @@ async def _run_id(store: RunStore, obj: dict[str, Any]) -> Any:
     async def exists() -> bool:
         return await store.get(uid) is not None
 
-    await eventually(exists, 20, "the run row")
+    await eventually(exists, 60, "the run row")
     return uid
 
 
@@ -49,7 +49,7 @@ async def test_a_waiting_agentrun_is_decided_through_spec_decisions(cluster: Clu
     async def announced() -> bool:
         return any(e["reason"] == "DecisionRequired" for e in cluster.events("ship-it"))
 
-    await eventually(announced, 20, "the DecisionRequired Event")
+    await eventually(announced, 60, "the DecisionRequired Event")
     [event] = [e for e in cluster.events("ship-it") if e["reason"] == "DecisionRequired"]
     assert "t_deploy" in event["message"] and "deploy" in event["message"]
 
@@ -60,7 +60,7 @@ async def test_a_waiting_agentrun_is_decided_through_spec_decisions(cluster: Clu
         run = await store.get(run_id)
         return run is not None and run.status.value == "QUEUED"
 
-    await eventually(queued, 20, "the decision to queue the run again")
+    await eventually(queued, 60, "the decision to queue the run again")
     [call] = await store.decisions(run_id)
     assert call.decision is not None and call.decision.value == "approve" and call.reason == "change ticket 42"
     assert call.decided_by is not None and call.decided_by.startswith("k8s")
@@ -81,7 +81,7 @@ async def test_a_decision_that_does_not_fit_is_an_event_not_a_change(cluster: Cl
     async def rejected() -> bool:
         return any(e["reason"] == "DecisionRejected" for e in cluster.events("unsure"))
 
-    await eventually(rejected, 20, "the DecisionRejected Event")
+    await eventually(rejected, 60, "the DecisionRejected Event")
     [call] = await store.decisions(run_id)
     assert call.decision is None
 

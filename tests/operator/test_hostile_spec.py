@@ -107,7 +107,7 @@ async def test_unstorable_specs_end_failed_once_and_the_operator_carries_on(clus
         run = await store.get(uid_of(good))
         return run is not None and run.status is RunStatus.QUEUED
 
-    await eventually(queued, 10, "the good AgentRun's run")
+    await eventually(queued, 60, "the good AgentRun's run")
     await cluster.wait_status("good", "Queued", lambda s: s.get("phase") == "Queued")
     # ...and each bad one was handled once: one InvalidSpec event, no retries behind it.
     for name in bad:

@@ -68,7 +68,7 @@ async def test_the_operator_records_the_creator_and_the_canceller(cluster: Clust
     async def made() -> bool:
         return await store.get(uid) is not None
 
-    await eventually(made, 10, "the run row")
+    await eventually(made, 60, "the run row")
     run = await store.get(uid)
     assert run is not None and run.created_by == f"k8s:{NAMESPACE}/ci-bot"
 
@@ -81,7 +81,7 @@ async def test_the_operator_records_the_creator_and_the_canceller(cluster: Clust
         after = await store.get(uid)
         return after is not None and after.status is RunStatus.CANCELLED
 
-    await eventually(cancelled, 10, "the run to be cancelled")
+    await eventually(cancelled, 60, "the run to be cancelled")
     after = await store.get(uid)
     assert after is not None and after.cancelled_by == f"k8s:{NAMESPACE}/oncall"
 
@@ -91,7 +91,7 @@ async def test_the_operator_records_the_creator_and_the_canceller(cluster: Clust
     async def plain_made() -> bool:
         return await store.get(uid_of(plain)) is not None
 
-    await eventually(plain_made, 10, "the second run row")
+    await eventually(plain_made, 60, "the second run row")
     second = await store.get(uid_of(plain))
     assert second is not None and second.created_by == "k8s"
     await cluster.delete("plain")
@@ -100,6 +100,6 @@ async def test_the_operator_records_the_creator_and_the_canceller(cluster: Clust
         found = await store.get(uid_of(plain))
         return found is not None and found.cancel_requested
 
-    await eventually(plain_cancelled, 10, "the deleted AgentRun's run to be cancelled")
+    await eventually(plain_cancelled, 60, "the deleted AgentRun's run to be cancelled")
     gone = await store.get(uid_of(plain))
     assert gone is not None and gone.cancelled_by == "k8s"

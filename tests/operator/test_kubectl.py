@@ -152,7 +152,7 @@ async def test_kubectl_shows_the_api_servers_refusals(kubectl: Kubectl, cluster:
     async def cancelled() -> bool:
         return ((await cluster.get("hello")) or {}).get("spec", {}).get("cancel") is True
 
-    await eventually(cancelled, 10, "spec.cancel set through kubectl")
+    await eventually(cancelled, 60, "spec.cancel set through kubectl")
 
 
 @pytest.mark.parametrize("ci", ["true", ""])

@@ -21,7 +21,7 @@ async def _run_row(store: RunStore, obj: dict[str, Any]) -> Any:
     async def exists() -> bool:
         return await store.get(uid) is not None
 
-    await eventually(exists, 10, "the run row")
+    await eventually(exists, 60, "the run row")
     return await store.get(uid)
 
 
@@ -83,7 +83,7 @@ async def test_deleting_cancels_an_unfinished_run_and_keeps_its_rows(cluster: Cl
     async def gone() -> bool:
         return await cluster.get("doomed") is None
 
-    await eventually(gone, 10, "the AgentRun to be deleted")
+    await eventually(gone, 60, "the AgentRun to be deleted")
     after = await store.get(run.id)
     assert after is not None and after.status is RunStatus.CANCELLED  # the row stays for audit
 
@@ -115,7 +115,7 @@ async def test_ttl_deletes_a_finished_agentrun(cluster: Cluster, store: RunStore
     async def gone() -> bool:
         return await cluster.get("short-lived") is None
 
-    await eventually(gone, 10, "the finished AgentRun to be deleted")
+    await eventually(gone, 60, "the finished AgentRun to be deleted")
     after = await store.get(run.id)
     assert after is not None and after.status is RunStatus.SUCCEEDED
 

@@ -27,7 +27,7 @@ async def test_a_run_that_finished_unseen_announces_each_phase(
     async def has_row() -> bool:
         return await store.get(uid_of(obj)) is not None
 
-    await eventually(has_row, 10, "the run row")
+    await eventually(has_row, 60, "the run row")
     await worker(store, ScriptedLlm().then_text("done")).run_once()
 
     async with operator_running(cluster, settings_for(database_url)):

@@ -210,7 +210,8 @@ async def test_tokens_of_the_tokens_file_stay_out_of_logs_errors_metrics_and_row
             deadline = time.monotonic() + 30
             while True:
                 try:
-                    if (await http.get("/healthz")).status_code == 200:
+                    # /readyz, not /healthz: the API answers 503 until the worker has reached its database.
+                    if (await http.get("/readyz")).status_code == 200:
                         break
                 except httpx.TransportError:
                     pass

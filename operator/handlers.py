@@ -212,6 +212,10 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     @kopf.index(GROUP, VERSION, PLURAL, id=INDEX, **on)  # type: ignore[arg-type]
     def agentruns_by_uid(body: kopf.Body, **_: Any) -> dict[str, Ref]:
         ref = Ref.of(body)
+        if op.sync is not None:
+            # The sync's first sweep may have run before kopf indexed this AgentRun (a slow start): show
+            # its run now, so one that finished while no operator looked is not left showing its old phase.
+            op.sync.notify(ref.uid)
         return {str(ref.uid): ref}
 
     @kopf.on.startup(**on)  # type: ignore[arg-type]

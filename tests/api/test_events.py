@@ -73,13 +73,15 @@ async def test_a_run_streams_its_steps_model_text_and_end(
         seen = steps_by_seq(stream)
         assert set(seen) == {1, 2, 3} and all(states[-1] == "DONE" for states in seen.values())
         assert stream.of("step")[0]["kind"] == "MODEL"
-        # The model's final answer, streamed in fragments as it was written: the deltas add up to it.
+        # The model's final answer, streamed in fragments as it was written. Deltas are best effort (not
+        # stored; one whose notification is late on a loaded machine may miss a stream that has ended): what
+        # arrived is the start of the answer, in order.
         answer = "".join(d["text"] for d in stream.of("delta") if d["seq"] == 3)
-        assert answer == "Summary of lookup: found x"
+        assert answer and "Summary of lookup: found x".startswith(answer)
         assert len([d for d in stream.of("delta") if d["seq"] == 3]) >= 1
         # Streaming changed nothing about the checkpoint: the step holds the whole final message.
         detail = (await http.get(f"/api/runs/{run_id}/steps/3")).json()
-        assert answer in detail["response"]
+        assert "Summary of lookup: found x" in detail["response"]
 
         # A client that connects after the end gets the stored steps, the run, and the end at once.
         async with streaming(http, f"/api/runs/{run_id}/events") as late:

@@ -22,6 +22,7 @@ from agentrun.worker import logs
 from agentrun.worker.answer import FINAL_ANSWER, INSTRUCTION, MAX_CORRECTIONS, answer_of, definition, problem
 from agentrun.worker.decisions import Execute, Fail, Park, Settle, next_call
 from agentrun.worker.deltas import DeltaPublisher
+from agentrun.worker.groupcommit import transient
 from agentrun.worker.guard import Stop, deadline_passed, final, guard, remaining
 from agentrun.worker.lease import CancelRequested, LeaseKeeper
 from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, Message, Usage
@@ -29,7 +30,7 @@ from agentrun.worker.observer import NO_NOTES, UNKNOWN_TOOL, NoObserver, Observe
 from agentrun.worker.pricing import PriceTable
 from agentrun.worker.records import DecisionKind, PendingCall, Progress, Run, RunStatus, Step, StepKind, StepStatus
 from agentrun.worker.replay import CORRECTION, Conversation, dump_content
-from agentrun.worker.store import LeaseLost, RunStore, transient
+from agentrun.worker.store import LeaseLost, RunStore
 from agentrun.worker.text import clean, clean_json
 from agentrun.worker.tools import ToolBox, ToolContext
 
@@ -101,8 +102,10 @@ class RunDriver:
     def me(self) -> str:
         return self.settings.worker_id
 
-    async def drive(self, run: Run, progress: Progress) -> RunStatus | None:
+    async def drive(self, run: Run, progress: Progress, *, fresh: bool = False) -> RunStatus | None:
         """Drive a claimed run until it ends (its final status) or is handed back (None).
+
+        `fresh`: the run was claimed QUEUED with no step (Claim.fresh), so there is no step log to read.
 
         Raises LeaseLost if another worker took the run; lets database errors and BaseExceptions
         through, leaving the run to whichever worker claims it next.
@@ -112,7 +115,7 @@ class RunDriver:
         self.keeper.hold(run.id, task)
         try:
             with logs.step_context(run_id=str(run.id)), self.observer.driving(run):
-                return await self._resume(run, progress)
+                return await self._resume(run, progress, fresh)
         except asyncio.CancelledError:
             if self.keeper.lost(run.id):
                 task.uncancel()
@@ -122,14 +125,16 @@ class RunDriver:
             self.keeper.forget(run.id)
             self._decisions.pop(run.id, None)
 
-    async def _resume(self, run: Run, progress: Progress) -> RunStatus | None:
+    async def _resume(self, run: Run, progress: Progress, fresh: bool) -> RunStatus | None:
         if run.crashes >= self.settings.max_crash_claims:
             return await self._finish(run, Stop(
                 RunStatus.FAILED,
                 f"the run was taken over {run.crashes} times from a worker that died or lost its lease mid-step "
                 f"(at most {self.settings.max_crash_claims}): a step of it may be killing its workers",
             ))
-        steps = await self.store.steps(run.id)
+        # A queued run with no step yet (most claims, in a busy fleet) has nothing to replay: no read.
+        # Only a claim of a QUEUED run may say so: no holder can be writing to it meanwhile.
+        steps = [] if fresh else await self.store.steps(run.id)
         conv = Conversation.replay(run.input, steps)
         if steps:
             log.info("%s run=%s resumed at seq=%d", self.me, run.id.hex[:8], self._resume_seq(steps))

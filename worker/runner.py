@@ -12,6 +12,7 @@ import uuid
 import psycopg
 
 from agentrun.worker.engine import DriverSettings, RunDriver
+from agentrun.worker.groupcommit import transient
 from agentrun.worker.lease import LeaseKeeper
 from agentrun.worker.llm.types import LlmClient
 from agentrun.worker.observer import NoObserver, Observer
@@ -19,10 +20,13 @@ from agentrun.worker.presence import Presence
 from agentrun.worker.pricing import PriceTable
 from agentrun.worker.records import Progress, Run, RunStatus
 from agentrun.worker.settings import WorkerSettings
-from agentrun.worker.store import Claim, LeaseLost, RunStore, transient
+from agentrun.worker.store import Claim, LeaseLost, RunStore
 from agentrun.worker.tools import ToolBox
 
 log = logging.getLogger("agentrun.worker.runner")
+
+CLAIM_BATCH = 64
+"""The most runs one claim statement takes."""
 
 
 class Worker:
@@ -77,13 +81,14 @@ class Worker:
         """Claim one run and drive it to its end (for tests and tools); None if nothing was claimable."""
         await self.presence.start()
         try:
-            claimed = await self._claim()
-            if claimed is None:
+            claims = await self._claim(1)
+            if not claims:
                 return None
+            claimed = claims[0]
             heartbeat = asyncio.create_task(self.keeper.run())
             self.observer.in_flight(1)
             try:
-                await self.driver.drive(claimed.run, claimed.progress)
+                await self.driver.drive(claimed.run, claimed.progress, fresh=claimed.fresh)
             except LeaseLost:
                 self.observer.lease_lost()
                 raise
@@ -96,16 +101,16 @@ class Worker:
         finally:
             await self.presence.close()
 
-    async def _claim(self) -> Claim | None:
-        claimed = await self.store.claim(
+    async def _claim(self, limit: int) -> list[Claim]:
+        claims = await self.store.claim_many(
             self.id, self.settings.lease_seconds, liveness=self.settings.liveness_lock,
-            liveness_grace=self.settings.takeover_grace,
+            liveness_grace=self.settings.takeover_grace, limit=limit,
         )
-        if claimed is not None:
+        for claimed in claims:
             self.observer.claimed(
                 takeover=claimed.taken_from not in (None, self.id), run_id=claimed.run.id, taken_from=claimed.taken_from
             )
-        return claimed
+        return claims
 
     async def _idle_for(self) -> float:
         """How long to idle after a claim found nothing: the poll interval, or less when a scheduled run
@@ -142,8 +147,10 @@ class Worker:
                 # while the claim is in flight must not be lost, or the worker sleeps a whole poll.
                 self.wake.clear()
                 try:
-                    claimed = await self._claim()
-                    idle = await self._idle_for() if claimed is None else 0.0
+                    # As many as there are free slots, in one statement (up to CLAIM_BATCH): a worker
+                    # with thousands of slots fills them in moments, not one round trip per run.
+                    claims = await self._claim(min(self.settings.concurrency - len(self.driving), CLAIM_BATCH))
+                    idle = await self._idle_for() if not claims else 0.0
                     backoff = self.settings.poll_interval
                 except Exception as e:
                     # Whatever the database says (gone, read-only in a failover, out of connections),
@@ -152,16 +159,17 @@ class Worker:
                     await self._idle(backoff * random.uniform(0.5, 1.0))
                     backoff = min(backoff * 2, 5.0)
                     continue
-                if claimed is None:
+                if not claims:
                     await self._idle(idle)
                     continue
-                await self._supersede(claimed.run.id)
-                task = asyncio.create_task(
-                    self._drive(claimed.run, claimed.progress), name=f"run-{claimed.run.id}"
-                )
-                self.driving[claimed.run.id] = task
+                for claimed in claims:
+                    await self._supersede(claimed.run.id)
+                    task = asyncio.create_task(
+                        self._drive(claimed.run, claimed.progress, claimed.fresh), name=f"run-{claimed.run.id}"
+                    )
+                    self.driving[claimed.run.id] = task
+                    task.add_done_callback(functools.partial(self._done, claimed.run.id))
                 self.observer.in_flight(len(self.driving))
-                task.add_done_callback(functools.partial(self._done, claimed.run.id))
         finally:
             housekeeping.cancel()
             await self._drain()
@@ -232,9 +240,9 @@ class Worker:
             async with asyncio.timeout(self.keeper.renew_timeout):
                 await self.store.finish(run.id, self.id, RunStatus.FAILED, reason)
 
-    async def _drive(self, run: Run, progress: Progress) -> RunStatus | None:
+    async def _drive(self, run: Run, progress: Progress, fresh: bool) -> RunStatus | None:
         try:
-            return await self.driver.drive(run, progress)
+            return await self.driver.drive(run, progress, fresh=fresh)
         except LeaseLost:
             self.observer.lease_lost()
             # Logged here and only here, whichever way the loss was noticed (the heartbeat or a fenced write).

@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from agentrun.worker.groupcommit import GroupCommit
 from agentrun.worker.records import (
     Decision,
     DecisionKind,
@@ -113,18 +114,6 @@ LIVENESS_LOCK_CLASS = 0x61675274  # "agRt"
 PROGRESS = "owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now"
 
 
-def transient(e: BaseException) -> bool:
-    """An error after which the same statement may succeed: the connection broke (the outcome of a write
-    sent on it is unknown), the server is shutting down or read-only for a failover, or it refused for
-    lack of resources. A constraint or data error is not: retrying it gives the same answer."""
-    if isinstance(e, psycopg.OperationalError):  # includes a pool that could hand out no connection in time
-        return True
-    state = getattr(e, "sqlstate", None) or ""
-    return isinstance(e, psycopg.Error) and (
-        state.startswith(("08", "53", "57P", "40")) or state == "25006"  # 25006: read-only transaction
-    )
-
-
 @dataclasses.dataclass(frozen=True)
 class Claim:
     """A run a worker just claimed, and who held it before if it was taken over from another worker."""
@@ -132,6 +121,11 @@ class Claim:
     run: Run
     progress: Progress
     taken_from: str | None = None
+
+    @property
+    def fresh(self) -> bool:
+        """Claimed QUEUED with no step: nothing to replay, and no holder that could be writing steps."""
+        return self.taken_from is None and self.run.steps == 0
 
 
 def _run(row: dict[str, Any]) -> Run:
@@ -174,8 +168,13 @@ def _progress(row: dict[str, Any]) -> Progress:
 
 
 class RunStore:
-    def __init__(self, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]) -> None:
+    """`writes` sends the fenced writes of held runs; by default they are group-committed (groupcommit.py)."""
+
+    def __init__(
+        self, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]], writes: GroupCommit | None = None
+    ) -> None:
         self.pool = pool
+        self.writes = writes or GroupCommit(pool)
 
     async def dedicated_connection(self) -> psycopg.AsyncConnection[Any]:
         """A connection of its own, with the pool's settings, for a session that outlives any one query."""
@@ -193,6 +192,10 @@ class RunStore:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(query.encode(), params)
             return await cur.fetchone()
+
+    async def _fenced(self, run_id: uuid.UUID, query: str, params: dict[str, Any]) -> dict[str, Any] | None:
+        """A write to a held run, sent with the other in-flight runs' writes (group commit)."""
+        return await self.writes.write(run_id, query.encode(), params)
 
     async def _all(self, query: str, params: dict[str, Any] | Sequence[Any]) -> list[dict[str, Any]]:
         async with self.pool.connection() as conn:
@@ -351,8 +354,16 @@ class RunStore:
     async def claim(
         self, worker: str, lease_seconds: float, liveness: bool = False, liveness_grace: float = 1.0
     ) -> Claim | None:
-        """Take the claimable run of highest priority, oldest first: queued, or running under a lease
-        that has lapsed, and whose `run_at` has come.
+        """Take the claimable run of highest priority, oldest first (`claim_many` for one)."""
+        claims = await self.claim_many(worker, lease_seconds, liveness, liveness_grace, limit=1)
+        return claims[0] if claims else None
+
+    async def claim_many(
+        self, worker: str, lease_seconds: float, liveness: bool = False, liveness_grace: float = 1.0, *,
+        limit: int = 1,
+    ) -> list[Claim]:
+        """Take up to `limit` claimable runs of highest priority, oldest first, in one statement: queued,
+        or running under a lease that has lapsed, and whose `run_at` has come.
 
         With `liveness`, also a running run whose worker is dead: its liveness lock (presence.py) is free,
         and has stayed free for `liveness_grace` seconds since a claim first found it so (`suspect`). A
@@ -360,7 +371,7 @@ class RunStore:
         is gone loses its runs early. The CASE keeps the lock attempt to RUNNING candidates with a live
         lease whose holder is suspected, and runs it last.
         """
-        row = await self._one(
+        rows = await self._all(
             f"""WITH next AS (
                     SELECT id, CASE WHEN status = 'RUNNING' THEN locked_by END AS taken_from FROM run
                     WHERE run_at <= now() AND status IN ('QUEUED', 'RUNNING') AND CASE
@@ -369,7 +380,7 @@ class RunStore:
                           WHEN NOT EXISTS (SELECT 1 FROM worker_suspect ws WHERE ws.worker = run.locked_by
                                            AND ws.since <= now() - make_interval(secs => %(grace)s)) THEN false
                           ELSE pg_try_advisory_xact_lock(%(lock_class)s, hashtext(locked_by)) END
-                    ORDER BY priority DESC, run_at FOR UPDATE SKIP LOCKED LIMIT 1)
+                    ORDER BY priority DESC, run_at FOR UPDATE SKIP LOCKED LIMIT %(limit)s)
                 UPDATE run r SET status = 'RUNNING', locked_by = %(worker)s,
                        locked_until = now() + make_interval(secs => %(lease)s),
                        started_at = coalesce(r.started_at, now()), claims = r.claims + 1,
@@ -378,14 +389,17 @@ class RunStore:
                 FROM next WHERE r.id = next.id
                 RETURNING {RUN_COLUMNS}, now() AS db_now, next.taken_from""",
             {"worker": worker, "lease": lease_seconds, "liveness": liveness, "lock_class": LIVENESS_LOCK_CLASS,
-             "grace": liveness_grace},
+             "grace": liveness_grace, "limit": limit},
         )
-        if row is None:
-            return None
-        db_now = row.pop("db_now")
-        taken_from = row.pop("taken_from")
-        run = _run(row)
-        return Claim(run, Progress(run.tokens_used, run.cost_usd, run.cancel_requested, db_now), taken_from)
+        claims = []
+        for row in rows:
+            db_now = row.pop("db_now")
+            taken_from = row.pop("taken_from")
+            run = _run(row)
+            claims.append(Claim(run, Progress(run.tokens_used, run.cost_usd, run.cancel_requested, db_now), taken_from))
+        # Highest priority first, as they were chosen (UPDATE … RETURNING keeps no order of its own).
+        claims.sort(key=lambda c: (-c.run.priority, c.run.run_at or c.progress.db_now))
+        return claims
 
     async def suspect(self, worker: str, liveness_grace: float) -> float | None:
         """Look for workers holding live leases whose liveness lock is free, and note since when.
@@ -434,10 +448,14 @@ class RunStore:
 
         A run missing from the answer is lost.
         """
+        # Locked in id order, as a batch of writes locks them (groupcommit.py): never in a circle.
         rows = await self._all(
-            """UPDATE run SET locked_until = now() + make_interval(secs => %(lease)s)
-               WHERE id = ANY(%(ids)s) AND locked_by = %(worker)s AND status = 'RUNNING'
-               RETURNING id, cancel_requested""",
+            """WITH held AS (
+                    SELECT id FROM run WHERE id = ANY(%(ids)s) AND locked_by = %(worker)s AND status = 'RUNNING'
+                    ORDER BY id FOR UPDATE)
+               UPDATE run SET locked_until = now() + make_interval(secs => %(lease)s)
+               FROM held WHERE run.id = held.id
+               RETURNING run.id, run.cancel_requested""",
             {"ids": list(run_ids), "worker": worker, "lease": lease_seconds},
         )
         return {r["id"]: r["cancel_requested"] for r in rows}
@@ -448,7 +466,8 @@ class RunStore:
         With `delay` (seconds), the run is claimable again only after it (a model API outage: a later
         claim retries the model step) and counts as one more consecutive model failure.
         """
-        row = await self._one(
+        row = await self._fenced(
+            run_id,
             """UPDATE run SET locked_until = now() - interval '1 millisecond', handed_back = true,
                    run_at = CASE WHEN %(delay)s::float8 IS NULL THEN run_at
                                  ELSE least(now() + make_interval(secs => %(delay)s), deadline_at) END,
@@ -487,7 +506,8 @@ class RunStore:
         extra = """, tokens_used = run.tokens_used + CASE WHEN EXISTS (SELECT FROM step) THEN %(tokens)s ELSE 0 END,
                    cost_usd = run.cost_usd + CASE WHEN EXISTS (SELECT FROM step) THEN coalesce(%(cost)s, 0) ELSE 0 END,
                    model_retries = 0"""
-        row = await self._one(
+        row = await self._fenced(
+            run_id,
             f"""WITH {FENCE},
                 done AS (SELECT seq FROM run_step WHERE run_id = %(id)s AND write_id = %(wid)s),
                 step AS (
@@ -523,7 +543,8 @@ class RunStore:
         executions) instead of a second step being appended. The same `write_id` sent again (its first
         outcome was lost) counts no second execution.
         """
-        row = await self._one(
+        row = await self._fenced(
+            run_id,
             f"""WITH {FENCE},
                 done AS (SELECT seq, attempts FROM run_step
                          WHERE run_id = %(id)s AND kind = 'TOOL' AND tool_use_id = %(tuid)s
@@ -558,7 +579,8 @@ class RunStore:
     ) -> Progress:
         """Record a tool's outcome. Only a STARTED step changes; the same `write_id` sent again (its first
         outcome was lost) finds its own write and changes nothing."""
-        row = await self._one(
+        row = await self._fenced(
+            run_id,
             f"""WITH {FENCE},
                 step AS (
                     UPDATE run_step SET status = %(status)s, response = %(output)s, latency_ms = %(ms)s,
@@ -591,7 +613,8 @@ class RunStore:
         assert status.terminal
         params = {"status": status.value, "error": clean(error) if error is not None else None, "id": run_id,
                   "worker": worker, "again": again, "output": Jsonb(output) if output is not None else None}
-        row = await self._one(
+        row = await self._fenced(
+            run_id,
             """WITH done AS (
                     UPDATE run SET status = %(status)s, error = %(error)s, finished_at = now(), locked_until = NULL,
                                    output = %(output)s
@@ -613,7 +636,8 @@ class RunStore:
         """Record a tool call's outcome without executing it (a person denied it, or recorded what a call in
         doubt did): a finished step, made at once, or the call's STARTED row finished. Never executed
         here, so a new row counts 0 attempts."""
-        row = await self._one(
+        row = await self._fenced(
+            run_id,
             f"""WITH {FENCE},
                 step AS (
                     INSERT INTO run_step (run_id, seq, kind, tool_name, tool_use_id, status, request, response,
@@ -643,7 +667,8 @@ class RunStore:
         text: str, request: str | None = None,
     ) -> Progress:
         """Append a user message to a held run's conversation (a correction the engine makes)."""
-        row = await self._one(
+        row = await self._fenced(
+            run_id,
             f"""WITH {FENCE},
                 done AS (SELECT seq FROM run_step WHERE run_id = %(id)s AND write_id = %(wid)s),
                 step AS (
@@ -668,7 +693,8 @@ class RunStore:
     ) -> None:
         """Hand a held run over to people: one pending decision per (tool_use id, kind, tool, input), and the
         run WAITING with no lease, so no worker holds it and nothing is spent while it waits."""
-        row = await self._one(
+        row = await self._fenced(
+            run_id,
             f"""WITH {FENCE},
                 asked AS (
                     INSERT INTO run_decision (run_id, tool_use_id, kind, tool_name, input, position)

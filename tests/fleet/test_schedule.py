@@ -86,14 +86,14 @@ async def test_idle_worker_does_not_poll_faster_for_future_runs(store: RunStore)
     for i in range(20):
         await store.create(new_run(f"later {i}", delay_seconds=3600 + i))
     claims = 0
-    real = store.claim
+    real = store.claim_many
 
     async def counting(*a: Any, **kw: Any) -> Any:
         nonlocal claims
         claims += 1
         return await real(*a, **kw)
 
-    store.claim = counting  # type: ignore[method-assign]
+    store.claim_many = counting  # type: ignore[method-assign]
     w = worker(store, ScriptedLlm(), poll=0.5)
     serving = asyncio.create_task(w.run())
     t0 = time.monotonic()

@@ -346,7 +346,7 @@ class ReadOnlyForAWhile(RunStore):
         super().__init__(pool)
         self.failures = failures
 
-    async def claim(self, *a: Any, **kw: Any) -> Any:
+    async def claim_many(self, *a: Any, **kw: Any) -> Any:
         if self.failures > 0:
             self.failures -= 1
             async with self.pool.connection() as conn:
@@ -356,7 +356,7 @@ class ReadOnlyForAWhile(RunStore):
                     await conn.execute("INSERT INTO worker_suspect (worker) VALUES ('x')")
                 finally:
                     await conn.execute("ROLLBACK")
-        return await super().claim(*a, **kw)
+        return await super().claim_many(*a, **kw)
 
 
 async def test_the_claim_loop_survives_a_read_only_database(store: RunStore) -> None:

@@ -27,8 +27,8 @@ class CountingStore(RunStore):
 
     claims = 0
 
-    async def claim(self, worker: str, lease_seconds: float, liveness: bool = False, **kw: Any) -> Claim | None:
-        found = await super().claim(worker, lease_seconds, liveness, **kw)
+    async def claim_many(self, worker: str, lease_seconds: float, liveness: bool = False, **kw: Any) -> list[Claim]:
+        found = await super().claim_many(worker, lease_seconds, liveness, **kw)
         self.claims += 1
         return found
 
@@ -191,10 +191,12 @@ async def test_a_wake_up_during_a_claim_is_not_lost(store: RunStore) -> None:
     entered, proceed = asyncio.Event(), asyncio.Event()
 
     class SlowClaim(RunStore):
-        async def claim(self, worker: str, lease_seconds: float, liveness: bool = False, **kw: Any) -> Claim | None:
+        async def claim_many(
+            self, worker: str, lease_seconds: float, liveness: bool = False, **kw: Any
+        ) -> list[Claim]:
             entered.set()
             await proceed.wait()
-            return await super().claim(worker, lease_seconds, liveness, **kw)
+            return await super().claim_many(worker, lease_seconds, liveness, **kw)
 
     w = worker(SlowClaim(store.pool), TurnBasedLlm(1), [noop], "worker-A", poll=60.0)
     serving = asyncio.create_task(w.run())

@@ -1,0 +1,149 @@
+"""Group commit: the fenced writes of many runs in one transaction, each still fenced on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from agentrun.worker.groupcommit import GroupCommit
+from agentrun.worker.llm.scripted import TurnBasedLlm
+from agentrun.worker.records import RunStatus
+from agentrun.worker.store import LeaseLost, RunStore
+from agentrun.worker.tools import ToolContext, tool
+from tests.helpers import eventually, new_run, worker
+from tests.worker.test_hardening import cut_every_connection, serving
+
+
+def _checkpoint(store: RunStore, run_id: uuid.UUID, worker: str, input_tokens: int = 10) -> Any:
+    return store.checkpoint_model(
+        run_id, worker, 30, request="{}", response='[{"type":"text","text":"x"}]', stop_reason="end_turn",
+        input_tokens=input_tokens, output_tokens=5, cache_creation_input_tokens=0, cache_read_input_tokens=0,
+        cost_usd=None, latency_ms=0,
+    )
+
+
+async def _held(store: RunStore, n: int, worker: str = "w") -> list[uuid.UUID]:
+    for _ in range(n):
+        await store.create(new_run())
+    claims = await store.claim_many(worker, 30, limit=n)
+    assert len(claims) == n
+    return [c.run.id for c in claims]
+
+
+async def test_writes_that_queue_together_share_one_transaction(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    batched = RunStore(store.pool, GroupCommit(store.pool, senders=1))
+    ids = await _held(batched, 12)
+    results = await asyncio.gather(*(_checkpoint(batched, run_id, "w") for run_id in ids))
+    assert [seq for seq, _ in results] == [1] * 12
+    assert all(progress.tokens_used == 15 for _, progress in results)
+    # All twelve queued before the sender ran: they went together, in one transaction.
+    assert (batched.writes.stats.batches, batched.writes.stats.largest) == (1, 12)
+    cur = await db.execute("SELECT count(DISTINCT xmin::text) FROM run_step")
+    assert await cur.fetchone() == (1,)
+
+
+async def test_a_lone_write_is_sent_at_once_on_its_own(store: RunStore) -> None:
+    [run_id] = await _held(store, 1)
+    await _checkpoint(store, run_id, "w")
+    assert (store.writes.stats.batches, store.writes.stats.largest) == (1, 1)
+
+
+async def test_a_lost_lease_fails_only_its_own_write_in_a_batch(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    batched = RunStore(store.pool, GroupCommit(store.pool, senders=1))
+    ids = await _held(batched, 6)
+    stolen = ids[3]
+    await db.execute("UPDATE run SET locked_by = 'thief' WHERE id = %s", (stolen,))
+    results = await asyncio.gather(*(_checkpoint(batched, run_id, "w") for run_id in ids), return_exceptions=True)
+    assert [isinstance(r, LeaseLost) for r in results] == [i == 3 for i in range(6)]
+    assert batched.writes.stats.largest == 6
+    cur = await db.execute("SELECT run_id FROM run_step")
+    assert {row[0] for row in await cur.fetchall()} == set(ids) - {stolen}
+
+
+async def test_a_refused_write_fails_alone_and_the_rest_of_its_batch_is_written(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    batched = RunStore(store.pool, GroupCommit(store.pool, senders=1))
+    ids = await _held(batched, 5)
+    # An INT column cannot take 2^40: the whole transaction is refused, then each write is sent alone.
+    results = await asyncio.gather(
+        *(_checkpoint(batched, run_id, "w", input_tokens=2**40 if i == 2 else 10) for i, run_id in enumerate(ids)),
+        return_exceptions=True,
+    )
+    assert isinstance(results[2], psycopg.errors.NumericValueOutOfRange)
+    assert all(not isinstance(r, BaseException) for i, r in enumerate(results) if i != 2)
+    assert batched.writes.stats.split == 1
+    cur = await db.execute("SELECT count(*) FROM run_step")
+    assert await cur.fetchone() == (4,)
+
+
+async def test_renewals_and_batched_writes_lock_runs_in_the_same_order(store: RunStore) -> None:
+    """A renewal locks every held run; a batch locks its runs one statement at a time. Both go in id
+    order, so they never wait on each other in a circle (PostgreSQL would abort one as a deadlock)."""
+    batched = RunStore(store.pool, GroupCommit(store.pool, senders=2, max_batch=8))
+    ids = await _held(batched, 16)
+    for _ in range(10):
+        renewals = [batched.renew(list(reversed(ids)), "w", 30) for _ in range(2)]
+        writes = [_checkpoint(batched, run_id, "w") for run_id in reversed(ids)]
+        for outcome in await asyncio.gather(*renewals, *writes, return_exceptions=True):
+            assert not isinstance(outcome, BaseException), outcome
+
+
+async def test_a_writer_that_stops_waiting_before_its_batch_leaves_sends_nothing(store: RunStore) -> None:
+    batched = RunStore(store.pool, GroupCommit(store.pool, senders=1))
+    first, second = await _held(batched, 2)
+    sending = asyncio.ensure_future(_checkpoint(batched, first, "w"))  # leaves alone, at once
+    waiting = asyncio.ensure_future(_checkpoint(batched, second, "w"))  # queues behind it
+    await asyncio.sleep(0)
+    waiting.cancel()
+    await sending
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    await batched.writes.aclose()
+    assert batched.writes.stats.writes == 1
+    assert await batched.steps(second) == []
+
+
+async def test_many_runs_in_flight_survive_connection_cuts_on_the_batched_path(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """Twenty runs write together while every connection is cut, three times: each tool call runs once
+    (the outcome of a batch lost with its connection is found again by the write ids), every run
+    succeeds, and each model step's tokens are counted once."""
+    executions: dict[str, int] = {}
+    cut_now = asyncio.Event()
+
+    @tool(name="noop", idempotent=False)
+    async def noop(args: dict[str, Any], ctx: ToolContext) -> str:
+        executions[ctx.tool_use_id + str(ctx.run_id)] = executions.get(ctx.tool_use_id + str(ctx.run_id), 0) + 1
+        cut_now.set()
+        return "ok"
+
+    runs = [(await store.create(new_run()))[0].id for _ in range(20)]
+    w = worker(store, TurnBasedLlm(3), [noop], concurrency=20)
+    async with serving(w):
+        for _ in range(3):
+            await asyncio.wait_for(cut_now.wait(), 60)
+            cut_now.clear()
+            await cut_every_connection(db)
+
+        async def all_finished() -> bool:
+            return all(r is not None and r.status.terminal for r in await store.get_many(runs))
+
+        await eventually(all_finished, 120, "every run to finish")
+    after = await store.get_many(runs)
+    assert {r.status for r in after} == {RunStatus.SUCCEEDED}, [r.error for r in after]
+    assert len(executions) == 20 * 3 and set(executions.values()) == {1}
+    cur = await db.execute("SELECT count(*), sum(input_tokens + output_tokens) FROM run_step WHERE kind = 'MODEL'")
+    model_steps, tokens = await cur.fetchone()  # type: ignore[misc]
+    assert model_steps == 20 * 4
+    assert sum(r.tokens_used for r in after) == tokens
+    assert store.writes.stats.largest > 1

@@ -141,7 +141,8 @@ class GroupCommit:
         async with self.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(w.query, w.params)
-            return await cur.fetchone()
+            row: Row | None = await cur.fetchone()
+            return row
 
     async def _together(self, batch: list[_Write]) -> list[Row | None]:
         """One transaction, pipelined: BEGIN, the statements and COMMIT leave in one round trip."""

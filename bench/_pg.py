@@ -52,19 +52,25 @@ def parser(description: str) -> argparse.ArgumentParser:
 def database(url: str | None) -> Iterator[str]:
     """A migrated, empty database for one benchmark run, dropped afterwards."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    with server(url) as found, _fresh_database(found) as db:
+        yield db
+
+
+@contextlib.contextmanager
+def server(url: str | None) -> Iterator[str]:
+    """A PostgreSQL server to make fresh databases on (`database(url)` in each part of a benchmark)."""
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if url:
-        with _fresh_database(url) as db:
-            yield db
+        yield url
         return
     import pgserver
 
     with tempfile.TemporaryDirectory(prefix="agentrun-bench-pg-") as data:
-        server = pgserver.get_server(data, cleanup_mode="stop")
+        found = pgserver.get_server(data, cleanup_mode="stop")
         try:
-            with _fresh_database(server.get_uri()) as db:
-                yield db
+            yield found.get_uri()
         finally:
-            server.cleanup()
+            found.cleanup()
 
 
 @contextlib.contextmanager

@@ -1,7 +1,9 @@
 """The database's ceiling for B1: fenced model checkpoints per second with no engine around them.
 
 `--clients` tasks each claim a run and then write checkpoint_model in a loop, through the same store
-and pool as a worker, so the figure is what the engine's steps/s could approach on this machine.
+and pool as a worker but each write in its own statement (no group commit: `max_batch=1`), so the
+figure is what a store that writes each step in its own statement can commit on this machine: the
+ceiling of B1 before group commit, and the figure B8 must beat.
 """
 
 from __future__ import annotations
@@ -14,13 +16,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrun.worker.db import open_pool  # noqa: E402
+from agentrun.worker.groupcommit import GroupCommit  # noqa: E402
 from agentrun.worker.store import RunStore  # noqa: E402
 from bench import _pg  # noqa: E402
 
 
 async def bench(url: str, clients: int, seconds: float) -> dict[str, object]:
     pool = await open_pool(url, max_size=clients, min_size=clients)
-    store = RunStore(pool)
+    store = RunStore(pool, GroupCommit(pool, senders=clients, max_batch=1))
     count = 0
 
     async def client(i: int) -> None:

@@ -24,14 +24,14 @@ from bench import _pg  # noqa: E402
 
 
 class TimedStore(RunStore):
-    """The store, timing each claim."""
+    """The store, timing each claim (a statement that takes up to as many runs as the worker has free slots)."""
 
     claim_ms: list[float]
 
-    async def claim(self, *args: Any, **kwargs: Any) -> Claim | None:
+    async def claim_many(self, *args: Any, **kwargs: Any) -> list[Claim]:
         t0 = time.perf_counter()
         try:
-            return await super().claim(*args, **kwargs)
+            return await super().claim_many(*args, **kwargs)
         finally:
             self.claim_ms.append((time.perf_counter() - t0) * 1000)
 

@@ -52,6 +52,7 @@ async def bench(url: str, runs: int, turns: int, concurrency: int, liveness: boo
     return {
         "runs": runs, "turns": turns, "concurrency": concurrency, "steps": steps, "seconds": round(elapsed, 3),
         "steps_per_s": round(steps / elapsed, 1), "runs_per_s": round(runs / elapsed, 1), "statuses": statuses,
+        "writes_per_batch": round(store.writes.stats.writes / max(store.writes.stats.batches, 1), 2),
     }
 
 

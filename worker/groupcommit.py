@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import logging
 import uuid
@@ -40,12 +41,28 @@ def transient(e: BaseException) -> bool:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class Shared:
+    """A kind of write whose copies for many runs can go as ONE statement: `query` takes each of
+    `columns` as an array (one element per run, `id` first) and returns one row per run still held,
+    with its `id`. The statement must fence every run in it on its own, and lock them in id order."""
+
+    kind: str
+    query: bytes
+    columns: tuple[str, ...]
+
+    def params(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, list[Any]]:
+        return {name: [row[i] for row in rows] for i, name in enumerate(self.columns)}
+
+
 @dataclasses.dataclass(eq=False)
 class _Write:
     run_id: uuid.UUID
     query: bytes
     params: Mapping[str, Any] | Sequence[Any]
     answer: asyncio.Future[Row | None]
+    shared: tuple[Shared, tuple[Any, ...]] | None = None
+    """The write's values for its kind's shared statement, if it has one (`values[0]` is the run id)."""
 
 
 @dataclasses.dataclass
@@ -63,12 +80,10 @@ class GroupCommit:
     """Sends fenced single-row writes, batched while they queue.
 
     `senders` batches may be in flight at once, each on a pooled connection of its own; a batch holds
-    at most `max_batch` writes. Within a batch the writes go in run id order, and every other statement
-    that locks several runs (`RunStore.renew`) locks them in that order too, so two transactions never
-    wait on each other in a circle.
+    at most `max_batch` writes.
     """
 
-    def __init__(self, pool: AsyncConnectionPool[Any], *, senders: int = 2, max_batch: int = 128) -> None:
+    def __init__(self, pool: AsyncConnectionPool[Any], *, senders: int = 2, max_batch: int = 512) -> None:
         if senders < 1 or max_batch < 1:
             raise ValueError("group commit: senders and max_batch must be at least 1")
         self.pool = pool
@@ -79,15 +94,21 @@ class GroupCommit:
         self._sending = 0
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def write(self, run_id: uuid.UUID, query: bytes, params: Mapping[str, Any] | Sequence[Any]) -> Row | None:
+    async def write(
+        self, run_id: uuid.UUID, query: bytes, params: Mapping[str, Any] | Sequence[Any],
+        shared: tuple[Shared, tuple[Any, ...]] | None = None,
+    ) -> Row | None:
         """Send one statement that changes the run `run_id`; its first row (None for none) once committed.
+
+        With `shared` (the kind's statement and this write's values for it), the write goes with the
+        other queued writes of its kind in one statement; alone, or sent again alone, it is `query`.
 
         Raises what the database raised for this statement. An error that leaves the outcome unknown (a
         connection lost with the batch in flight) is raised to every writer in the batch: each of them
         sends its write again, and its write id makes the copy find the first (store.py).
         """
         answer: asyncio.Future[Row | None] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Write(run_id, query, params, answer))
+        self._queue.append(_Write(run_id, query, params, answer, shared))
         if self._sending < self.senders:
             self._sending += 1
             task = asyncio.create_task(self._send_while_queued(), name="agentrun-group-commit")
@@ -98,63 +119,66 @@ class GroupCommit:
         return await answer
 
     async def _send_while_queued(self) -> None:
+        """Send batches while writes are queued, on one connection taken once for the whole burst: a
+        checkout (and the pool's check of the connection, a round trip) per burst, not per batch."""
         try:
             while self._queue:
-                batch: list[_Write] = []
-                while self._queue and len(batch) < self.max_batch:
-                    w = self._queue.popleft()
-                    if not w.answer.done():  # a writer cancelled before its write left: not sent at all
-                        batch.append(w)
-                if batch:
-                    await self._send(batch)
+                try:
+                    async with self.pool.connection() as conn:
+                        while batch := self._next_batch():
+                            if not await self._send(conn, batch):
+                                break  # the connection broke: give it back, take another
+                except Exception as e:  # no connection to be had: the writers retry (transient) or fail
+                    _answer_all(self._drain(), e)
         finally:
             self._sending -= 1
 
-    async def _send(self, batch: list[_Write]) -> None:
+    def _next_batch(self) -> list[_Write]:
+        batch: list[_Write] = []
+        while self._queue and len(batch) < self.max_batch:
+            w = self._queue.popleft()
+            if not w.answer.done():  # a writer cancelled before its write left: not sent at all
+                batch.append(w)
+        return batch
+
+    def _drain(self) -> list[_Write]:
+        batch, self._queue = list(self._queue), collections.deque()
+        return batch
+
+    async def _send(self, conn: psycopg.AsyncConnection[Any], batch: list[_Write]) -> bool:
+        """Send a batch and answer its writers; False if the connection broke (it must not be reused)."""
         self.stats.writes += len(batch)
         self.stats.batches += 1
         self.stats.largest = max(self.stats.largest, len(batch))
         try:
             if len(batch) == 1:
-                rows = [await self._alone(batch[0])]
+                answers = [(batch[0], await _alone(conn, batch[0]))]
             else:
-                rows = await self._together(batch)
+                answers = await _together(conn, batch)
         except psycopg.Error as e:
-            if len(batch) > 1 and not transient(e):
-                # One write was refused (a constraint, a value the database cannot take): the batch was
-                # rolled back whole, so each is sent again on its own and only that one fails.
-                self.stats.split += 1
-                log.debug("a batch of %d writes was refused (%s); sending them one by one", len(batch), e)
-                for w in batch:
-                    await self._send([w])
-                return
-            _answer_all(batch, e)
-            return
+            if transient(e) or len(batch) == 1:
+                _answer_all(batch, e)
+                return not transient(e) and not conn.closed
+            # One write was refused (a constraint, a value the database cannot take): the batch was
+            # rolled back whole, so each is sent again on its own and only that one fails.
+            self.stats.split += 1
+            log.debug("a batch of %d writes was refused (%s); sending them one by one", len(batch), e)
+            for w in batch:
+                try:
+                    answers = [(w, await _alone(conn, w))]
+                except psycopg.Error as alone:
+                    _answer_all([w], alone)
+                    if transient(alone):
+                        _answer_all(batch, alone)
+                        return False
+                    continue
+                _answer(answers)
+            return True
         except BaseException as e:
             _answer_all(batch, e if isinstance(e, Exception) else psycopg.OperationalError(f"batch not sent: {e!r}"))
             raise
-        for w, row in zip(batch, rows, strict=True):
-            if not w.answer.done():
-                w.answer.set_result(row)
-
-    async def _alone(self, w: _Write) -> Row | None:
-        async with self.pool.connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(w.query, w.params)
-            row: Row | None = await cur.fetchone()
-            return row
-
-    async def _together(self, batch: list[_Write]) -> list[Row | None]:
-        """One transaction, pipelined: BEGIN, the statements and COMMIT leave in one round trip."""
-        batch.sort(key=lambda w: w.run_id)
-        async with self.pool.connection() as conn:
-            cursors = []
-            async with conn.pipeline(), conn.transaction():
-                for w in batch:
-                    cur = conn.cursor(row_factory=dict_row)
-                    await cur.execute(w.query, w.params)
-                    cursors.append(cur)
-            return [await cur.fetchone() for cur in cursors]
+        _answer(answers)
+        return True
 
     async def aclose(self) -> None:
         """Wait for the batches in flight (their writers are waiting for them)."""
@@ -162,7 +186,59 @@ class GroupCommit:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-def _answer_all(batch: list[_Write], error: Exception) -> None:
+async def _alone(conn: psycopg.AsyncConnection[Any], w: _Write) -> Row | None:
+    cur = conn.cursor(row_factory=dict_row)
+    await cur.execute(w.query, w.params)
+    row: Row | None = await cur.fetchone()
+    return row
+
+
+async def _together(conn: psycopg.AsyncConnection[Any], batch: list[_Write]) -> list[tuple[_Write, Row | None]]:
+    """One transaction, pipelined: BEGIN, the statements and COMMIT leave in one round trip.
+
+    The writes of a kind that has a shared statement go as one statement; the rest one each. No lock
+    is waited for in a circle: the writes of a batch are to runs no other batch writes (a run has one
+    write in flight at a time), and the one other statement that locks many held runs, the renewal,
+    skips those that are locked (`RunStore.renew`).
+    """
+    kinds: dict[str, list[_Write]] = {}
+    single: list[_Write] = []
+    for w in batch:
+        if w.shared is None:
+            single.append(w)
+        else:
+            kinds.setdefault(w.shared[0].kind, []).append(w)
+    for kind, writes in list(kinds.items()):
+        if len(writes) == 1 or len({w.run_id for w in writes}) < len(writes):
+            single.extend(kinds.pop(kind))  # alone, or (never in practice) a run twice: one each
+    shared_cursors, single_cursors = [], []
+    statements = len(kinds) + len(single)
+    async with conn.pipeline(), (conn.transaction() if statements > 1 else contextlib.nullcontext()):
+        for writes in kinds.values():
+            form = writes[0].shared[0]  # type: ignore[index]
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(form.query, form.params([w.shared[1] for w in writes]))  # type: ignore[index]
+            shared_cursors.append((cur, writes))
+        for w in single:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(w.query, w.params)
+            single_cursors.append((cur, w))
+    answers: list[tuple[_Write, Row | None]] = []
+    for cur, writes in shared_cursors:
+        rows = {row["id"]: row for row in await cur.fetchall()}
+        answers.extend((w, rows.get(w.run_id)) for w in writes)
+    for cur, w in single_cursors:
+        answers.append((w, await cur.fetchone()))
+    return answers
+
+
+def _answer(answers: list[tuple[_Write, Row | None]]) -> None:
+    for w, row in answers:
+        if not w.answer.done():
+            w.answer.set_result(row)
+
+
+def _answer_all(batch: list[_Write], error: BaseException) -> None:
     for w in batch:
         if not w.answer.done():
             w.answer.set_exception(error)

@@ -19,7 +19,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
-from agentrun.worker.groupcommit import GroupCommit
+from agentrun.worker.groupcommit import GroupCommit, Shared
 from agentrun.worker.records import (
     Decision,
     DecisionKind,
@@ -114,6 +114,92 @@ LIVENESS_LOCK_CLASS = 0x61675274  # "agRt"
 PROGRESS = "owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now"
 
 
+# The shared forms of the three writes every step makes (groupcommit.py): one statement for the copies
+# of many runs. `w` has a row per run; `fence` locks, in id order, those still held by the worker that
+# sent its row; every other part joins it, so a run whose lease is gone gets no row back and nothing
+# written, whatever happens to the others. Each reads and writes as its one-run form above does.
+_W_FENCE = """fence AS (
+    SELECT run.id FROM run JOIN w ON run.id = w.id AND run.locked_by = w.worker
+    WHERE run.status = 'RUNNING' ORDER BY run.id FOR UPDATE OF run)"""
+
+_W_PROGRESS = "owned.id, owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now"
+
+CHECKPOINTS = Shared("checkpoint_model", f"""
+WITH w AS (
+    SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(lease)s::float8[], %(wid)s::uuid[],
+        %(request)s::text[], %(response)s::text[], %(stop)s::text[], %(in)s::int[], %(out)s::int[], %(cw)s::int[],
+        %(cr)s::int[], %(cost)s::numeric[], %(ms)s::int[])
+    AS w (id, worker, lease, wid, request, response, stop, i, o, cw, cr, cost, ms)),
+{_W_FENCE},
+done AS (SELECT s.run_id AS id, s.seq FROM run_step s JOIN w ON s.run_id = w.id AND s.write_id = w.wid),
+step AS (
+    INSERT INTO run_step (run_id, seq, kind, status, request, response, stop_reason,
+        input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens,
+        cost_usd, latency_ms, worker, started_at, finished_at, write_id)
+    SELECT w.id, (SELECT coalesce(max(s.seq), 0) + 1 FROM run_step s WHERE s.run_id = w.id),
+        'MODEL', 'DONE', w.request, w.response, w.stop, w.i, w.o, w.cw, w.cr, w.cost, w.ms, w.worker,
+        now() - make_interval(secs => w.ms / 1000.0), now(), w.wid
+    FROM w JOIN fence USING (id) WHERE NOT EXISTS (SELECT 1 FROM done WHERE done.id = w.id)
+    RETURNING run_id AS id, seq,
+        input_tokens + output_tokens + cache_creation_input_tokens + cache_read_input_tokens AS tokens, cost_usd),
+owned AS (
+    UPDATE run SET locked_until = now() + make_interval(secs => w.lease),
+        tokens_used = run.tokens_used + coalesce(step.tokens, 0),
+        cost_usd = run.cost_usd + coalesce(step.cost_usd, 0), model_retries = 0
+    FROM w JOIN fence USING (id) LEFT JOIN step USING (id) WHERE run.id = w.id
+    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)
+SELECT coalesce(step.seq, done.seq) AS seq, {_W_PROGRESS}
+FROM owned LEFT JOIN step USING (id) LEFT JOIN done USING (id)""".encode(),
+    ("id", "worker", "lease", "wid", "request", "response", "stop", "in", "out", "cw", "cr", "cost", "ms"))
+
+TOOL_STARTS = Shared("start_tool", f"""
+WITH w AS (
+    SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(lease)s::float8[], %(wid)s::uuid[],
+        %(tuid)s::text[], %(name)s::text[], %(request)s::text[])
+    AS w (id, worker, lease, wid, tuid, name, request)),
+{_W_FENCE},
+done AS (SELECT s.run_id AS id, s.seq, s.attempts FROM run_step s JOIN w ON s.run_id = w.id
+         WHERE s.kind = 'TOOL' AND s.tool_use_id = w.tuid AND s.write_id = w.wid AND s.status = 'STARTED'),
+step AS (
+    INSERT INTO run_step (run_id, seq, kind, tool_name, tool_use_id, status, request, worker, write_id)
+    SELECT w.id, (SELECT coalesce(max(s.seq), 0) + 1 FROM run_step s WHERE s.run_id = w.id),
+        'TOOL', w.name, w.tuid, 'STARTED', w.request, w.worker, w.wid
+    FROM w JOIN fence USING (id) WHERE NOT EXISTS (SELECT 1 FROM done WHERE done.id = w.id)
+    ON CONFLICT (run_id, tool_use_id) WHERE kind = 'TOOL'
+    DO UPDATE SET attempts = run_step.attempts + 1, worker = EXCLUDED.worker,
+                  started_at = now(), write_id = EXCLUDED.write_id
+    WHERE run_step.status = 'STARTED'
+    RETURNING run_id AS id, seq, attempts),
+owned AS (
+    UPDATE run SET locked_until = now() + make_interval(secs => w.lease)
+    FROM w JOIN fence USING (id) WHERE run.id = w.id
+    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)
+SELECT coalesce(step.seq, done.seq) AS seq, coalesce(step.attempts, done.attempts) AS attempts, {_W_PROGRESS}
+FROM owned LEFT JOIN step USING (id) LEFT JOIN done USING (id)""".encode(),
+    ("id", "worker", "lease", "wid", "tuid", "name", "request"))
+
+TOOL_FINISHES = Shared("finish_tool", f"""
+WITH w AS (
+    SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(lease)s::float8[], %(wid)s::uuid[],
+        %(tuid)s::text[], %(status)s::text[], %(output)s::text[], %(ms)s::int[])
+    AS w (id, worker, lease, wid, tuid, status, output, ms)),
+{_W_FENCE},
+step AS (
+    UPDATE run_step SET status = w.status, response = w.output, latency_ms = w.ms, worker = w.worker,
+                        finished_at = now(), write_id = w.wid
+    FROM w JOIN fence USING (id)
+    WHERE run_step.run_id = w.id AND run_step.kind = 'TOOL' AND run_step.tool_use_id = w.tuid
+      AND (run_step.status = 'STARTED' OR run_step.write_id = w.wid)
+    RETURNING run_step.run_id AS id, run_step.seq),
+owned AS (
+    UPDATE run SET locked_until = now() + make_interval(secs => w.lease)
+    FROM w JOIN fence USING (id) WHERE run.id = w.id
+    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)
+SELECT step.seq, {_W_PROGRESS} FROM owned LEFT JOIN step USING (id)""".encode(),
+    ("id", "worker", "lease", "wid", "tuid", "status", "output", "ms"))
+
+
+
 @dataclasses.dataclass(frozen=True)
 class Claim:
     """A run a worker just claimed, and who held it before if it was taken over from another worker."""
@@ -193,9 +279,15 @@ class RunStore:
             await cur.execute(query.encode(), params)
             return await cur.fetchone()
 
-    async def _fenced(self, run_id: uuid.UUID, query: str, params: dict[str, Any]) -> dict[str, Any] | None:
-        """A write to a held run, sent with the other in-flight runs' writes (group commit)."""
-        return await self.writes.write(run_id, query.encode(), params)
+    async def _fenced(
+        self, run_id: uuid.UUID, query: str, params: dict[str, Any], shared: Shared | None = None
+    ) -> dict[str, Any] | None:
+        """A write to a held run, sent with the other in-flight runs' writes (group commit); with the
+        statement its kind shares with them, when it has one (`params` holds the values it takes)."""
+        values = tuple(params[name] for name in shared.columns) if shared is not None else None
+        return await self.writes.write(
+            run_id, query.encode(), params, (shared, values) if shared is not None and values is not None else None
+        )
 
     async def _all(self, query: str, params: dict[str, Any] | Sequence[Any]) -> list[dict[str, Any]]:
         async with self.pool.connection() as conn:
@@ -446,16 +538,23 @@ class RunStore:
     async def renew(self, run_ids: Sequence[uuid.UUID], worker: str, lease_seconds: float) -> dict[uuid.UUID, bool]:
         """Extend the leases of runs this worker holds; returns each still-held run's cancel flag.
 
-        A run missing from the answer is lost.
+        A run missing from the answer is lost. A held run whose row is locked at this moment (by a
+        batch of this worker's writes, which renews its lease itself, or by a cancel) is skipped, not
+        waited for, and counted held with no cancel seen: a renewal waiting on a batch while that batch
+        waits on a run the renewal locked would be a deadlock.
         """
-        # Locked in id order, as a batch of writes locks them (groupcommit.py): never in a circle.
         rows = await self._all(
-            """WITH held AS (
-                    SELECT id FROM run WHERE id = ANY(%(ids)s) AND locked_by = %(worker)s AND status = 'RUNNING'
-                    ORDER BY id FOR UPDATE)
-               UPDATE run SET locked_until = now() + make_interval(secs => %(lease)s)
-               FROM held WHERE run.id = held.id
-               RETURNING run.id, run.cancel_requested""",
+            """WITH mine AS (
+                    SELECT id, cancel_requested FROM run
+                    WHERE id = ANY(%(ids)s) AND locked_by = %(worker)s AND status = 'RUNNING'),
+                free AS (
+                    SELECT id FROM run WHERE id IN (SELECT id FROM mine) AND locked_by = %(worker)s
+                      AND status = 'RUNNING' FOR UPDATE SKIP LOCKED),
+                renewed AS (
+                    UPDATE run SET locked_until = now() + make_interval(secs => %(lease)s)
+                    FROM free WHERE run.id = free.id RETURNING run.id, run.cancel_requested)
+                SELECT mine.id, coalesce(renewed.cancel_requested, false) AS cancel_requested
+                FROM mine LEFT JOIN renewed USING (id)""",
             {"ids": list(run_ids), "worker": worker, "lease": lease_seconds},
         )
         return {r["id"]: r["cancel_requested"] for r in rows}
@@ -528,6 +627,7 @@ class RunStore:
                 "out": output_tokens, "cw": cache_creation_input_tokens, "cr": cache_read_input_tokens,
                 "ms": latency_ms, "wid": write_id or uuid.uuid4(),
             },
+            shared=CHECKPOINTS,
         )
         if row is None:
             raise LeaseLost(run_id, worker)
@@ -566,6 +666,7 @@ class RunStore:
                 FROM owned LEFT JOIN step ON true LEFT JOIN done ON true""",
             {"id": run_id, "worker": worker, "lease": lease_seconds, "tuid": tool_use_id, "name": tool_name,
              "request": request, "wid": write_id or uuid.uuid4()},
+            shared=TOOL_STARTS,
         )
         if row is None:
             raise LeaseLost(run_id, worker)
@@ -594,6 +695,7 @@ class RunStore:
                 SELECT step.seq, {PROGRESS} FROM owned LEFT JOIN step ON true""",
             {"id": run_id, "worker": worker, "lease": lease_seconds, "tuid": tool_use_id,
              "status": "DONE" if ok else "ERROR", "output": output, "ms": latency_ms, "wid": write_id or uuid.uuid4()},
+            shared=TOOL_FINISHES,
         )
         if row is None:
             raise LeaseLost(run_id, worker)

@@ -85,16 +85,19 @@ async def test_a_refused_write_fails_alone_and_the_rest_of_its_batch_is_written(
     assert await cur.fetchone() == (4,)
 
 
-async def test_renewals_and_batched_writes_lock_runs_in_the_same_order(store: RunStore) -> None:
-    """A renewal locks every held run; a batch locks its runs one statement at a time. Both go in id
-    order, so they never wait on each other in a circle (PostgreSQL would abort one as a deadlock)."""
+async def test_renewals_and_batched_writes_never_wait_on_each_other_in_a_circle(store: RunStore) -> None:
+    """A renewal locks every held run; a batch locks its runs one statement at a time. The renewal skips
+    the runs a batch has locked (that batch renews them), so neither waits on the other in a circle
+    (PostgreSQL would abort one as a deadlock), and no held run is reported lost for being busy."""
     batched = RunStore(store.pool, GroupCommit(store.pool, senders=2, max_batch=8))
     ids = await _held(batched, 16)
     for _ in range(10):
         renewals = [batched.renew(list(reversed(ids)), "w", 30) for _ in range(2)]
         writes = [_checkpoint(batched, run_id, "w") for run_id in reversed(ids)]
-        for outcome in await asyncio.gather(*renewals, *writes, return_exceptions=True):
+        outcomes = await asyncio.gather(*renewals, *writes, return_exceptions=True)
+        for outcome in outcomes:
             assert not isinstance(outcome, BaseException), outcome
+        assert all(set(held) == set(ids) for held in outcomes[:2])
 
 
 async def test_a_writer_that_stops_waiting_before_its_batch_leaves_sends_nothing(store: RunStore) -> None:
@@ -147,3 +150,65 @@ async def test_many_runs_in_flight_survive_connection_cuts_on_the_batched_path(
     assert model_steps == 20 * 4
     assert sum(r.tokens_used for r in after) == tokens
     assert store.writes.stats.largest > 1
+
+
+async def test_shared_writes_sent_again_find_their_first_copy(store: RunStore) -> None:
+    """The shared statements keep the write ids' promise: a copy sent again (its first answer lost)
+    appends nothing, counts no tokens and no attempt twice."""
+    batched = RunStore(store.pool, GroupCommit(store.pool, senders=1))
+    ids = await _held(batched, 3)
+    wids = {run_id: uuid.uuid4() for run_id in ids}
+
+    async def checkpoints() -> list[Any]:
+        return await asyncio.gather(*(batched.checkpoint_model(
+            run_id, "w", 30, write_id=wids[run_id], request="{}", response='[{"type":"text","text":"x"}]',
+            stop_reason="tool_use", input_tokens=10, output_tokens=5, cache_creation_input_tokens=0,
+            cache_read_input_tokens=0, cost_usd=None, latency_ms=3) for run_id in ids))
+
+    first, again = await checkpoints(), await checkpoints()
+    assert [seq for seq, _ in first] == [seq for seq, _ in again] == [1, 1, 1]
+    assert [p.tokens_used for _, p in again] == [15, 15, 15]
+
+    started = {run_id: uuid.uuid4() for run_id in ids}
+
+    async def starts() -> list[Any]:
+        return await asyncio.gather(*(batched.start_tool(
+            run_id, "w", 30, write_id=started[run_id], tool_use_id="toolu_1", tool_name="noop", request="{}",
+        ) for run_id in ids))
+
+    assert [(seq, attempts) for seq, attempts, _ in await starts()] == [(2, 1)] * 3
+    assert [(seq, attempts) for seq, attempts, _ in await starts()] == [(2, 1)] * 3
+    finished = {run_id: uuid.uuid4() for run_id in ids}
+
+    async def finishes() -> list[Any]:
+        return await asyncio.gather(*(batched.finish_tool(
+            run_id, "w", 30, write_id=finished[run_id], tool_use_id="toolu_1", ok=True, output="ok", latency_ms=1,
+        ) for run_id in ids))
+
+    await finishes()
+    await finishes()
+    for run_id in ids:
+        steps = await batched.steps(run_id)
+        assert [(s.kind.value, s.status.value, s.attempts) for s in steps] == [("MODEL", "DONE", 1), ("TOOL", "DONE", 1)]
+        run = await batched.get(run_id)
+        assert run is not None and run.tokens_used == 15
+    assert batched.writes.stats.largest == 3 and batched.writes.stats.split == 0
+
+
+async def test_a_batch_of_different_writes_goes_in_one_transaction(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    batched = RunStore(store.pool, GroupCommit(store.pool, senders=1))
+    a, b, c, d = await _held(batched, 4)
+    await batched.start_tool(b, "w", 30, tool_use_id="toolu_b", tool_name="noop", request="{}")
+    await batched.start_tool(c, "w", 30, tool_use_id="toolu_c", tool_name="noop", request="{}")
+    await asyncio.gather(
+        _checkpoint(batched, a, "w"),
+        batched.finish_tool(b, "w", 30, tool_use_id="toolu_b", ok=True, output="ok", latency_ms=1),
+        batched.finish_tool(c, "w", 30, tool_use_id="toolu_c", ok=False, output="error: no", latency_ms=1),
+        batched.add_user_step(d, "w", 30, text="and then?"),
+    )
+    assert batched.writes.stats.largest == 4
+    cur = await db.execute("SELECT count(DISTINCT xmin::text) FROM run_step WHERE finished_at IS NOT NULL")
+    assert await cur.fetchone() == (1,)
+    assert [s.status.value for s in await batched.steps(c)] == ["ERROR"]

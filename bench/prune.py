@@ -1,4 +1,4 @@
-"""B7: pruning under load. A worker runs the B1 workload over a table holding `--steps` steps of old
+"""B10: pruning under load. A worker runs the B1 workload over a table holding `--steps` steps of old
 finished runs: alone, then again and again while `agentrun prune` deletes all of them, then alone once
 more; B1 steps/s with pruning (the worst pass) ≥ 0.7 × without, and claim p99 ≤ 2 × without.
 """
@@ -141,7 +141,7 @@ def main() -> None:
     throughput_ratio = worst["steps_per_s"] / alone["steps_per_s"]
     claim_ratio = max(x["claim_p99_ms"] for x in r["during"]) / alone["claim_p99_ms"]
     met = throughput_ratio >= 0.7 and claim_ratio <= 2.0
-    print(f"B7 prune under load: {r['steps_filled']} old steps, pruned in {r['prune_seconds']} s "
+    print(f"B10 prune under load: {r['steps_filled']} old steps, pruned in {r['prune_seconds']} s "
           f"({r['steps_pruned_per_s']} steps/s, batches of {args.batch_size} runs): {r['pruned']}")
     print(f"  B1 alone (mean of before and after): {alone['steps_per_s']} steps/s, "
           f"claim p99 {alone['claim_p99_ms']} ms")

@@ -237,6 +237,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
                     pool, settings.retention_days, settings.retention_interval, stopping, on_batch=metrics.pruned,
                 ), name="retention")
             metrics.count_runs_with(store.count_by_status)
+            metrics.watch_writes(store.writes.stats)
             if llm is not None:
                 worker = Worker(settings, store, llm, tools, prices, observer=observer)
             slot.app = create_app(store, tools, settings, metrics, prices, identities, providers,

@@ -22,7 +22,8 @@ log = logging.getLogger("agentrun.worker.db")
 async def open_pool(
     conninfo: str, max_size: int = 10, min_size: int = 1, timeout: float = 30.0
 ) -> AsyncConnectionPool[Any]:
-    """Autocommit connections: every write of the store is a single statement, atomic by itself.
+    """Autocommit connections: every write of the store is a single statement, atomic by itself (group
+    commit, groupcommit.py, puts a batch of them in a transaction of its own).
 
     Each connection is checked as it leaves the pool (`check`): after a restart, a failover or an idle
     timeout the pool discards the dead ones and hands out a live one, instead of an error per checkout.

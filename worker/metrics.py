@@ -16,9 +16,10 @@ from decimal import Decimal
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from agentrun.worker.groupcommit import BatchStats
 from agentrun.worker.llm.types import Usage
 from agentrun.worker.observer import NoObserver
 from agentrun.worker.records import RunStatus
@@ -47,6 +48,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "agentrun_model_limit_wait_seconds_total",
     "agentrun_model_limit_use",
     "agentrun_model_limit",
+    "agentrun_writes_total",
+    "agentrun_write_batches_total",
 )
 
 # Model steps take seconds and tools anything from milliseconds to minutes.
@@ -66,6 +69,21 @@ class _RunsByStatus(Collector):
         for status in RunStatus:
             family.add_metric([status.value], self.counts.get(status.value, 0))
         yield family
+
+
+class _GroupCommit(Collector):
+    """`agentrun_writes_total` and `agentrun_write_batches_total`, read from the batcher at scrape time."""
+
+    def __init__(self) -> None:
+        self.stats: BatchStats | None = None
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.stats or BatchStats()
+        yield CounterMetricFamily("agentrun_writes", "Fenced writes of held runs sent", value=stats.writes)
+        yield CounterMetricFamily(
+            "agentrun_write_batches", "Batches those writes went in (group commit: one round trip and one "
+            "commit each)", value=stats.batches,
+        )
 
 
 class Metrics(NoObserver):
@@ -141,6 +159,8 @@ class Metrics(NoObserver):
         )
         self._runs = _RunsByStatus()
         r.register(self._runs)
+        self._writes = _GroupCommit()
+        r.register(self._writes)
         for kind in ("MODEL", "TOOL"):  # so dashboards see the series before the first step
             for outcome in ("ok", "error"):
                 self.latency.labels(kind, outcome)
@@ -185,6 +205,10 @@ class Metrics(NoObserver):
         """Read the tool-thread gauges from `threads` at scrape time."""
         self.tool_threads_running.set_function(lambda: threads.running)
         self.tool_threads_overdue.set_function(lambda: threads.overdue)
+
+    def watch_writes(self, stats: BatchStats) -> None:
+        """Read the group-commit counters from `stats` at scrape time."""
+        self._writes.stats = stats
 
     def count_runs_with(self, count_runs: RunCounter) -> None:
         """Set where the runs-by-status gauge reads from, once the database pool exists."""

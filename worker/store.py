@@ -1,8 +1,11 @@
 """The run table and its step log. Every write to a held run is fenced: it names the worker and the
 RUNNING status in its WHERE clause, and zero rows means the lease is gone (`LeaseLost`).
 
-Each write is ONE statement (data-modifying CTEs), so it is atomic without an explicit transaction
-and costs one round trip; it renews the lease and returns the run's counters for the guard.
+Each write is ONE statement (data-modifying CTEs), atomic by itself; it renews the lease and returns
+the run's counters for the guard. The writes of held runs go through group commit (groupcommit.py):
+alone when nothing else is queued, else with the other runs' writes in one transaction and one round
+trip, where the three writes every step makes share one statement per kind (CHECKPOINTS, TOOL_STARTS,
+TOOL_FINISHES), each run in it fenced on its own.
 """
 
 from __future__ import annotations

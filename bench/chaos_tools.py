@@ -48,9 +48,15 @@ async def _record(execution_id: uuid.UUID, key: str, tag: str, started: float) -
     )
 
 
-async def _record_end(execution_id: uuid.UUID, ended: float) -> None:
-    await _write("UPDATE chaos_tool_exec SET ended_at = to_timestamp(%s) WHERE execution_id = %s",
-                 (ended, execution_id))
+async def _record_end(execution_id: uuid.UUID, key: str, tag: str, started: float, ended: float) -> None:
+    # The whole row: the start's own write may not have landed (cancelled while the database was down),
+    # or may land after this one (its ON CONFLICT then leaves the end alone).
+    await _write(
+        "INSERT INTO chaos_tool_exec (execution_id, idempotency_key, run_tag, pid, executed_at, ended_at) "
+        "VALUES (%s, %s, %s, %s, to_timestamp(%s), to_timestamp(%s)) "
+        "ON CONFLICT (execution_id) DO UPDATE SET ended_at = EXCLUDED.ended_at",
+        (execution_id, key, tag, os.getpid(), started, ended),
+    )
 
 
 @tool(
@@ -67,13 +73,17 @@ async def _record_end(execution_id: uuid.UUID, ended: float) -> None:
 async def chaos_step(args: dict[str, Any], ctx: ToolContext) -> str:
     # Times from this process's clock, taken where the execution starts and ends, not when the write
     # lands: the benchmark compares executions of one key for overlap, and a write may be retried.
-    execution_id = uuid.uuid4()
-    await _record(execution_id, ctx.idempotency_key, args["run"], time.time())
+    execution_id, started = uuid.uuid4(), time.time()
     try:
+        await _record(execution_id, ctx.idempotency_key, args["run"], started)
         if args.get("sleep"):
             await asyncio.sleep(args["sleep"])
     finally:
-        # Also when the step is cancelled: the end is recorded in a task of its own that a second
-        # cancellation cannot interrupt.
-        await asyncio.shield(asyncio.ensure_future(_record_end(execution_id, time.time())))
+        # Also when the step is cancelled, even while its start was still being recorded (a cancel
+        # then would leave an execution without an end, counted as running until its process died):
+        # the end is recorded in a task of its own that a second cancellation cannot interrupt.
+        ended = time.time()
+        await asyncio.shield(asyncio.ensure_future(
+            _record_end(execution_id, ctx.idempotency_key, args["run"], started, ended)
+        ))
     return f"step {args['turn']}.{args['part']} of run {args['run']} done"

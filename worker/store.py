@@ -121,11 +121,11 @@ PROGRESS = "owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_
 # of many runs. `w` has a row per run; `fence` locks, in id order, those still held by the worker that
 # sent its row; every other part joins it, so a run whose lease is gone gets no row back and nothing
 # written, whatever happens to the others. Each reads and writes as its one-run form above does.
-_W_FENCE = """fence AS (
+SHARED_FENCE = """fence AS (
     SELECT run.id FROM run JOIN w ON run.id = w.id AND run.locked_by = w.worker
     WHERE run.status = 'RUNNING' ORDER BY run.id FOR UPDATE OF run)"""
 
-_W_PROGRESS = "owned.id, owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now"
+SHARED_PROGRESS = "owned.id, owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now"
 
 CHECKPOINTS = Shared("checkpoint_model", f"""
 WITH w AS (
@@ -133,7 +133,7 @@ WITH w AS (
         %(request)s::text[], %(response)s::text[], %(stop)s::text[], %(in)s::int[], %(out)s::int[], %(cw)s::int[],
         %(cr)s::int[], %(cost)s::numeric[], %(ms)s::int[])
     AS w (id, worker, lease, wid, request, response, stop, i, o, cw, cr, cost, ms)),
-{_W_FENCE},
+{SHARED_FENCE},
 done AS (SELECT s.run_id AS id, s.seq FROM run_step s JOIN w ON s.run_id = w.id AND s.write_id = w.wid),
 step AS (
     INSERT INTO run_step (run_id, seq, kind, status, request, response, stop_reason,
@@ -151,7 +151,7 @@ owned AS (
         cost_usd = run.cost_usd + coalesce(step.cost_usd, 0), model_retries = 0
     FROM w JOIN fence USING (id) LEFT JOIN step USING (id) WHERE run.id = w.id
     RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)
-SELECT coalesce(step.seq, done.seq) AS seq, {_W_PROGRESS}
+SELECT coalesce(step.seq, done.seq) AS seq, {SHARED_PROGRESS}
 FROM owned LEFT JOIN step USING (id) LEFT JOIN done USING (id)""".encode(),
     ("id", "worker", "lease", "wid", "request", "response", "stop", "in", "out", "cw", "cr", "cost", "ms"))
 
@@ -160,7 +160,7 @@ WITH w AS (
     SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(lease)s::float8[], %(wid)s::uuid[],
         %(tuid)s::text[], %(name)s::text[], %(request)s::text[])
     AS w (id, worker, lease, wid, tuid, name, request)),
-{_W_FENCE},
+{SHARED_FENCE},
 done AS (SELECT s.run_id AS id, s.seq, s.attempts FROM run_step s JOIN w ON s.run_id = w.id
          WHERE s.kind = 'TOOL' AND s.tool_use_id = w.tuid AND s.write_id = w.wid AND s.status = 'STARTED'),
 step AS (
@@ -177,7 +177,7 @@ owned AS (
     UPDATE run SET locked_until = now() + make_interval(secs => w.lease)
     FROM w JOIN fence USING (id) WHERE run.id = w.id
     RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)
-SELECT coalesce(step.seq, done.seq) AS seq, coalesce(step.attempts, done.attempts) AS attempts, {_W_PROGRESS}
+SELECT coalesce(step.seq, done.seq) AS seq, coalesce(step.attempts, done.attempts) AS attempts, {SHARED_PROGRESS}
 FROM owned LEFT JOIN step USING (id) LEFT JOIN done USING (id)""".encode(),
     ("id", "worker", "lease", "wid", "tuid", "name", "request"))
 
@@ -186,7 +186,7 @@ WITH w AS (
     SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(lease)s::float8[], %(wid)s::uuid[],
         %(tuid)s::text[], %(status)s::text[], %(output)s::text[], %(ms)s::int[])
     AS w (id, worker, lease, wid, tuid, status, output, ms)),
-{_W_FENCE},
+{SHARED_FENCE},
 step AS (
     UPDATE run_step SET status = w.status, response = w.output, latency_ms = w.ms, worker = w.worker,
                         finished_at = now(), write_id = w.wid
@@ -198,7 +198,7 @@ owned AS (
     UPDATE run SET locked_until = now() + make_interval(secs => w.lease)
     FROM w JOIN fence USING (id) WHERE run.id = w.id
     RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)
-SELECT step.seq, {_W_PROGRESS} FROM owned LEFT JOIN step USING (id)""".encode(),
+SELECT step.seq, {SHARED_PROGRESS} FROM owned LEFT JOIN step USING (id)""".encode(),
     ("id", "worker", "lease", "wid", "tuid", "status", "output", "ms"))
 
 

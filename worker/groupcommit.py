@@ -65,6 +65,9 @@ class _Write:
     """The write's values for its kind's shared statement, if it has one (`values[0]` is the run id)."""
 
 
+_LINGER_TURNS = 3
+
+
 @dataclasses.dataclass
 class BatchStats:
     """What the batcher did, for the benchmarks and the metrics."""
@@ -80,7 +83,8 @@ class GroupCommit:
     """Sends fenced single-row writes, batched while they queue.
 
     `senders` batches may be in flight at once, each on a pooled connection of its own; a batch holds
-    at most `max_batch` writes.
+    at most `max_batch` writes. `max_batch=1` turns batching off: each write is sent at once, alone,
+    on a connection of its own (bench/ceiling.py measures that store).
     """
 
     def __init__(self, pool: AsyncConnectionPool[Any], *, senders: int = 2, max_batch: int = 512) -> None:
@@ -107,6 +111,9 @@ class GroupCommit:
         connection lost with the batch in flight) is raised to every writer in the batch: each of them
         sends its write again, and its write id makes the copy find the first (store.py).
         """
+        if self.max_batch == 1:  # no batching at all: each write its own statement, on its own checkout
+            async with self.pool.connection() as conn:
+                return await _alone(conn, query, params)
         answer: asyncio.Future[Row | None] = asyncio.get_running_loop().create_future()
         self._queue.append(_Write(run_id, query, params, answer, shared))
         if self._sending < self.senders:
@@ -125,7 +132,7 @@ class GroupCommit:
             while self._queue:
                 try:
                     async with self.pool.connection() as conn:
-                        while batch := self._next_batch():
+                        while batch := await self._next_batch():
                             if not await self._send(conn, batch):
                                 break  # the connection broke: give it back, take another
                 except Exception as e:  # no connection to be had: the writers retry (transient) or fail
@@ -133,7 +140,15 @@ class GroupCommit:
         finally:
             self._sending -= 1
 
-    def _next_batch(self) -> list[_Write]:
+    async def _next_batch(self) -> list[_Write]:
+        """The next writes to send; none once the queue has stayed empty for a few turns of the event
+        loop. The writers just answered write again after a step that takes no time (a checkpoint,
+        then the tool's start), and waiting those turns keeps the connection for them: no checkout,
+        and no check of the connection, per batch."""
+        for _ in range(_LINGER_TURNS):
+            if self._queue:
+                break
+            await asyncio.sleep(0)
         batch: list[_Write] = []
         while self._queue and len(batch) < self.max_batch:
             w = self._queue.popleft()
@@ -152,7 +167,7 @@ class GroupCommit:
         self.stats.largest = max(self.stats.largest, len(batch))
         try:
             if len(batch) == 1:
-                answers = [(batch[0], await _alone(conn, batch[0]))]
+                answers = [(batch[0], await _alone(conn, batch[0].query, batch[0].params))]
             else:
                 answers = await _together(conn, batch)
         except psycopg.Error as e:
@@ -165,7 +180,7 @@ class GroupCommit:
             log.debug("a batch of %d writes was refused (%s); sending them one by one", len(batch), e)
             for w in batch:
                 try:
-                    answers = [(w, await _alone(conn, w))]
+                    answers = [(w, await _alone(conn, w.query, w.params))]
                 except psycopg.Error as alone:
                     _answer_all([w], alone)
                     if transient(alone):
@@ -186,9 +201,11 @@ class GroupCommit:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-async def _alone(conn: psycopg.AsyncConnection[Any], w: _Write) -> Row | None:
+async def _alone(
+    conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any] | Sequence[Any]
+) -> Row | None:
     cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(w.query, w.params)
+    await cur.execute(query, params)
     row: Row | None = await cur.fetchone()
     return row
 

@@ -12,7 +12,6 @@ With `--client-calls N`, this process first measures the model client alone: CPU
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os

@@ -16,7 +16,7 @@ from __future__ import annotations
 import datetime
 import email.utils
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 
 import anthropic
@@ -109,15 +109,16 @@ class AnthropicClient:
     ) -> LlmResponse:
         """The request through the SDK's own `post` (headers, auth, base URL, timeout, status errors), the
         body as orjson bytes and the answer read here."""
+        # The client's timeout given again, so that the SDK's x-stainless-timeout header names it.
+        options: anthropic.RequestOptions = {"headers": JSON_HEADERS, "timeout": sdk.timeout}
         if on_text is None:
             response = await sdk.post(
-                "/v1/messages", cast_to=httpx2.Response, content=orjson.dumps(params),
-                options={"headers": JSON_HEADERS},
+                "/v1/messages", cast_to=httpx2.Response, content=orjson.dumps(params), options=options
             )
             return response_of(_json(response.content))
         response = await sdk.post(
             "/v1/messages", cast_to=httpx2.Response, content=orjson.dumps({**params, "stream": True}),
-            options={"headers": JSON_HEADERS}, stream=True,
+            options=options, stream=True,
         )
         try:
             message = await read_stream(response, on_text)
@@ -227,30 +228,31 @@ async def read_stream(response: httpx2.Response, on_text: Callable[[str], None])
     Blocks are built from `content_block_start` and their deltas: text appended, a tool call's
     `partial_json` joined and parsed at `content_block_stop`, thinking and its signature appended,
     citations added; `message_delta` brings the stop reason and the final usage counts. An `error`
-    event raises `LlmError` with the status its type stands for.
+    event raises `LlmError` with the status its type stands for, and a stream that ends before
+    `message_stop` raises `Unreadable`: a truncated answer is not an answer.
     """
     message: dict[str, Any] | None = None
     stopped = False
     partial: dict[int, list[str]] = {}
-    data: list[str] = []
-    event = ""
-    async for line in response.aiter_lines():
+    data: list[bytes] = []
+    event = b""
+    async for line in _lines(response):
         if line:
-            if line.startswith("data:"):
-                data.append(line[6:] if line.startswith("data: ") else line[5:])
-            elif line.startswith("event:"):
+            if line.startswith(b"data:"):
+                data.append(line[6:] if line.startswith(b"data: ") else line[5:])
+            elif line.startswith(b"event:"):
                 event = line[6:].strip()
             continue  # comments (":") and other fields are ignored, as in the SSE spec
         if not data:
-            event = ""
+            event = b""
             continue
-        payload, data = "\n".join(data), []
-        kind, event = event, ""
+        payload, data = b"\n".join(data), []
+        kind, event = event.decode(errors="replace"), b""
         if kind == "ping":
             continue
         body = _json(payload)
         if not isinstance(body, dict):
-            raise Unreadable(f"an event must be a JSON object: {payload}")
+            raise Unreadable(f"an event must be a JSON object: {payload.decode(errors='replace')}")
         kind = kind or str(body.get("type", ""))
         if kind == "error":
             raise _stream_error(body)
@@ -264,9 +266,22 @@ async def read_stream(response: httpx2.Response, on_text: Callable[[str], None])
             raise Unreadable(f"{kind or 'an event'} before message_start")
         stopped = kind == "message_stop"
         _apply(message, partial, kind, body, on_text)
-    if message is None or not stopped:  # a truncated answer is not one: the attempt failed
+    if message is None or not stopped:
         raise Unreadable("the stream ended before message_stop")
     return message
+
+
+async def _lines(response: httpx2.Response) -> AsyncIterator[bytes]:
+    """The lines of a streamed body, as bytes without their ending (LF or CRLF): the events' JSON is parsed
+    from bytes, never decoded to text first."""
+    pending = b""
+    async for chunk in response.aiter_bytes():
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line[:-1] if line.endswith(b"\r") else line
+    if pending:
+        yield pending
 
 
 def _apply(

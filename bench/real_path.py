@@ -27,6 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agentrun.worker.db import open_pool  # noqa: E402
+from agentrun.worker.llm.anthropic_client import AnthropicClient, HttpClient  # noqa: E402
 from agentrun.worker.store import RunStore  # noqa: E402
 from bench import _pg  # noqa: E402
 
@@ -93,12 +94,12 @@ def model_server() -> Iterator[str]:
 # -- the client alone ------------------------------------------------------------------------------------
 
 
-async def client_cost(base_url: str, calls: int, concurrency: int, streaming: bool) -> dict[str, Any]:
+async def client_cost(base_url: str, calls: int, concurrency: int, streaming: bool,
+                      transport: HttpClient = "aiohttp") -> dict[str, Any]:
     """CPU per `AnthropicClient.send` in this process, `calls` one-tool-turn requests, `concurrency` at once."""
-    from agentrun.worker.llm.anthropic_client import AnthropicClient
     from agentrun.worker.llm.types import LlmRequest
 
-    client = AnthropicClient(api_key="bench-local-key", base_url=base_url)
+    client = AnthropicClient(api_key="bench-local-key", base_url=base_url, http_client=transport)
     tools = [{"name": "noop", "description": "Does nothing.", "input_schema": {"type": "object"}}]
     request = LlmRequest(model=_pg.MODEL, max_tokens=1024, tools=tools,
                          messages=[{"role": "user", "content": "bench run=c turns=3"}],
@@ -119,7 +120,7 @@ async def client_cost(base_url: str, calls: int, concurrency: int, streaming: bo
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - t0
     finally:
         await client.aclose()
-    return {"calls": calls, "concurrency": concurrency, "streaming": streaming,
+    return {"calls": calls, "concurrency": concurrency, "streaming": streaming, "http_client": transport,
             "cpu_ms_per_call": round(cpu * 1000 / calls, 3), "calls_per_s": round(calls / wall, 1)}
 
 
@@ -127,7 +128,9 @@ async def client_cost(base_url: str, calls: int, concurrency: int, streaming: bo
 
 
 async def bench(url: str, model_url: str, runs: int, turns: int, concurrency: int,
-                extra_env: dict[str, str] | None = None, profile: str | None = None) -> dict[str, Any]:
+                extra_env: dict[str, str] | None = None, profile: str | None = None,
+                log: Path | None = None) -> dict[str, Any]:
+    """`runs` runs through a worker process; its stderr goes to `log` if given, else to this one's."""
     pool = await open_pool(url, max_size=2)
     try:
         store = RunStore(pool)
@@ -144,12 +147,15 @@ async def bench(url: str, model_url: str, runs: int, turns: int, concurrency: in
             "AGENTRUN_LOG_LEVEL": "WARNING",
             **(extra_env or {}),
         }
+        stderr = open(log, "wb") if log is not None else None  # noqa: SIM115 - the child owns it
         worker = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", "bench-real-path",
             "--port", str(_free_port()), "--host", "127.0.0.1", "--concurrency", str(concurrency),
             "--poll-interval", "0.2", "--shutdown-grace", "5", "--no-migrate",
-            env=env, cwd=REPO, stdout=subprocess.DEVNULL,
+            env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=stderr,
         )
+        if stderr is not None:
+            stderr.close()
         try:
             return await _measure(pool, worker, runs, turns, concurrency, profile)
         finally:
@@ -230,6 +236,8 @@ def main() -> None:
     p.add_argument("--concurrency", type=int, default=32, help="the worker's --concurrency")
     p.add_argument("--client-calls", type=int, default=0, metavar="N",
                    help="first measure the model client alone: N calls at concurrency 20 (default: skip)")
+    p.add_argument("--http-client", choices=["aiohttp", "httpx"], default=None,
+                   help="the SDK transport the worker uses (AGENTRUN_LLM_HTTP_CLIENT; default: the worker's default)")
     p.add_argument("--profile", metavar="FILE",
                    help="record the worker with py-spy over the measured window (FILE.json: speedscope, else raw); "
                    "py-spy samples cost the worker CPU too, so take the figures from a run without it")
@@ -237,17 +245,19 @@ def main() -> None:
     figures: dict[str, Any] = {}
     with model_server() as model_url:
         if args.client_calls:
-            figures["client"] = [asyncio.run(client_cost(model_url, args.client_calls, 20, streaming))
-                                 for streaming in (False, True)]
+            figures["client"] = [asyncio.run(client_cost(model_url, args.client_calls, 20, streaming, transport))
+                                 for transport in ("aiohttp", "httpx") for streaming in (False, True)]
         with _pg.database(args.database_url) as url:
             env = _pg.describe(url)
-            figures.update(asyncio.run(bench(url, model_url, args.runs, args.turns, args.concurrency,
-                                                 profile=args.profile)))
-    figures.update(env)
+            figures.update(asyncio.run(bench(
+                url, model_url, args.runs, args.turns, args.concurrency, profile=args.profile,
+                extra_env={"AGENTRUN_LLM_HTTP_CLIENT": args.http_client} if args.http_client else None)))
+    figures.update(env, http_client=args.http_client or "default")
     print(f"B9 the real path: {args.runs} runs × {2 * args.turns + 1} steps through `agentrun worker "
-          f"--concurrency {args.concurrency}` and the Anthropic SDK, against a local Messages API")
+          f"--concurrency {args.concurrency}` and the Anthropic SDK ({args.http_client or 'default'} transport), "
+          "against a local Messages API")
     for c in figures.get("client", []):
-        print(f"  client alone ({'streamed, a watcher' if c['streaming'] else 'not streamed'}): "
+        print(f"  client alone, {c['http_client']}, {'streamed (a watcher)' if c['streaming'] else 'not streamed'}: "
               f"{c['cpu_ms_per_call']} ms CPU per call, {c['calls_per_s']} calls/s at concurrency {c['concurrency']}")
     print(f"  {figures['steps_measured']} steps in {figures['seconds']} s ({figures['steps_per_s']} steps/s); "
           f"worker CPU {figures['worker_cpu_s']} s: {figures['cpu_ms_per_step']} ms per step "

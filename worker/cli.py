@@ -273,6 +273,11 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
             await http
         if pool is not None:
             await pool.close()
+        if llm is not None:
+            from agentrun.worker.llm.router import close_client
+
+            with contextlib.suppress(Exception):
+                await close_client(llm)
         if tracer is not None:
             await asyncio.to_thread(tracer.shutdown)  # exports the spans still buffered
     log.info("%s stopped", settings.worker_id)

@@ -27,7 +27,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from agentrun.worker.db import open_pool  # noqa: E402
-from agentrun.worker.llm.anthropic_client import AnthropicClient, HttpClient  # noqa: E402
 from agentrun.worker.store import RunStore  # noqa: E402
 from bench import _pg  # noqa: E402
 
@@ -95,11 +94,12 @@ def model_server() -> Iterator[str]:
 
 
 async def client_cost(base_url: str, calls: int, concurrency: int, streaming: bool,
-                      transport: HttpClient = "aiohttp") -> dict[str, Any]:
+                      transport: str = "aiohttp") -> dict[str, Any]:
     """CPU per `AnthropicClient.send` in this process, `calls` one-tool-turn requests, `concurrency` at once."""
+    from agentrun.worker.llm.anthropic_client import AnthropicClient
     from agentrun.worker.llm.types import LlmRequest
 
-    client = AnthropicClient(api_key="bench-local-key", base_url=base_url, http_client=transport)
+    client = AnthropicClient(api_key="bench-local-key", base_url=base_url, http_client=transport)  # type: ignore[arg-type]
     tools = [{"name": "noop", "description": "Does nothing.", "input_schema": {"type": "object"}}]
     request = LlmRequest(model=_pg.MODEL, max_tokens=1024, tools=tools,
                          messages=[{"role": "user", "content": "bench run=c turns=3"}],

@@ -242,6 +242,18 @@ async def test_an_error_status_on_a_stream_keeps_its_status_and_headers(raw: tup
     assert (caught.value.status, caught.value.message, caught.value.retryable) == (529, "Overloaded", True)
 
 
+async def test_a_request_that_is_not_json_is_refused_without_being_sent(
+    fake: FakeAnthropic, client: AnthropicClient
+) -> None:
+    bad = LlmRequest(MODEL, 1024, [{"role": "user", "content": "lone \udc80 surrogate"}])
+
+    with pytest.raises(LlmError) as caught:
+        await client.send(bad)
+
+    assert caught.value.status == 400 and not caught.value.retryable
+    assert "cannot be sent as JSON" in caught.value.message and fake.requests == []
+
+
 def test_an_unknown_transport_is_refused() -> None:
     with pytest.raises(ValueError, match="http_client must be one of aiohttp, httpx"):
         AnthropicClient(api_key="k", http_client="curl")  # type: ignore[arg-type]

@@ -111,14 +111,15 @@ class AnthropicClient:
         body as orjson bytes and the answer read here."""
         # The client's timeout given again, so that the SDK's x-stainless-timeout header names it.
         options: anthropic.RequestOptions = {"headers": JSON_HEADERS, "timeout": sdk.timeout}
+        try:
+            body = orjson.dumps(params if on_text is None else {**params, "stream": True})
+        except orjson.JSONEncodeError as e:  # the same request would fail the same way: not retried
+            raise LlmError(400, None, _truncate(f"the request cannot be sent as JSON: {e}")) from e
         if on_text is None:
-            response = await sdk.post(
-                "/v1/messages", cast_to=httpx2.Response, content=orjson.dumps(params), options=options
-            )
+            response = await sdk.post("/v1/messages", cast_to=httpx2.Response, content=body, options=options)
             return response_of(_json(response.content))
         response = await sdk.post(
-            "/v1/messages", cast_to=httpx2.Response, content=orjson.dumps({**params, "stream": True}),
-            options=options, stream=True,
+            "/v1/messages", cast_to=httpx2.Response, content=body, options=options, stream=True
         )
         try:
             message = await read_stream(response, on_text)

@@ -274,6 +274,11 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
             await http
         if pool is not None:
             await pool.close()
+        if llm is not None:
+            from agentrun.worker.llm.router import close_client
+
+            with contextlib.suppress(Exception):
+                await close_client(llm)
         if tracer is not None:
             await asyncio.to_thread(tracer.shutdown)  # exports the spans still buffered
     log.info("%s stopped", settings.worker_id)
@@ -612,7 +617,8 @@ def build_parser() -> argparse.ArgumentParser:
         "required for its models); AGENTRUN_LLM_MAX_ATTEMPTS (calls per model step, default 5); "
         "AGENTRUN_LLM_TIMEOUT_SECONDS "
         "(limit of one call, default 120); AGENTRUN_LLM_BACKOFF_BASE_SECONDS and AGENTRUN_LLM_BACKOFF_CAP_SECONDS "
-        "(full-jitter backoff, defaults 1 and 30; a retry-after header is honoured); AGENTRUN_DEFAULT_MODEL "
+        "(full-jitter backoff, defaults 1 and 30; a retry-after header is honoured); AGENTRUN_LLM_HTTP_CLIENT "
+        "(the Anthropic SDK's transport: aiohttp, the default, or httpx); AGENTRUN_DEFAULT_MODEL "
         "(a prefix picks the provider: bedrock/ with AWS_REGION and the AWS credential chain, vertex/ with "
         "CLOUD_ML_REGION and ANTHROPIC_VERTEX_PROJECT_ID, <name>/ for an endpoint of AGENTRUN_PROVIDERS, a "
         "YAML or JSON file of OpenAI-compatible endpoints); "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -85,3 +86,16 @@ async def test_prune_bench_prunes_every_old_step(database_url: str) -> None:
                                 batch_size=5)
     assert figures["pruned"] == {"run_step": 200, "run_lease": 20, "run_decision": 0, "run": 20}
     assert figures["alone"]["before"]["steps"] == figures["alone"]["after"]["steps"] == 4 * 3
+
+
+async def test_real_path_runs_every_run_through_a_worker_process(database_url: str, tmp_path: Path) -> None:
+    from bench import real_path
+
+    log = tmp_path / "worker.log"
+    with real_path.model_server() as model_url:
+        figures = await asyncio.wait_for(
+            real_path.bench(database_url, model_url, runs=20, turns=2, concurrency=4, log=log), 240)
+    assert figures["statuses"] == {"SUCCEEDED": 20} and figures["steps"] == 20 * 5
+    assert 0 < figures["steps_measured"] <= 100 and figures["worker_cpu_s"] >= 0
+    # The worker exits cleanly: its model client's HTTP session closed, not reported unclosed at exit.
+    assert "Unclosed" not in log.read_text(), log.read_text()[-2000:]

@@ -24,6 +24,8 @@ def test_values_come_from_the_environment() -> None:
         "AGENTRUN_LLM_BACKOFF_BASE_SECONDS": "0.25", "AGENTRUN_LLM_BACKOFF_CAP_SECONDS": "10",
     })
     assert (s.max_attempts, s.timeout_seconds, s.backoff_base_seconds, s.backoff_cap_seconds) == (3, 45.5, 0.25, 10.0)
+    assert s.http_client == "aiohttp"
+    assert LlmSettings.from_env({"AGENTRUN_LLM_HTTP_CLIENT": " HTTPX "}).http_client == "httpx"
 
 
 @pytest.mark.parametrize(("var", "value", "message"), [
@@ -32,6 +34,7 @@ def test_values_come_from_the_environment() -> None:
     ("AGENTRUN_LLM_TIMEOUT_SECONDS", "soon", "AGENTRUN_LLM_TIMEOUT_SECONDS must be a number"),
     ("AGENTRUN_LLM_TIMEOUT_SECONDS", "0", "AGENTRUN_LLM_TIMEOUT_SECONDS must be at least"),
     ("AGENTRUN_LLM_BACKOFF_CAP_SECONDS", "-1", "AGENTRUN_LLM_BACKOFF_CAP_SECONDS must be at least 0"),
+    ("AGENTRUN_LLM_HTTP_CLIENT", "curl", "AGENTRUN_LLM_HTTP_CLIENT must be one of aiohttp, httpx, got 'curl'"),
 ])
 def test_a_bad_value_exits_naming_the_variable(var: str, value: str, message: str) -> None:
     with pytest.raises(SystemExit) as caught:

@@ -8,7 +8,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from agentrun.worker.llm.anthropic_client import AnthropicClient
+from agentrun.worker.llm.anthropic_client import HTTP_CLIENTS, AnthropicClient, HttpClient
 from agentrun.worker.llm.cloud import ProviderUnavailable
 from agentrun.worker.llm.limits import Limited, Limiter
 from agentrun.worker.llm.providers import ANTHROPIC, BEDROCK, VERTEX, Endpoint, Providers, split
@@ -52,6 +52,11 @@ class LlmSettings:
     http_margin_seconds: float = 5.0
     """The SDK's own HTTP timeout sits this far above `timeout_seconds`, so the limit that fires is ours."""
 
+    http_client: HttpClient = "aiohttp"
+    """The Anthropic SDK's transport (AGENTRUN_LLM_HTTP_CLIENT): "aiohttp", the SDK's `DefaultAioHttpClient`,
+    costs about half the CPU per call of "httpx", its default (bench/README.md, B9); "httpx" is there
+    for a network where aiohttp misbehaves."""
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> LlmSettings:
         """Fields from AGENTRUN_LLM_* variables; ValueError naming the variable if one is bad."""
@@ -70,11 +75,17 @@ class LlmSettings:
             return value
 
         d = cls()
+        http_client = environ.get("AGENTRUN_LLM_HTTP_CLIENT", "").strip().lower() or d.http_client
+        if http_client not in HTTP_CLIENTS:
+            raise ValueError(
+                f"AGENTRUN_LLM_HTTP_CLIENT must be one of {', '.join(HTTP_CLIENTS)}, got {http_client!r}"
+            )
         return cls(
             max_attempts=int(read("AGENTRUN_LLM_MAX_ATTEMPTS", int, d.max_attempts, 1)),
             timeout_seconds=read("AGENTRUN_LLM_TIMEOUT_SECONDS", float, d.timeout_seconds, 0.001),
             backoff_base_seconds=read("AGENTRUN_LLM_BACKOFF_BASE_SECONDS", float, d.backoff_base_seconds, 0),
             backoff_cap_seconds=read("AGENTRUN_LLM_BACKOFF_CAP_SECONDS", float, d.backoff_cap_seconds, 0),
+            http_client=http_client,
         )
 
 
@@ -131,7 +142,9 @@ def build_router(
     def anthropic_api() -> AnthropicClient:
         if api_key is None and base_url is None:
             raise ProviderUnavailable(NO_MODEL_API)
-        return AnthropicClient(api_key=api_key, base_url=base_url, http_timeout=http_timeout)
+        return AnthropicClient(
+            api_key=api_key, base_url=base_url, http_timeout=http_timeout, http_client=llm.http_client
+        )
 
     def bedrock() -> LlmClient:
         from agentrun.worker.llm.bedrock import bedrock_client

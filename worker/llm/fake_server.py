@@ -269,13 +269,15 @@ class FakeApi:
     and what a success body gains from the request (`complete`).
 
     `requests` holds every JSON body received, in order, including those answered with a fault;
-    `received` the same requests with their paths and headers.
+    `received` the same requests with their paths and headers. `record=False` keeps neither (a
+    benchmark's long-lived server).
     """
 
     kind = "fake API"
 
-    def __init__(self, responder: Responder, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, responder: Responder, host: str = "127.0.0.1", port: int = 0, record: bool = True) -> None:
         self.responder: Responder = responder
+        self.record = record
         self.requests: list[Json] = []
         self.received: list[Received] = []
         self._queue: collections.deque[Reply] = collections.deque()
@@ -340,9 +342,10 @@ class FakeApi:
         except ValueError:
             body = None
         json_body = body if isinstance(body, dict) else None
-        if json_body is not None:
-            self.requests.append(json_body)
-        self.received.append(Received(request.path, CIMultiDict(request.headers), json_body))
+        if self.record:
+            if json_body is not None:
+                self.requests.append(json_body)
+            self.received.append(Received(request.path, CIMultiDict(request.headers), json_body))
         problem = self.check(body, request)
         if problem is not None:
             reply = self.refuse(problem)
@@ -387,8 +390,10 @@ class FakeAnthropic(FakeApi):
 
     kind = "fake Messages API"
 
-    def __init__(self, responder: Responder | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
-        super().__init__(responder or AgentResponder(), host, port)
+    def __init__(
+        self, responder: Responder | None = None, host: str = "127.0.0.1", port: int = 0, record: bool = True
+    ) -> None:
+        super().__init__(responder or AgentResponder(), host, port, record)
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/messages", self.answer)

@@ -60,3 +60,15 @@ class ProviderRouter:
         except ProviderUnavailable as e:
             raise LlmError(NOT_CONFIGURED, None, str(e)) from None
         return await client.send(dataclasses.replace(request, model=model.id))
+
+
+async def close_client(client: object) -> None:
+    """Closes the HTTP connections of `client`, found through the decorators around it (each keeps the
+    client it wraps as `delegate`): the first `aclose` on the way is called. A worker calls it on its way
+    out, so an aiohttp session is closed by its loop instead of being reported unclosed at exit."""
+    while client is not None:
+        close = getattr(client, "aclose", None)
+        if close is not None:
+            await close()
+            return
+        client = getattr(client, "delegate", None)

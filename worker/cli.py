@@ -73,6 +73,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         port=args.port,
         host=args.host,
         tool_modules=_module_list(os.environ.get("AGENTRUN_TOOLS", "")),
+        mcp_servers_file=os.environ.get("AGENTRUN_MCP_SERVERS") or None,
         max_tokens=args.max_tokens,
         default_model=os.environ.get("AGENTRUN_DEFAULT_MODEL", WorkerSettings.default_model),
         prices_file=os.environ.get("AGENTRUN_PRICES_FILE") or None,
@@ -153,6 +154,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     from agentrun.worker.api.server import AppSlot, HttpServer
     from agentrun.worker.db import Readiness, open_pool, wait_until_usable
     from agentrun.worker.llm.factory import llm_from_env, load_providers
+    from agentrun.worker.mcp import McpConfigError, McpServers
     from agentrun.worker.metrics import Metrics
     from agentrun.worker.observer import Observer, Observers
     from agentrun.worker.pricing import PriceTable
@@ -162,8 +164,16 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     from agentrun.worker.tracing import tracer_from_env
 
     try:
-        tools = ToolBox(load_tool_modules(settings.tool_modules), threads=ToolThreads(settings.tool_threads))
+        python_tools = load_tool_modules(settings.tool_modules)
     except (ImportError, ValueError) as e:
+        raise SystemExit(f"agentrun: cannot load tools from AGENTRUN_TOOLS: {e}") from None
+    try:
+        mcp = McpServers.load(settings.mcp_servers_file, os.environ, (t.name for t in python_tools))
+    except McpConfigError as e:
+        raise SystemExit(f"agentrun: AGENTRUN_MCP_SERVERS: {e}") from None
+    try:
+        tools = ToolBox(python_tools, threads=ToolThreads(settings.tool_threads), sources=mcp.servers)
+    except ValueError as e:
         raise SystemExit(f"agentrun: cannot load tools from AGENTRUN_TOOLS: {e}") from None
     # Before any connection is opened, so a missing or bad setting exits with its message alone.
     # An API-only process (--concurrency 0) needs no model.
@@ -219,6 +229,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         await asyncio.sleep(0.01)
     pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
     retention: asyncio.Task[None] | None = None
+    mcp.start()  # in the background: a server that does not answer costs its own tools, not readiness
     try:
         while await wait_until_usable(settings.database_url, readiness, stopping, migrate_first=migrate_first):
             try:
@@ -273,6 +284,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
             await http
         if pool is not None:
             await pool.close()
+        await mcp.close()
         if tracer is not None:
             await asyncio.to_thread(tracer.shutdown)  # exports the spans still buffered
     log.info("%s stopped", settings.worker_id)

@@ -188,7 +188,10 @@ class McpServer:
         original = t.name
 
         async def call(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-            return await self.call(original, args, ctx)
+            try:
+                return await self.call(original, args, ctx)
+            except CallFailed as e:
+                return ToolResult(({"type": "text", "text": f"error: {e}"},), is_error=True)
 
         return Tool(name, t.description or t.title or "", results.input_schema(t), call,
                     idempotent=results.idempotent(t, self.config),
@@ -201,8 +204,8 @@ class McpServer:
         nothing about, and calling it says the server has not answered."""
 
         async def call(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-            raise CallFailed(f"MCP server {self.config.name} has not answered yet ({self.error}): its tools "
-                             "are not known")
+            return ToolResult(({"type": "text", "text": f"error: MCP server {self.config.name} has not answered "
+                                f"yet ({self.error}): its tools are not known"},), is_error=True)
 
         stand_in = types.Tool(name=name[len(self.config.prefix):], input_schema={"type": "object"})
         return Tool(name, "", DEFAULT_INPUT_SCHEMA, call, idempotent=False,
@@ -224,12 +227,14 @@ class McpServer:
         except asyncio.CancelledError:
             raise
         except ValidationError as e:
-            raise CallFailed(f"MCP server {self.config.name} answered {tool} with something that is not an MCP "
-                             f"result: {_shorten(str(e))}") from None
+            raise CallFailed(f"MCP server {self.config.name} answered the call of {tool} with something that is "
+                             f"not an MCP result: {_invalid(e)}") from None
         except Exception as e:  # noqa: BLE001 - the session is suspect: a new one is opened
             if _is_protocol_error(e):
                 # The server answered with a JSON-RPC error: the session itself is fine.
-                raise CallFailed(f"MCP server {self.config.name} refused the call of {tool}: {_describe(e)}") from None
+                raise CallFailed(
+                    f"MCP server {self.config.name} answered the call of {tool} with an error: {_describe(e)}"
+                ) from None
             self._broken = True
             self._wake.set()
             raise CallFailed(
@@ -242,6 +247,12 @@ def _is_protocol_error(e: Exception) -> bool:
     from mcp import MCPError
 
     return isinstance(e, MCPError) and e.error.code not in (types.CONNECTION_CLOSED,)
+
+
+def _invalid(e: ValidationError) -> str:
+    problems = e.errors()
+    shown = "; ".join(f"{'.'.join(map(str, p['loc'])) or 'result'}: {p['msg']}" for p in problems[:3])
+    return _shorten(shown + (f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""))
 
 
 def _env(env: Mapping[str, str]) -> dict[str, str]:

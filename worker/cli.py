@@ -317,6 +317,34 @@ def cmd_prune(args: argparse.Namespace) -> int:
 # -- operator --------------------------------------------------------------------------------------
 
 
+def _with_mcp_tools(names: frozenset[str], path: str | None) -> frozenset[str] | None:
+    """The tool names spec.tools is checked against, with those of the MCP servers (AGENTRUN_MCP_SERVERS).
+
+    The operator calls no MCP server, so it knows a server's tools only from its `tools` allow-list;
+    one server without a list makes any name possible, and spec.tools is then not checked (None)."""
+    from agentrun.worker.mcp import McpConfigError, load_servers
+    from agentrun.worker.mcp.results import exposed_name
+
+    try:
+        # Header variables are the workers' secrets: the operator needs none of them to know the names.
+        servers = load_servers(path, _AnyVariable())
+    except McpConfigError as e:
+        raise SystemExit(f"agentrun: AGENTRUN_MCP_SERVERS: {e}") from None
+    if any(s.tools is None for s in servers):
+        open_ = ", ".join(s.name for s in servers if s.tools is None)
+        log.info("spec.tools is not checked: MCP servers without a `tools` list (%s) may offer any tool", open_)
+        return None
+    return names | {exposed_name(s.name, t) for s in servers for t in s.tools or ()}
+
+
+class _AnyVariable(dict[str, str]):
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     from agentrun.operator.handlers import run
     from agentrun.operator.settings import OperatorSettings
@@ -331,6 +359,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
             tool_names = frozenset(t.name for t in load_tool_modules(modules))
         except (ImportError, ValueError) as e:
             raise SystemExit(f"agentrun: cannot load tools from {', '.join(modules)}: {e}") from None
+        tool_names = _with_mcp_tools(tool_names, os.environ.get("AGENTRUN_MCP_SERVERS") or None)
     try:
         prices = PriceTable.load(os.environ.get("AGENTRUN_PRICES_FILE") or None)
     except (OSError, ValueError) as e:
@@ -619,7 +648,9 @@ def build_parser() -> argparse.ArgumentParser:
         "unreachable or not migrated, /healthz answers 200 and /readyz 503 with the reason, and the worker "
         "retries (backoff up to 5 s) and starts claiming once it is usable, without a restart.",
         epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated modules whose @tool "
-        "functions the worker offers); ANTHROPIC_API_KEY and/or ANTHROPIC_BASE_URL (the Anthropic API, one is "
+        "functions the worker offers); AGENTRUN_MCP_SERVERS (YAML or JSON file `servers: [...]` of MCP servers "
+        "whose tools the worker offers as <server>__<tool>; ${VAR} in headers from the environment); "
+        "ANTHROPIC_API_KEY and/or ANTHROPIC_BASE_URL (the Anthropic API, one is "
         "required for its models); AGENTRUN_LLM_MAX_ATTEMPTS (calls per model step, default 5); "
         "AGENTRUN_LLM_TIMEOUT_SECONDS "
         "(limit of one call, default 120); AGENTRUN_LLM_BACKOFF_BASE_SECONDS and AGENTRUN_LLM_BACKOFF_CAP_SECONDS "
@@ -697,6 +728,7 @@ def build_parser() -> argparse.ArgumentParser:
         "until then). A costBudgetUsd on a model the price table does not price is a Failed AgentRun.",
         epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated tool modules, as the workers "
         "load them: an AgentRun naming another tool is failed at once; without it tool names are not checked); "
+        "AGENTRUN_MCP_SERVERS (the workers' MCP servers file: their `tools` lists name the MCP tools accepted); "
         "AGENTRUN_PRICES_FILE (the workers' price table, TOML); "
         "KUBECONFIG (outside a cluster; in a pod the service account is used); AGENTRUN_LOG_FORMAT, "
         "AGENTRUN_LOG_LEVEL.",
@@ -710,7 +742,9 @@ def build_parser() -> argparse.ArgumentParser:
     peering.add_argument("--peering", metavar="NAME",
                          help="coordinate replicas through this KopfPeering object (its CRD must be installed)")
     p.add_argument("--tools", metavar="MODULES",
-                   help="tool modules to validate spec.tools against (default: $AGENTRUN_TOOLS; none: no check)")
+                   help="tool modules to validate spec.tools against (default: $AGENTRUN_TOOLS; none: no check); "
+                   "with AGENTRUN_MCP_SERVERS, the names its servers' `tools` lists allow too (a server "
+                   "without such a list turns the check off)")
     p.add_argument("--resync-seconds", type=_positive_float, default=60.0, metavar="S",
                    help="period of the resync over unfinished runs, under the notifications (default: 60)")
     p.add_argument("--max-crash-claims", type=_positive_int, metavar="N", default=None,

@@ -140,6 +140,11 @@ def _claiming(worker: Any) -> Callable[[], str | None]:
     return why
 
 
+MCP_FIRST_CONNECT_WAIT = 10.0
+"""Seconds a worker waits, before it claims runs, for each MCP server's first connection attempt to end
+(a refused connection ends it at once; an unanswering host takes this long at most)."""
+
+
 async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> int:
     """Serve /healthz at once, wait (retrying) for a usable database, then claim and drive runs.
 
@@ -249,6 +254,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
                 ), name="retention")
             metrics.count_runs_with(store.count_by_status)
             if llm is not None:
+                await mcp.settled(MCP_FIRST_CONNECT_WAIT)
                 worker = Worker(settings, store, llm, tools, prices, observer=observer)
             slot.app = create_app(store, tools, settings, metrics, prices, identities, providers,
                                   claiming=_claiming(worker) if worker is not None else None)

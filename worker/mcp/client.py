@@ -33,6 +33,12 @@ IDEMPOTENCY_KEY = "agentrun.dev/idempotency-key"
 RUN_ID = "agentrun.dev/run-id"
 _MAX_LISTED = 1000  # tools of one server: a paginator that never ends cannot grow the list for ever
 _MAX_SHOWN = 300  # characters of a foreign error message quoted
+PING_SECONDS = 30.0
+"""How often an idle session is pinged, so a server that went away shows as not available (GET /api/tools)
+and is reconnected before the next call needs it."""
+CONNECT_SHARE = 0.9
+"""The part of a call's timeout it may spend waiting for a session to open, when it finds none: the rest
+is left so that it ends as "not connected" with the server's last error rather than as a bare timeout."""
 
 
 class CallFailed(Exception):
@@ -67,6 +73,7 @@ class McpServer:
         self._originals: dict[str, str] = {}  # exposed name → the server's own
         self._client: Client | None = None
         self._session_up = asyncio.Event()
+        self.attempted = asyncio.Event()  # the first attempt to open a session ended, either way
         self._wake = asyncio.Event()  # a call wants a session now, or the list changed, or stopping
         self._relist = False
         self._broken = False
@@ -104,6 +111,7 @@ class McpServer:
                     await self._refresh(client)
                     self._client, self._broken, self.error = client, False, None
                     self._session_up.set()
+                    self.attempted.set()
                     failures = 0
                     log.info("MCP server %s: connected, tools: %s", self.config.name,
                              ", ".join(self._tools) or "none")
@@ -117,6 +125,7 @@ class McpServer:
             finally:
                 self._client = None
                 self._session_up.clear()
+                self.attempted.set()
             if self._stopping:
                 break
             delay = self.backoff.delay(max(failures, 1), self._rng)
@@ -134,7 +143,11 @@ class McpServer:
                 log.info("MCP server %s: tool list changed, tools: %s", self.config.name,
                          ", ".join(self._tools) or "none")
                 continue
-            await self._wake.wait()
+            try:
+                async with asyncio.timeout(PING_SECONDS):
+                    await self._wake.wait()
+            except TimeoutError:
+                await client.send_ping()  # a failure ends the session: a new one is opened
 
     def stop(self) -> None:
         self._stopping = True
@@ -189,7 +202,7 @@ class McpServer:
 
         async def call(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
             try:
-                return await self.call(original, args, ctx)
+                return await self.call(original, args, ctx, wait=results.timeout(original, self.config) * CONNECT_SHARE)
             except CallFailed as e:
                 return ToolResult(({"type": "text", "text": f"error: {e}"},), is_error=True)
 
@@ -212,12 +225,15 @@ class McpServer:
                     timeout_seconds=self.config.timeout_seconds,
                     requires_approval=results.requires_approval(stand_in, self.config))
 
-    async def call(self, tool: str, args: dict[str, Any], ctx: ToolContext) -> ToolResult:
-        """One tools/call with the idempotency key and run id in `_meta`. The caller bounds its time."""
+    async def call(self, tool: str, args: dict[str, Any], ctx: ToolContext, wait: float = 5.0) -> ToolResult:
+        """One tools/call with the idempotency key and run id in `_meta`; without a session, after waiting up
+        to `wait` seconds for one. The caller bounds the call's time."""
         client = self._client
         if client is None:
             self._wake.set()
-            await self._session_up.wait()  # within the tool's timeout, which the ToolBox applies
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self._session_up.wait()
             client = self._client
             if client is None:
                 raise CallFailed(f"MCP server {self.config.name} is not connected: {self.error}")
@@ -235,11 +251,14 @@ class McpServer:
                 raise CallFailed(
                     f"MCP server {self.config.name} answered the call of {tool} with an error: {_describe(e)}"
                 ) from None
-            self._broken = True
-            self._wake.set()
-            raise CallFailed(
-                f"MCP server {self.config.name} failed during the call of {tool}: {_describe(e)}"
-            ) from None
+            why = f"MCP server {self.config.name} failed during the call of {tool}: {_describe(e)}"
+            if self._client is client:  # no later call may use the session that broke: they wait for a new one
+                self._client = None
+                self._session_up.clear()
+                self._broken = True
+                self.error = why
+                self._wake.set()
+            raise CallFailed(why) from None
         return results.tool_result(result)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterable, Mapping
 
 from agentrun.worker.mcp.client import Backoff, McpServer
@@ -28,7 +29,21 @@ class McpServers:
         return cls(load_servers(path, environ), python_tools)
 
     def start(self) -> None:
+        # The MCP SDK's HTTP client logs every request at INFO: chatter, as httpx's is (worker/logs.py).
+        if self.servers:
+            for noisy in ("httpx2", "httpcore2", "mcp"):
+                logging.getLogger(noisy).setLevel(logging.WARNING)
         self._tasks = [asyncio.create_task(s.run(), name=f"mcp-{s.config.name}") for s in self.servers]
+
+    async def settled(self, timeout: float) -> None:
+        """Wait (at most `timeout` seconds) until each server's first attempt to connect has ended, so a
+        worker that claims runs at once knows the tools of the servers that answer: a call a crash cut
+        short is judged by its tool's real `idempotent`, not by the stand-in of a tool not listed yet."""
+        pending = [asyncio.ensure_future(s.attempted.wait()) for s in self.servers if not s.attempted.is_set()]
+        if pending:
+            _, late = await asyncio.wait(pending, timeout=timeout)
+            for task in late:
+                task.cancel()
 
     async def close(self) -> None:
         for s in self.servers:

@@ -881,13 +881,15 @@ def _non_negative_float(text: str) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from agentrun.worker.llm.providers import key_variables
+    from agentrun.worker.mcp.config import secret_variables
 
     args = build_parser().parse_args(argv)
     logs.setup(
         os.environ.get("AGENTRUN_LOG_FORMAT", "console"),
         os.environ.get("AGENTRUN_LOG_LEVEL", "INFO"),
         secrets=logs.secrets_from_env(os.environ, urls=[getattr(args, "database_url", None)],
-                                      names=key_variables(os.environ.get("AGENTRUN_PROVIDERS"))),
+                                      names=[*key_variables(os.environ.get("AGENTRUN_PROVIDERS")),
+                                             *secret_variables(os.environ.get("AGENTRUN_MCP_SERVERS"))]),
     )
     try:
         return int(args.func(args) or 0)

@@ -15,7 +15,7 @@ import mcp_types as types
 import pytest
 
 from agentrun.worker.mcp import McpConfigError, McpServers, load_servers
-from agentrun.worker.mcp.config import Approval, parse_servers
+from agentrun.worker.mcp.config import Approval, parse_servers, secret_variables
 from agentrun.worker.mcp.results import TOOL_NAME, exposed_name, idempotent, requires_approval, tool_result
 from agentrun.worker.records import Step, StepKind, StepStatus
 from agentrun.worker.replay import BLOCKS_MARK, Conversation, dump_content
@@ -82,6 +82,15 @@ def test_bad_configs_say_what_is_wrong(doc: Any, message: str) -> None:
     with pytest.raises(McpConfigError) as e:
         parse_servers(doc, {}, where="mcp.yaml")
     assert message in str(e.value) and str(e.value).startswith("mcp.yaml")
+
+
+def test_the_variables_headers_name_are_redacted_from_logs(tmp_path: Path) -> None:
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"servers": [
+        {"name": "a", "url": "http://x/mcp", "headers": {"Authorization": "Bearer ${A_TOKEN}", "X": "${B}-${C}"}},
+        {"name": "b", "command": "srv", "env": {"KEY": "${D}"}}]}))
+    assert secret_variables(str(path)) == ["A_TOKEN", "B", "C", "D"]
+    assert secret_variables(None) == [] and secret_variables(str(tmp_path / "missing")) == []
 
 
 def test_a_python_tool_with_a_servers_prefix_is_refused() -> None:

@@ -176,3 +176,22 @@ def expand(value: str, environ: Mapping[str, str], at: str) -> str:
     if missing:
         raise McpConfigError(f"{at}: environment variable {missing[0]} is not set")
     return _VAR.sub(lambda m: environ[m.group(1)], value)
+
+
+def secret_variables(path: str | None) -> list[str]:
+    """The variables the file's `headers` and `env` values name (`${VAR}`), for the log redaction filter:
+    their values are secrets. Best effort: a file that cannot be read names none (start-up says why)."""
+    if not path:
+        return []
+    try:
+        doc = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return []
+    servers = doc.get("servers") if isinstance(doc, dict) else None
+    found: list[str] = []
+    for server in servers if isinstance(servers, list) else []:
+        for key in ("headers", "env"):
+            values = server.get(key) if isinstance(server, dict) else None
+            if isinstance(values, dict):
+                found.extend(m.group(1) for v in values.values() if isinstance(v, str) for m in _VAR.finditer(v))
+    return found

@@ -16,6 +16,7 @@ import random
 from collections.abc import Mapping
 from typing import Any, cast
 
+import anyio
 import httpx2
 import mcp_types as types
 from mcp import Client, StdioServerParameters
@@ -70,7 +71,6 @@ class McpServer:
         self.listed = False  # a list was fetched once: names of this prefix that are not in it do not exist
         self.error: str | None = "not connected yet"
         self._tools: dict[str, Tool] = {}
-        self._originals: dict[str, str] = {}  # exposed name → the server's own
         self._client: Client | None = None
         self._session_up = asyncio.Event()
         self.attempted = asyncio.Event()  # the first attempt to open a session ended, either way
@@ -184,7 +184,6 @@ class McpServer:
             if not cursor:
                 break
         tools: dict[str, Tool] = {}
-        originals: dict[str, str] = {}
         for t in listed:
             if not self.config.allows(t.name):
                 continue
@@ -194,15 +193,15 @@ class McpServer:
                             name)
                 continue
             tools[name] = self._tool(name, t)
-            originals[name] = t.name
-        self._tools, self._originals, self.listed = tools, originals, True
+        self._tools, self.listed = tools, True
 
     def _tool(self, name: str, t: types.Tool) -> Tool:
         original = t.name
 
         async def call(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
             try:
-                return await self.call(original, args, ctx, wait=results.timeout(original, self.config) * CONNECT_SHARE)
+                wait = results.timeout(original, self.config) * CONNECT_SHARE
+                return await self.call(original, args, ctx, wait=wait)
             except CallFailed as e:
                 return ToolResult(({"type": "text", "text": f"error: {e}"},), is_error=True)
 
@@ -245,9 +244,10 @@ class McpServer:
         except ValidationError as e:
             raise CallFailed(f"MCP server {self.config.name} answered the call of {tool} with something that is "
                              f"not an MCP result: {_invalid(e)}") from None
-        except Exception as e:  # noqa: BLE001 - the session is suspect: a new one is opened
-            if _is_protocol_error(e):
-                # The server answered with a JSON-RPC error: the session itself is fine.
+        except Exception as e:  # noqa: BLE001 - a foreign server's failure is a result the model sees
+            if not _connection_lost(e):
+                # The server answered, with a JSON-RPC error or a result the SDK refused (one that breaks
+                # the tool's outputSchema, say): the session itself is fine.
                 raise CallFailed(
                     f"MCP server {self.config.name} answered the call of {tool} with an error: {_describe(e)}"
                 ) from None
@@ -262,10 +262,16 @@ class McpServer:
         return results.tool_result(result)
 
 
-def _is_protocol_error(e: Exception) -> bool:
+def _connection_lost(e: BaseException) -> bool:
+    """Whether the failure is of the connection (the session is then opened again), not of one answer."""
     from mcp import MCPError
 
-    return isinstance(e, MCPError) and e.error.code not in (types.CONNECTION_CLOSED,)
+    if isinstance(e, BaseExceptionGroup):
+        return any(_connection_lost(inner) for inner in e.exceptions)
+    if isinstance(e, MCPError):
+        return e.error.code == types.CONNECTION_CLOSED
+    return isinstance(e, httpx2.TransportError | anyio.ClosedResourceError | anyio.BrokenResourceError
+                      | anyio.EndOfStream | OSError | EOFError)
 
 
 def _invalid(e: ValidationError) -> str:

@@ -73,6 +73,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         port=args.port,
         host=args.host,
         tool_modules=_module_list(os.environ.get("AGENTRUN_TOOLS", "")),
+        mcp_servers_file=os.environ.get("AGENTRUN_MCP_SERVERS") or None,
         max_tokens=args.max_tokens,
         default_model=os.environ.get("AGENTRUN_DEFAULT_MODEL", WorkerSettings.default_model),
         prices_file=os.environ.get("AGENTRUN_PRICES_FILE") or None,
@@ -139,6 +140,11 @@ def _claiming(worker: Any) -> Callable[[], str | None]:
     return why
 
 
+MCP_FIRST_CONNECT_WAIT = 10.0
+"""Seconds a worker waits, before it claims runs, for each MCP server's first connection attempt to end
+(a refused connection ends it at once; an unanswering host takes this long at most)."""
+
+
 async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> int:
     """Serve /healthz at once, wait (retrying) for a usable database, then claim and drive runs.
 
@@ -153,6 +159,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     from agentrun.worker.api.server import AppSlot, HttpServer
     from agentrun.worker.db import Readiness, open_pool, wait_until_usable
     from agentrun.worker.llm.factory import llm_from_env, load_providers
+    from agentrun.worker.mcp import McpConfigError, McpServers
     from agentrun.worker.metrics import Metrics
     from agentrun.worker.observer import Observer, Observers
     from agentrun.worker.pricing import PriceTable
@@ -162,8 +169,16 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     from agentrun.worker.tracing import tracer_from_env
 
     try:
-        tools = ToolBox(load_tool_modules(settings.tool_modules), threads=ToolThreads(settings.tool_threads))
+        python_tools = load_tool_modules(settings.tool_modules)
     except (ImportError, ValueError) as e:
+        raise SystemExit(f"agentrun: cannot load tools from AGENTRUN_TOOLS: {e}") from None
+    try:
+        mcp = McpServers.load(settings.mcp_servers_file, os.environ, (t.name for t in python_tools))
+    except McpConfigError as e:
+        raise SystemExit(f"agentrun: AGENTRUN_MCP_SERVERS: {e}") from None
+    try:
+        tools = ToolBox(python_tools, threads=ToolThreads(settings.tool_threads), sources=mcp.servers)
+    except ValueError as e:
         raise SystemExit(f"agentrun: cannot load tools from AGENTRUN_TOOLS: {e}") from None
     # Before any connection is opened, so a missing or bad setting exits with its message alone.
     # An API-only process (--concurrency 0) needs no model.
@@ -219,6 +234,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         await asyncio.sleep(0.01)
     pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
     retention: asyncio.Task[None] | None = None
+    mcp.start()  # in the background: a server that does not answer costs its own tools, not readiness
     try:
         while await wait_until_usable(settings.database_url, readiness, stopping, migrate_first=migrate_first):
             try:
@@ -239,6 +255,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
             metrics.count_runs_with(store.count_by_status)
             metrics.watch_writes(store.writes.stats)
             if llm is not None:
+                await mcp.settled(MCP_FIRST_CONNECT_WAIT)
                 worker = Worker(settings, store, llm, tools, prices, observer=observer)
             slot.app = create_app(store, tools, settings, metrics, prices, identities, providers,
                                   claiming=_claiming(worker) if worker is not None else None)
@@ -279,6 +296,7 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
 
             with contextlib.suppress(Exception):
                 await close_client(llm)
+        await mcp.close()
         if tracer is not None:
             await asyncio.to_thread(tracer.shutdown)  # exports the spans still buffered
     log.info("%s stopped", settings.worker_id)
@@ -311,6 +329,34 @@ def cmd_prune(args: argparse.Namespace) -> int:
 # -- operator --------------------------------------------------------------------------------------
 
 
+def _with_mcp_tools(names: frozenset[str], path: str | None) -> frozenset[str] | None:
+    """The tool names spec.tools is checked against, with those of the MCP servers (AGENTRUN_MCP_SERVERS).
+
+    The operator calls no MCP server, so it knows a server's tools only from its `tools` allow-list;
+    one server without a list makes any name possible, and spec.tools is then not checked (None)."""
+    from agentrun.worker.mcp import McpConfigError, load_servers
+    from agentrun.worker.mcp.results import exposed_name
+
+    try:
+        # Header variables are the workers' secrets: the operator needs none of them to know the names.
+        servers = load_servers(path, _AnyVariable())
+    except McpConfigError as e:
+        raise SystemExit(f"agentrun: AGENTRUN_MCP_SERVERS: {e}") from None
+    if any(s.tools is None for s in servers):
+        open_ = ", ".join(s.name for s in servers if s.tools is None)
+        log.info("spec.tools is not checked: MCP servers without a `tools` list (%s) may offer any tool", open_)
+        return None
+    return names | {exposed_name(s.name, t) for s in servers for t in s.tools or ()}
+
+
+class _AnyVariable(dict[str, str]):
+    def __contains__(self, key: object) -> bool:
+        return True
+
+    def __missing__(self, key: str) -> str:
+        return ""
+
+
 def cmd_operator(args: argparse.Namespace) -> int:
     from agentrun.operator.handlers import run
     from agentrun.operator.settings import OperatorSettings
@@ -325,6 +371,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
             tool_names = frozenset(t.name for t in load_tool_modules(modules))
         except (ImportError, ValueError) as e:
             raise SystemExit(f"agentrun: cannot load tools from {', '.join(modules)}: {e}") from None
+        tool_names = _with_mcp_tools(tool_names, os.environ.get("AGENTRUN_MCP_SERVERS") or None)
     try:
         prices = PriceTable.load(os.environ.get("AGENTRUN_PRICES_FILE") or None)
     except (OSError, ValueError) as e:
@@ -613,7 +660,9 @@ def build_parser() -> argparse.ArgumentParser:
         "unreachable or not migrated, /healthz answers 200 and /readyz 503 with the reason, and the worker "
         "retries (backoff up to 5 s) and starts claiming once it is usable, without a restart.",
         epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated modules whose @tool "
-        "functions the worker offers); ANTHROPIC_API_KEY and/or ANTHROPIC_BASE_URL (the Anthropic API, one is "
+        "functions the worker offers); AGENTRUN_MCP_SERVERS (YAML or JSON file `servers: [...]` of MCP servers "
+        "whose tools the worker offers as <server>__<tool>; ${VAR} in headers from the environment); "
+        "ANTHROPIC_API_KEY and/or ANTHROPIC_BASE_URL (the Anthropic API, one is "
         "required for its models); AGENTRUN_LLM_MAX_ATTEMPTS (calls per model step, default 5); "
         "AGENTRUN_LLM_TIMEOUT_SECONDS "
         "(limit of one call, default 120); AGENTRUN_LLM_BACKOFF_BASE_SECONDS and AGENTRUN_LLM_BACKOFF_CAP_SECONDS "
@@ -692,6 +741,7 @@ def build_parser() -> argparse.ArgumentParser:
         "until then). A costBudgetUsd on a model the price table does not price is a Failed AgentRun.",
         epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated tool modules, as the workers "
         "load them: an AgentRun naming another tool is failed at once; without it tool names are not checked); "
+        "AGENTRUN_MCP_SERVERS (the workers' MCP servers file: their `tools` lists name the MCP tools accepted); "
         "AGENTRUN_PRICES_FILE (the workers' price table, TOML); "
         "KUBECONFIG (outside a cluster; in a pod the service account is used); AGENTRUN_LOG_FORMAT, "
         "AGENTRUN_LOG_LEVEL.",
@@ -705,7 +755,9 @@ def build_parser() -> argparse.ArgumentParser:
     peering.add_argument("--peering", metavar="NAME",
                          help="coordinate replicas through this KopfPeering object (its CRD must be installed)")
     p.add_argument("--tools", metavar="MODULES",
-                   help="tool modules to validate spec.tools against (default: $AGENTRUN_TOOLS; none: no check)")
+                   help="tool modules to validate spec.tools against (default: $AGENTRUN_TOOLS; none: no check); "
+                   "with AGENTRUN_MCP_SERVERS, the names its servers' `tools` lists allow too (a server "
+                   "without such a list turns the check off)")
     p.add_argument("--resync-seconds", type=_positive_float, default=60.0, metavar="S",
                    help="period of the resync over unfinished runs, under the notifications (default: 60)")
     p.add_argument("--max-crash-claims", type=_positive_int, metavar="N", default=None,
@@ -836,13 +888,15 @@ def _non_negative_float(text: str) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     from agentrun.worker.llm.providers import key_variables
+    from agentrun.worker.mcp.config import secret_variables
 
     args = build_parser().parse_args(argv)
     logs.setup(
         os.environ.get("AGENTRUN_LOG_FORMAT", "console"),
         os.environ.get("AGENTRUN_LOG_LEVEL", "INFO"),
         secrets=logs.secrets_from_env(os.environ, urls=[getattr(args, "database_url", None)],
-                                      names=key_variables(os.environ.get("AGENTRUN_PROVIDERS"))),
+                                      names=[*key_variables(os.environ.get("AGENTRUN_PROVIDERS")),
+                                             *secret_variables(os.environ.get("AGENTRUN_MCP_SERVERS"))]),
     )
     try:
         return int(args.func(args) or 0)

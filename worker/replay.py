@@ -56,6 +56,31 @@ def dump_content(content: Any) -> str:
         return json.dumps(content, ensure_ascii=False)
 
 
+BLOCKS_MARK = "\ufffe"
+"""How a TOOL step's `response` that holds content blocks (an MCP tool's image) begins: U+FFFE, a
+noncharacter no text a tool returns starts with (ToolBox replaces it in a plain output), followed by the
+blocks as JSON. Any other response is the tool_result's text, so step logs written before blocks existed
+replay as they did."""
+
+
+def dump_tool_blocks(blocks: list[Block]) -> str:
+    return BLOCKS_MARK + dump_content(blocks)
+
+
+def tool_result_content(response: str | None) -> str | list[Block]:
+    """The `content` of a tool_result for a TOOL step's response: its text, or its content blocks."""
+    if response is None:
+        return ""
+    if response.startswith(BLOCKS_MARK):
+        try:
+            blocks = load_content(response[len(BLOCKS_MARK):])
+        except ValueError:
+            return response  # not blocks after all: sent as the text it is
+        if isinstance(blocks, list) and all(isinstance(b, dict) for b in blocks):
+            return blocks
+    return response
+
+
 def load_content(text: str) -> Any:
     """The inverse of `dump_content`. orjson reads integers beyond 64 bits as floats, which would hide
     them: text with a long digit run is read exactly by the standard library."""
@@ -145,7 +170,7 @@ class Conversation:
             result: dict[str, Any] = {
                 "type": "tool_result",
                 "tool_use_id": step.tool_use_id,
-                "content": step.response or "",
+                "content": tool_result_content(step.response),
             }
             if step.status is StepStatus.ERROR:
                 result["is_error"] = True

@@ -42,6 +42,10 @@ class WorkerSettings:
     tool_modules: tuple[str, ...] = ()
     """Modules imported at start so their @tool functions are available (AGENTRUN_TOOLS)."""
 
+    mcp_servers_file: str | None = None
+    """YAML or JSON file of MCP servers whose tools the worker offers, `servers: [...]`
+    (AGENTRUN_MCP_SERVERS; README "Tools from MCP servers"). None: Python tools only."""
+
     max_tokens: int = 4096
     """`max_tokens` of every model request."""
 

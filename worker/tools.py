@@ -2,6 +2,7 @@
 
 A tool is declared where it lives and found by import: the worker imports the modules named in
 AGENTRUN_TOOLS and collects every `Tool` object defined at their top level. No registry is global.
+Tools whose list changes at run time (those of MCP servers, worker/mcp/) come from a `ToolSource`.
 """
 
 from __future__ import annotations
@@ -16,13 +17,24 @@ import time
 import types
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 import jsonschema
 
-from agentrun.worker.text import storable
+from agentrun.worker.replay import BLOCKS_MARK, dump_tool_blocks
+from agentrun.worker.text import REPLACEMENT, storable
 
-ToolFunction = Callable[[dict[str, Any], "ToolContext"], "Awaitable[str] | str"]
+
+@dataclasses.dataclass(frozen=True)
+class ToolResult:
+    """A result richer than a str: Messages API content blocks (`text` and `image`) for the tool_result,
+    and whether it is an error the model sees (`is_error`)."""
+
+    blocks: tuple[dict[str, Any], ...]
+    is_error: bool = False
+
+
+ToolFunction = Callable[[dict[str, Any], "ToolContext"], "Awaitable[str | ToolResult] | str | ToolResult"]
 
 DEFAULT_INPUT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -61,8 +73,51 @@ class Tool:
         """The tool as the Messages API wants it in a request."""
         return {"name": self.name, "description": self.description, "input_schema": dict(self.input_schema)}
 
-    def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Awaitable[str] | str:
+    def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Awaitable[str | ToolResult] | str | ToolResult:
         return self.fn(args, ctx)
+
+
+@dataclasses.dataclass(frozen=True)
+class ToolInfo:
+    """One tool as GET /api/tools lists it."""
+
+    name: str
+    source: str  # `python`, or `mcp:<server>`
+    idempotent: bool
+    requires_approval: bool
+    available: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceStatus:
+    """A tool source (an MCP server) as GET /api/tools shows it."""
+
+    name: str
+    transport: str  # `http` or `stdio`
+    connected: bool
+    error: str | None
+
+
+class ToolSource(Protocol):
+    """Tools whose list changes while the worker runs (an MCP server's). Asked on every lookup."""
+
+    source: str
+    """What GET /api/tools shows as the tools' source: `mcp:<server>`."""
+
+    def tools(self) -> list[Tool]:
+        """The tools known now, for the model's requests."""
+        ...
+
+    def get(self, name: str) -> Tool | None:
+        """The tool of that name, or None if it is not this source's. May be a stand-in for a tool of a
+        source not reached yet, which is not idempotent and answers with an error saying why."""
+        ...
+
+    def available(self) -> bool:
+        """Whether calls can go through now."""
+        ...
+
+    def status(self) -> SourceStatus: ...
 
 
 def tool(
@@ -98,7 +153,7 @@ def tool(
 @dataclasses.dataclass(frozen=True)
 class ToolOutcome:
     ok: bool  # False: the model sees the output as an is_error tool_result
-    output: str
+    output: str  # the text, or content blocks as `replay.dump_tool_blocks` writes them
 
 
 def load_tool_modules(paths: Iterable[str]) -> list[Tool]:
@@ -224,40 +279,75 @@ def _call_back(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: 
 
 
 class ToolBox:
-    """The tools a worker can run, and the one place a tool call is executed."""
+    """The tools a worker can run, and the one place a tool call is executed.
+
+    Python tools are fixed at start; the `sources` (MCP servers) are asked on each lookup, so their
+    tools come and go without a restart. A Python tool's name wins over a source's.
+    """
 
     def __init__(
-        self, tools: Iterable[Tool] = (), max_output_chars: int = 100_000, threads: ToolThreads | None = None
+        self, tools: Iterable[Tool] = (), max_output_chars: int = 100_000, threads: ToolThreads | None = None,
+        sources: Iterable[ToolSource] = (),
     ) -> None:
         self._tools: dict[str, Tool] = {}
         # Built once per tool: jsonschema.validate() re-checks the schema on every call, which was a
-        # sixth of a worker's CPU time in the throughput benchmark (bench/README.md).
-        self._validators: dict[str, Any] = {}
+        # sixth of a worker's CPU time in the throughput benchmark (bench/README.md). A source's tool
+        # gets its validator at its first call, built again when the source replaced the tool.
+        self._validators: dict[str, tuple[Tool, Any]] = {}
         for t in tools:
             if t.name in self._tools and self._tools[t.name] is not t:
                 raise ValueError(f"two tools are named {t.name!r}")
             self._tools[t.name] = t
-            self._validators[t.name] = jsonschema.validators.validator_for(t.input_schema)(t.input_schema)
+            self._validators[t.name] = (t, _validator(t.input_schema))
+        self.sources = tuple(sources)
         self.max_output_chars = max_output_chars
         self.threads = threads or ToolThreads()
 
     @property
+    def dynamic(self) -> bool:
+        """Whether the list of tools can change while the worker runs."""
+        return bool(self.sources)
+
+    @property
     def names(self) -> list[str]:
-        return sorted(self._tools)
+        return sorted({*self._tools, *(t.name for s in self.sources for t in s.tools())})
 
     def get(self, name: str) -> Tool | None:
-        return self._tools.get(name)
+        found = self._tools.get(name)
+        if found is not None:
+            return found
+        for source in self.sources:
+            if (found := source.get(name)) is not None:
+                return found
+        return None
 
     def unknown(self, names: Iterable[str]) -> list[str]:
-        return [n for n in names if n not in self._tools]
+        return [n for n in names if self.get(n) is None]
 
     def label(self, name: str, unknown: str) -> str:
-        """`name` if it is one of these tools, else `unknown`: model output never picks a metric label."""
-        return name if name in self._tools else unknown
+        """`name` if it is one of these tools, else `unknown`: model output never picks a metric label
+        (a stand-in for a tool of a server not reached yet is not one of them)."""
+        if name in self._tools or any(t.name == name for s in self.sources for t in s.tools()):
+            return name
+        return unknown
 
     def definitions(self, allowed: Iterable[str] | None = None) -> list[dict[str, Any]]:
-        names = self.names if allowed is None else [n for n in allowed if n in self._tools]
-        return [self._tools[n].definition() for n in names]
+        known = {**{t.name: t for s in reversed(self.sources) for t in s.tools()}, **self._tools}
+        names = sorted(known) if allowed is None else [n for n in allowed if n in known]
+        return [known[n].definition() for n in names]
+
+    def listing(self) -> list[ToolInfo]:
+        """Every tool known now, Python and from sources, by name."""
+        found = {t.name: ToolInfo(t.name, "python", t.idempotent, t.requires_approval, True)
+                 for t in self._tools.values()}
+        for source in self.sources:
+            up = source.available()
+            for t in source.tools():
+                found.setdefault(t.name, ToolInfo(t.name, source.source, t.idempotent, t.requires_approval, up))
+        return [found[n] for n in sorted(found)]
+
+    def servers(self) -> list[SourceStatus]:
+        return [s.status() for s in self.sources]
 
     async def execute(
         self, name: str, args: Any, ctx: ToolContext, allowed: Iterable[str] | None = None
@@ -267,18 +357,24 @@ class ToolBox:
         Tool exceptions, timeouts, unknown or disallowed names and inputs that break the schema are
         returned, not raised. BaseExceptions (cancellation, a simulated crash) pass through untouched.
         """
-        outcome = await self._execute(name, args, ctx, allowed)
-        return ToolOutcome(outcome.ok, self._cap(outcome.output))
+        ok, output = await self._execute(name, args, ctx, allowed)
+        if isinstance(output, ToolResult):
+            return ToolOutcome(ok and not output.is_error, self._cap_blocks(output.blocks))
+        if output.startswith(BLOCKS_MARK):  # a plain text never reads back as blocks (replay.BLOCKS_MARK)
+            output = REPLACEMENT + output[len(BLOCKS_MARK):]
+        return ToolOutcome(ok, self._cap(output))
 
-    async def _execute(self, name: str, args: Any, ctx: ToolContext, allowed: Iterable[str] | None) -> ToolOutcome:
-        t = self._tools.get(name)
+    async def _execute(
+        self, name: str, args: Any, ctx: ToolContext, allowed: Iterable[str] | None
+    ) -> tuple[bool, str | ToolResult]:
+        t = self.get(name)
         if t is None or (allowed is not None and name not in allowed):
-            return ToolOutcome(False, f"error: unknown tool {name!r}")
+            return False, f"error: unknown tool {name!r}"
         if not isinstance(args, dict):
-            return ToolOutcome(False, f"error: tool input must be a JSON object, got {type(args).__name__}")
-        invalid = jsonschema.exceptions.best_match(self._validators[name].iter_errors(args))
+            return False, f"error: tool input must be a JSON object, got {type(args).__name__}"
+        invalid = jsonschema.exceptions.best_match(self._validator_of(t).iter_errors(args))
         if invalid is not None:
-            return ToolOutcome(False, f"error: invalid input for {name}: {invalid.message}")
+            return False, f"error: invalid input for {name}: {invalid.message}"
         try:
             if t.is_async:
                 async with asyncio.timeout(t.timeout_seconds):
@@ -287,25 +383,68 @@ class ToolBox:
                 # A plain function runs off the event loop, in a bounded pool of its own (ToolThreads).
                 result = await self.threads.call(name, t.fn, args, ctx, timeout=t.timeout_seconds)
         except TimeoutError:
-            return ToolOutcome(False, f"error: tool {name} timed out after {t.timeout_seconds:g}s")
+            return False, f"error: tool {name} timed out after {t.timeout_seconds:g}s"
         except NotStarted:
-            return ToolOutcome(False, f"error: tool {name} was not started: its {t.timeout_seconds:g}s ran out first")
+            return False, f"error: tool {name} was not started: its {t.timeout_seconds:g}s ran out first"
         except ThreadsFull as e:
-            return ToolOutcome(False, f"error: tool {name} was not started: {e}")
+            return False, f"error: tool {name} was not started: {e}"
         except Exception as e:  # a failing tool is information for the model
-            return ToolOutcome(False, f"error: {type(e).__name__}: {e}")
-        return ToolOutcome(True, result if isinstance(result, str) else str(result))
+            return False, f"error: {type(e).__name__}: {e}"
+        if isinstance(result, ToolResult):
+            return True, result
+        return True, result if isinstance(result, str) else str(result)
+
+    def _validator_of(self, t: Tool) -> Any:
+        cached = self._validators.get(t.name)
+        if cached is not None and cached[0] is t:
+            return cached[1]
+        validator = _validator(t.input_schema)
+        self._validators[t.name] = (t, validator)
+        return validator
 
     def _cap(self, output: str) -> str:
         """At most `max_output_chars`, storable, and saying so when it was changed: the model and a
         person reading the timeline must know they do not see everything the tool said. Error
         messages go through here too: an exception's text is tool output like any other."""
+        return self._capped(output, self.max_output_chars)
+
+    @staticmethod
+    def _capped(output: str, limit: int) -> str:
         notes = []
-        if len(output) > self.max_output_chars:
-            dropped = len(output) - self.max_output_chars
-            output = output[: self.max_output_chars]
+        if len(output) > limit:
+            dropped = len(output) - limit
+            output = output[:limit]
             notes.append(f"[output truncated: {dropped} more characters not shown]")
         output, replaced = storable(output)
         if replaced:
             notes.append(f"[{replaced} NUL or invalid characters replaced with U+FFFD]")
         return "\n".join([output, *notes])
+
+    def _cap_blocks(self, blocks: Iterable[dict[str, Any]]) -> str:
+        """Content blocks under the same cap, counted in characters of text and of base64 image data:
+        text past it is truncated, an image past it is left out, each with a note saying so. Only text
+        blocks: one string, as a Python tool's output; with an image: the blocks (replay.BLOCKS_MARK)."""
+        left = self.max_output_chars
+        kept: list[dict[str, Any]] = []
+        for b in blocks:
+            if b.get("type") == "image":
+                data = str(b.get("source", {}).get("data", ""))
+                if len(data) <= left:
+                    kept.append(b)
+                    left -= len(data)
+                else:
+                    kept.append({"type": "text", "text": f"[image not shown: its {len(data)} characters of "
+                                 f"base64 data are over the {self.max_output_chars}-character output cap]"})
+            else:
+                text = str(b.get("text", ""))
+                capped = self._capped(text, max(left, 0))
+                left -= min(len(text), max(left, 0))
+                if capped:
+                    kept.append({"type": "text", "text": capped})
+        if all(b["type"] == "text" for b in kept):
+            return "\n".join(b["text"] for b in kept)
+        return dump_tool_blocks(kept)
+
+
+def _validator(schema: Mapping[str, Any]) -> Any:
+    return jsonschema.validators.validator_for(schema)(schema)

@@ -18,6 +18,7 @@ EXPECTED = {
     "zero-concurrency.yaml": "/worker/concurrency",
     "incomplete-price.yaml": "cache_read",
     "provider-kind.yaml": "/providers/endpoints/0/kind",
+    "mcp-server-name.yaml": "/mcp/servers/0/name",
 }
 
 

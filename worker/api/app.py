@@ -17,6 +17,7 @@ from agentrun.worker.api.guards import BearerAuth, BodyLimit
 from agentrun.worker.api.identities import Identities
 from agentrun.worker.api.routes import runs_router
 from agentrun.worker.api.schemas import NOT_NULL, REQUIRED_FIELDS
+from agentrun.worker.api.tools import tools_router
 from agentrun.worker.api.whoami import whoami_router
 from agentrun.worker.db import Readiness, schema_problem
 from agentrun.worker.llm.providers import Providers
@@ -62,6 +63,7 @@ def create_app(
         metrics, providers,
     ))
     app.include_router(whoami_router(identities.enabled))
+    app.include_router(tools_router(tools, identities.enabled))
     app.state.events = EventHub(store)
     app.include_router(events_router(store, app.state.events, identities.enabled))
     # The web UI: static files shipped in the package, talking to the API above like any client.
@@ -148,7 +150,7 @@ def _document_tools(app: FastAPI, tools: ToolBox) -> None:
     for field, extra in (("tools", []), ("requireApproval", ["*"])):
         request = schema["properties"][field]
         for branch in request.get("anyOf", [request]):
-            if branch.get("type") == "array":
+            if branch.get("type") == "array" and not tools.dynamic:  # MCP tools come and go: no enum
                 if tools.names or extra:
                     branch["items"]["enum"] = [*tools.names, *extra]
                 else:

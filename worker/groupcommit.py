@@ -117,13 +117,16 @@ class GroupCommit:
         answer: asyncio.Future[Row | None] = asyncio.get_running_loop().create_future()
         self._queue.append(_Write(run_id, query, params, answer, shared))
         if self._sending < self.senders:
-            self._sending += 1
-            task = asyncio.create_task(self._send_while_queued(), name="agentrun-group-commit")
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._start_sender()
         # A writer that stops waiting (its run given up) leaves its write to be sent or skipped: it has
         # no say over a statement that may already be on the wire, as with a write of its own.
         return await answer
+
+    def _start_sender(self) -> None:
+        self._sending += 1
+        task = asyncio.create_task(self._send_while_queued(), name="agentrun-group-commit")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _send_while_queued(self) -> None:
         """Send batches while writes are queued, on one connection taken once for the whole burst: a

@@ -99,3 +99,16 @@ async def test_real_path_runs_every_run_through_a_worker_process(database_url: s
     assert 0 < figures["steps_measured"] <= 100 and figures["worker_cpu_s"] >= 0
     # The worker exits cleanly: its model client's HTTP session closed, not reported unclosed at exit.
     assert "Unclosed" not in log.read_text(), log.read_text()[-2000:]
+
+
+async def test_in_flight_holds_every_run_at_once_within_the_pool(database_url: str) -> None:
+    from bench import in_flight
+
+    f = await in_flight.in_flight(database_url, runs=40, turns=1, latency=0.5)
+    assert f["peak_in_flight"] == 40 and f["statuses"] == {"SUCCEEDED": 40}
+    assert f["pool_connections_peak"] <= f["pool_size"] and f["writes"] == 40 * 5  # 2 checkpoints, a tool start and finish, the end
+
+
+async def test_b1_reports_its_writes_per_batch(database_url: str) -> None:
+    f = await throughput.bench(database_url, runs=16, turns=1, concurrency=8)
+    assert f["statuses"] == {"SUCCEEDED": 16} and f["writes_per_batch"] >= 1

@@ -124,6 +124,12 @@ class WorkerProcess:
         await eventually(answered, timeout, what)
         return answers[0]
 
+    async def stopped(self) -> int:
+        """`stop()` off the event loop: the gate and the model server this worker talks to run on it, and a
+        worker whose shutdown still needs them (a claim in flight, a query to cancel) would wait for a
+        loop blocked in `wait()`."""
+        return await asyncio.to_thread(self.stop)
+
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -209,7 +215,7 @@ async def test_worker_started_during_an_outage_is_alive_not_ready_and_works_once
                     return (await c.get(f"/api/runs/{run_id}")).json()["status"] == "SUCCEEDED"
 
                 await eventually(succeeded, 60, "the run to succeed")
-            assert worker.stop() == 0
+            assert await worker.stopped() == 0
         finally:
             await gate.close()
     out = worker.output()
@@ -249,7 +255,7 @@ async def test_database_lost_right_after_the_start_up_check_is_waited_for_again(
                     return (await c.get(f"/api/runs/{created.json()['id']}")).json()["status"] == "SUCCEEDED"
 
                 await eventually(succeeded, 60, "the run to succeed")
-            assert worker.stop() == 0
+            assert await worker.stopped() == 0
         finally:
             await gate.close()
     assert "Traceback" not in worker.output(), worker.output()
@@ -271,7 +277,7 @@ async def test_api_only_process_waits_for_migrations_it_does_not_apply(
         created = await c.post("/api/runs", json={"input": "queued", "tokenBudget": 1000, "timeoutSeconds": 60})
         assert created.status_code == 201, created.text
         assert created.json()["status"] == "QUEUED"
-    assert worker.stop() == 0
+    assert await worker.stopped() == 0
     out = worker.output()
     assert out.count("database not migrated") == 1 and "agentrun migrate" in out, out
     assert "Traceback" not in out, out
@@ -284,7 +290,7 @@ async def test_sigterm_while_waiting_for_the_database_exits_cleanly(
     worker = start_worker(closed, "--id", "startup-stop", "--concurrency", "2",
                           env={"ANTHROPIC_BASE_URL": "http://127.0.0.1:9"})
     await worker.until("/healthz", 200, "/healthz")
-    assert worker.stop() == 0
+    assert await worker.stopped() == 0
     assert "startup-stop stopped" in worker.output() and "Traceback" not in worker.output()
 
 

@@ -304,6 +304,17 @@ async def _rows(conn: psycopg.AsyncConnection[Any], query: str, *params: Any) ->
     return await cur.fetchall()
 
 
+def _noted_ends(folder: Path) -> dict[str, float]:
+    ends: dict[str, float] = {}
+    for path in folder.glob("*.ends"):
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) == 2:  # a line cut short by a kill is skipped
+                with contextlib.suppress(ValueError):
+                    ends[parts[0]] = float(parts[1])
+    return ends
+
+
 def _sample(items: Sequence[Any], n: int = 5) -> str:
     return ", ".join(map(str, items[:n])) + (" …" if len(items) > n else "")
 
@@ -321,12 +332,18 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
                                                AND l.claimed_at <= s.finished_at
                                              ORDER BY l.claimed_at DESC LIMIT 1) AS holder
                                      FROM run_step s""")
-        execs = await _rows(conn, """SELECT e.idempotency_key, e.run_tag, e.pid,
+        execs = await _rows(conn, """SELECT e.execution_id, e.idempotency_key, e.run_tag, e.pid,
                                             extract(epoch FROM e.executed_at)::float8 AS at,
                                             extract(epoch FROM e.ended_at)::float8 AS ended
                                      FROM chaos_tool_exec e ORDER BY e.executed_at""")
         history = await _rows(conn, """SELECT run_id, worker, extract(epoch FROM claimed_at)::float8 AS at
                                        FROM run_lease ORDER BY run_id, claimed_at""")
+    # Ends the tool noted in its own file, for executions whose end never reached the database (its
+    # process was killed while that write waited for the database).
+    noted = _noted_ends(fleet.logdir)
+    for e in execs:
+        if e["ended"] is None:
+            e["ended"] = noted.get(str(e["execution_id"]))
     leases = len(history)
     tag_of = {r["id"]: ScriptResponder.plan({"messages": [{"content": r["input"]}]})["run"] for r in runs}
     status = collections.Counter(r["status"] for r in runs)
@@ -554,6 +571,7 @@ async def chaos(options: Options) -> Report:
             "AGENTRUN_LOG_LEVEL": "INFO" if options.verbose else "WARNING",
         }
         logdir = Path(tempfile.mkdtemp(prefix="agentrun-chaos-logs-"))
+        env["AGENTRUN_CHAOS_ENDS"] = str(logdir)  # chaos_tools notes each execution's end there too
         fleet = Fleet(options, env, logdir)
         for slot in range(options.workers):
             await fleet.start(slot)

@@ -59,6 +59,30 @@ async def _record_end(execution_id: uuid.UUID, key: str, tag: str, started: floa
     )
 
 
+_writing: set[asyncio.Task[None]] = set()
+
+
+async def _unhindering(write: Any) -> None:
+    """Await a write without letting it hold up a cancel of the tool. psycopg answers a cancel that
+    lands mid-query by cancelling the query in the server and waiting for that, seconds while the
+    database restarts: the tool would run on past its worker's give-up, which a tool must not do. The
+    write goes on in the background."""
+    task = asyncio.ensure_future(write)
+    _writing.add(task)
+    task.add_done_callback(_writing.discard)
+    await asyncio.shield(task)
+
+
+def _note_end_locally(execution_id: uuid.UUID, ended: float) -> None:
+    """The end in a file as well (one write call, kept if the process is SIGKILLed next): the end's
+    database write may still be waiting for the database when a kill lands, and an execution with
+    no end counts as running until its process died."""
+    folder = os.environ.get("AGENTRUN_CHAOS_ENDS")
+    if folder:
+        with open(os.path.join(folder, f"{os.getpid()}.ends"), "a") as f:
+            f.write(f"{execution_id} {ended!r}\n")
+
+
 @tool(
     name="chaos_step",
     description="One step of a chaos run: records that it ran, sleeps if asked.",
@@ -75,7 +99,7 @@ async def chaos_step(args: dict[str, Any], ctx: ToolContext) -> str:
     # lands: the benchmark compares executions of one key for overlap, and a write may be retried.
     execution_id, started = uuid.uuid4(), time.time()
     try:
-        await _record(execution_id, ctx.idempotency_key, args["run"], started)
+        await _unhindering(_record(execution_id, ctx.idempotency_key, args["run"], started))
         if args.get("sleep"):
             await asyncio.sleep(args["sleep"])
     finally:
@@ -83,6 +107,7 @@ async def chaos_step(args: dict[str, Any], ctx: ToolContext) -> str:
         # then would leave an execution without an end, counted as running until its process died):
         # the end is recorded in a task of its own that a second cancellation cannot interrupt.
         ended = time.time()
+        _note_end_locally(execution_id, ended)
         await asyncio.shield(asyncio.ensure_future(
             _record_end(execution_id, ctx.idempotency_key, args["run"], started, ended)
         ))

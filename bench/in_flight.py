@@ -10,6 +10,7 @@ sessions the worker opened (target: its pool's size; its presence session is cou
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import subprocess
@@ -102,8 +103,8 @@ def main() -> None:
     p.add_argument("--sizes", default="1000,5000", help="comma-separated numbers of runs in flight")
     p.add_argument("--turns", type=int, default=3)
     p.add_argument("--model-latency", type=float, default=1.0)
-    p.add_argument("--part", choices=["b1", "in-flight"], help=argparse_hidden())
-    p.add_argument("--runs", type=int, default=1000, help=argparse_hidden())
+    p.add_argument("--part", choices=["b1", "in-flight"], help=argparse.SUPPRESS)
+    p.add_argument("--runs", type=int, default=1000, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.part == "b1":
         from bench.throughput import bench as b1
@@ -147,12 +148,6 @@ def main() -> None:
               f"(the pool's and the presence session); {f['writes']} writes in {f['write_batches']} batches "
               f"(largest {f['largest_batch']}); {'met' if all(met.values()) else 'MISSED: ' + str(met)}")
     _pg.emit({"b1_steps_per_s": b1_steps, "parts": parts, "met": all_met, **env})
-
-
-def argparse_hidden() -> str:
-    import argparse
-
-    return argparse.SUPPRESS
 
 
 if __name__ == "__main__":

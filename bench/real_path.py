@@ -51,21 +51,11 @@ def _free_port() -> int:
 
 
 async def _serve_model(port: int, turns_tool: str) -> None:
-    import signal
 
-    from agentrun.worker.llm.fake_server import FakeAnthropic, ScriptResponder
+    from agentrun.worker.llm.fake_server import FakeAnthropic, ScriptResponder, serve_until_signalled
 
     server = FakeAnthropic(ScriptResponder(tool=turns_tool), port=port, record=False)
-    await server.start()
-    print(server.base_url, flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await server.stop()
+    await serve_until_signalled(server, "{server.base_url}")
 
 
 @contextlib.contextmanager

@@ -14,7 +14,6 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import signal
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -22,7 +21,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agentrun.worker.llm.fake_server import FakeApi, Json, Reply, Responder
+from agentrun.worker.llm.fake_server import FakeApi, Json, Reply, Responder, serve_until_signalled
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -193,16 +192,7 @@ class FakeOpenAi(FakeApi):
 
 async def _serve(args: argparse.Namespace, tool_input: Json) -> None:
     server = FakeOpenAi(ChatAgentResponder(args.tool, tool_input, args.parallel), args.host, args.port)
-    await server.start()
-    print(f"fake Chat Completions API listening on {server.v1_url}", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        await stop.wait()
-    finally:
-        await server.stop()
+    await serve_until_signalled(server, "fake Chat Completions API listening on {server.v1_url}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

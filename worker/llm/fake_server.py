@@ -460,10 +460,11 @@ class FakeAnthropic(FakeApi):
         return web.json_response({"access_token": "ya29.fake-token", "expires_in": 3600, "token_type": "Bearer"})
 
 
-async def _serve(args: argparse.Namespace, tool_input: Json) -> None:
-    server = FakeAnthropic(AgentResponder(args.tool, tool_input), args.host, args.port)
+async def serve_until_signalled(server: FakeApi, banner: str) -> None:
+    """Start `server`, print `banner` (its URL, for whoever started this process), and serve until
+    SIGTERM or SIGINT."""
     await server.start()
-    print(f"fake Messages API listening on {server.base_url}", flush=True)
+    print(banner.format(server=server), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -472,6 +473,11 @@ async def _serve(args: argparse.Namespace, tool_input: Json) -> None:
         await stop.wait()
     finally:
         await server.stop()
+
+
+async def _serve(args: argparse.Namespace, tool_input: Json) -> None:
+    server = FakeAnthropic(AgentResponder(args.tool, tool_input), args.host, args.port)
+    await serve_until_signalled(server, "fake Messages API listening on {server.base_url}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

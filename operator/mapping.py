@@ -279,8 +279,8 @@ def run_status(
         "message": run.error or _phase_message(run),
         "lockedBy": run.locked_by,
         "pending": [
-            {"toolUseId": c.tool_use_id, "tool": c.tool_name, "kind": c.kind.value, "since": timestamp(c.since),
-             "input": _cut(c.input or "", MAX_PENDING_INPUT)[0]}
+            {"toolUseId": c.tool_use_id, "tool": c.tool_name, "kind": c.kind.value, "attempt": c.attempt,
+             "since": timestamp(c.since), "input": _cut(c.input or "", MAX_PENDING_INPUT)[0]}
             for c in pending if c.decision is None
         ],
         **_output(run),
@@ -365,15 +365,23 @@ def _output(run: Run) -> dict[str, Any]:
     return {"output": cut, "outputTruncated": truncated}
 
 
+def _question(p: Mapping[str, Any]) -> tuple[Any, Any, Any]:
+    """What one pending entry asks: a call, what it waits for, and at which attempt. A call in doubt again
+    after a retried execution was interrupted is a new question, though its toolUseId is the same."""
+    return p.get("toolUseId"), p.get("kind"), p.get("attempt", 0)
+
+
 def decision_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """A DecisionRequired Event for every pending call the AgentRun did not show before."""
-    shown = {p.get("toolUseId") for p in old.get("pending") or [] if isinstance(p, Mapping)}
+    """A DecisionRequired Event for every pending question the AgentRun did not show before."""
+    shown = {_question(p) for p in old.get("pending") or [] if isinstance(p, Mapping)}
     return [
         ("Normal", "DecisionRequired",
          f"tool {p['tool']} call {p['toolUseId']} "
-         + ("needs approval" if p["kind"] == "approval" else "is in doubt after a crash: retry, record or fail")
+         + ("needs approval" if p["kind"] == "approval"
+            else "is in doubt after a crash" + (f" (attempt {p['attempt']})" if p.get("attempt", 0) > 1 else "")
+            + ": retry, record or fail")
          + ": add a decision to spec.decisions")
-        for p in new.get("pending") or [] if p["toolUseId"] not in shown
+        for p in new.get("pending") or [] if _question(p) not in shown
     ]
 
 

@@ -20,7 +20,7 @@ import psycopg
 
 from agentrun.worker import logs
 from agentrun.worker.answer import FINAL_ANSWER, INSTRUCTION, MAX_CORRECTIONS, answer_of, definition, problem
-from agentrun.worker.decisions import Execute, Fail, Park, Settle, next_call
+from agentrun.worker.decisions import Execute, Fail, Key, Park, Settle, key_of, next_call
 from agentrun.worker.deltas import DeltaPublisher
 from agentrun.worker.groupcommit import transient
 from agentrun.worker.guard import Stop, deadline_passed, final, guard, remaining
@@ -28,7 +28,7 @@ from agentrun.worker.lease import CancelRequested, LeaseKeeper
 from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, Message, Usage
 from agentrun.worker.observer import NO_NOTES, UNKNOWN_TOOL, NoObserver, Observer, StepNotes
 from agentrun.worker.pricing import PriceTable
-from agentrun.worker.records import DecisionKind, PendingCall, Progress, Run, RunStatus, Step, StepKind, StepStatus
+from agentrun.worker.records import PendingCall, Progress, Run, RunStatus, Step, StepKind, StepStatus
 from agentrun.worker.replay import CORRECTION, Conversation, dump_content
 from agentrun.worker.store import LeaseLost, RunStore
 from agentrun.worker.text import clean, clean_json
@@ -95,7 +95,7 @@ class RunDriver:
         self.observer: Observer = observer or NoObserver()
         self._rng = random.Random()
         # What people decided about each run's calls, read once when a call needs a decision, per drive.
-        self._decisions: dict[uuid.UUID, dict[tuple[str, DecisionKind], PendingCall]] = {}
+        self._decisions: dict[uuid.UUID, dict[Key, PendingCall]] = {}
         self.deltas = DeltaPublisher(store.pool)  # the text of a call in flight, for live watchers only
 
     @property
@@ -212,7 +212,7 @@ class RunDriver:
             return await self._final_answer(run, conv, answer)
         decided = self._decisions.get(run.id)
         step = next_call(
-            list(conv.pending.values()), conv.started,
+            list(conv.pending.values()), {u: conv.attempts[u] for u in conv.started},
             in_doubt_if_started=self._not_idempotent,
             needs_approval=lambda name: self._needs_approval(run, name),
             decisions=decided or {},
@@ -220,7 +220,7 @@ class RunDriver:
         if isinstance(step, Park) and decided is None:  # nothing decided was known: look at what people said
             known = await self.store.decisions(run.id)
             self.observer.decisions_read(run, known)
-            self._decisions[run.id] = {(d.tool_use_id, d.kind): d for d in known}
+            self._decisions[run.id] = {key_of(d): d for d in known}
             return await self._owed(run, conv)
         try:
             with logs.step_context(step_seq=None):
@@ -236,12 +236,13 @@ class RunDriver:
             return Stop(RunStatus.FAILED, step.reason)
         assert isinstance(step, Park)
         self.keeper.drop(run.id)
-        calls = [(use["id"], kind, use["name"], _json(use.get("input"))) for use, kind in step.calls]
+        calls = [(use["id"], kind, use["name"], _json(use.get("input")), attempt) for use, kind, attempt in step.calls]
         await self._durably(lambda again: self.store.park(run.id, self.me, calls))
-        self.observer.parked(run, [(tool_use_id, kind, name) for tool_use_id, kind, name, _ in calls])
+        self.observer.parked(run, [(tool_use_id, kind, name) for tool_use_id, kind, name, _, _ in calls])
         log.info(
             "%s run=%s waiting for %d decisions: %s", self.me, run.id.hex[:8], len(calls),
-            ", ".join(f"{name} {tool_use_id} ({kind.value})" for tool_use_id, kind, name, _ in calls),
+            ", ".join(f"{name} {tool_use_id} ({kind.value}{f' after attempt {attempt}' if attempt else ''})"
+                      for tool_use_id, kind, name, _, attempt in calls),
         )
         return None
 

@@ -183,3 +183,6 @@ class PendingCall:
     reason: str | None = None
     decided_at: datetime.datetime | None = None
     decided_by: str | None = None
+    attempt: int = 0
+    """The executions of the call already started when it was asked (0: an approval before any); the
+    decision authorises execution `attempt + 1` and no other."""

@@ -99,6 +99,7 @@ class Conversation:
         self.messages: list[Message] = [{"role": "user", "content": input}]
         self.pending: dict[str, Block] = {}  # tool_use id → block, in the order the model asked
         self.started: set[str] = set()  # pending tool_use ids with a STARTED row: executed before, outcome unknown
+        self.attempts: dict[str, int] = {}  # of each of those: the executions its row counts (Step.attempts)
         self._results: list[Block] = []  # tool_result blocks of the current turn, not yet flushed
         self._used: set[str] = set()  # every tool_use id the model has used, in any turn
         self.last_stop: str | None = None
@@ -164,6 +165,7 @@ class Conversation:
         elif step.status is StepStatus.STARTED:
             if step.tool_use_id in self.pending:
                 self.started.add(step.tool_use_id)
+                self.attempts[step.tool_use_id] = step.attempts
         elif step.tool_use_id in self.pending:
             del self.pending[step.tool_use_id]
             self.started.discard(step.tool_use_id)

@@ -41,7 +41,12 @@ from agentrun.worker.text import clean, unstorable
 # needs nothing else, and the parent may be pruned later without breaking its child. A continuation
 # copies every step and adds the new input as a USER step of its own; a conversation that began as the
 # parent's `input` gets that input as a USER step first. A fork copies the first `fork_seq` steps. Tool
-# steps left STARTED are not copied: their call is still owed, so the new run makes it again.
+# steps left STARTED are copied too: their call is in doubt in the new run as it was in its parent (a call
+# of an idempotent tool simply runs again), and the new run asks its own people, not the parent's
+# decisions, before it runs one again. So is a STARTED step just past a fork's last step whose call the
+# fork still owes (no model or user step between): a fork at the model step that asked for a call in
+# doubt must not make that call again unasked. A continuation goes on from a SUCCEEDED run, which owes
+# nothing: its STARTED rows, if any, are history only.
 _INHERIT = b"""
 WITH parent AS (SELECT id, input FROM run WHERE id = %(parent)s),
 opening AS (
@@ -50,7 +55,10 @@ opening AS (
       AND NOT EXISTS (SELECT 1 FROM run_step s WHERE s.run_id = p.id AND s.seq = 1 AND s.kind = 'USER')),
 copied AS (
     SELECT s.* FROM run_step s JOIN parent p ON s.run_id = p.id
-    WHERE (%(fork_seq)s::int IS NULL OR s.seq <= %(fork_seq)s) AND NOT (s.kind = 'TOOL' AND s.status = 'STARTED')),
+    WHERE %(fork_seq)s::int IS NULL OR s.seq <= %(fork_seq)s
+       OR (s.kind = 'TOOL' AND s.status = 'STARTED'
+           AND NOT EXISTS (SELECT 1 FROM run_step t WHERE t.run_id = p.id AND t.kind <> 'TOOL'
+                           AND t.seq > %(fork_seq)s AND t.seq < s.seq))),
 shift AS (SELECT count(*)::int AS n FROM opening),
 steps AS (
     INSERT INTO run_step (run_id, seq, kind, status, tool_name, tool_use_id, request, response, stop_reason,
@@ -227,7 +235,7 @@ def _run(row: dict[str, Any]) -> Run:
 
 
 DECISION_COLUMNS = """run_id, tool_use_id, kind, tool_name, input, since, decision, output, is_error, reason,
-    decided_at, decided_by"""
+    decided_at, decided_by, attempt"""
 
 
 def _pending(row: dict[str, Any]) -> PendingCall:
@@ -794,25 +802,26 @@ class RunStore:
     # -- people in the loop ------------------------------------------------------------------------
 
     async def park(
-        self, run_id: uuid.UUID, worker: str, calls: Sequence[tuple[str, DecisionKind, str, str | None]]
+        self, run_id: uuid.UUID, worker: str, calls: Sequence[tuple[str, DecisionKind, str, str | None, int]]
     ) -> None:
-        """Hand a held run over to people: one pending decision per (tool_use id, kind, tool, input), and the
-        run WAITING with no lease, so no worker holds it and nothing is spent while it waits."""
+        """Hand a held run over to people: one pending decision per (tool_use id, kind, tool, input, attempt),
+        and the run WAITING with no lease, so no worker holds it and nothing is spent while it waits."""
         row = await self._fenced(
             run_id,
             f"""WITH {FENCE},
                 asked AS (
-                    INSERT INTO run_decision (run_id, tool_use_id, kind, tool_name, input, position)
-                    SELECT fence.id, c.tuid, c.kind, c.name, c.input, c.position
-                    FROM fence, unnest(%(tuids)s::text[], %(kinds)s::text[], %(names)s::text[], %(inputs)s::text[])
-                         WITH ORDINALITY AS c (tuid, kind, name, input, position)
-                    ON CONFLICT (run_id, tool_use_id, kind) DO NOTHING),
+                    INSERT INTO run_decision (run_id, tool_use_id, kind, tool_name, input, attempt, position)
+                    SELECT fence.id, c.tuid, c.kind, c.name, c.input, c.attempt, c.position
+                    FROM fence, unnest(%(tuids)s::text[], %(kinds)s::text[], %(names)s::text[], %(inputs)s::text[],
+                                       %(attempts)s::int[])
+                         WITH ORDINALITY AS c (tuid, kind, name, input, attempt, position)
+                    ON CONFLICT (run_id, tool_use_id, kind, attempt) DO NOTHING),
                 parked AS (
                     UPDATE run SET status = 'WAITING', locked_by = NULL, locked_until = NULL
                     FROM fence WHERE run.id = fence.id RETURNING run.id)
                 SELECT id FROM parked""",
             {"id": run_id, "worker": worker, "tuids": [c[0] for c in calls], "kinds": [c[1].value for c in calls],
-             "names": [c[2] for c in calls], "inputs": [c[3] for c in calls]},
+             "names": [c[2] for c in calls], "inputs": [c[3] for c in calls], "attempts": [c[4] for c in calls]},
         )
         if row is None:
             raise LeaseLost(run_id, worker)
@@ -820,7 +829,8 @@ class RunStore:
     async def decisions(self, run_id: uuid.UUID) -> list[PendingCall]:
         """Every call of the run that needed a person, decided or not, oldest first."""
         rows = await self._all(
-            f"SELECT {DECISION_COLUMNS} FROM run_decision WHERE run_id = %s ORDER BY since, position", (run_id,)
+            f"SELECT {DECISION_COLUMNS} FROM run_decision WHERE run_id = %s ORDER BY since, position, attempt",
+            (run_id,),
         )
         return [_pending(r) for r in rows]
 
@@ -840,9 +850,9 @@ class RunStore:
             found = await cur.fetchone()
             if found is None:
                 return DecideOutcome.NO_RUN, None
-            await cur.execute(  # the open one first: an approved call may be in doubt now
-                b"""SELECT kind, decision FROM run_decision WHERE run_id = %s AND tool_use_id = %s
-                    ORDER BY decision IS NULL DESC, since DESC LIMIT 1""",
+            await cur.execute(  # the open one first: an approved call may be in doubt now, or in doubt again
+                b"""SELECT kind, attempt, decision FROM run_decision WHERE run_id = %s AND tool_use_id = %s
+                    ORDER BY decision IS NULL DESC, since DESC, attempt DESC LIMIT 1""",
                 (run_id, tool_use_id),
             )
             call = await cur.fetchone()
@@ -855,8 +865,9 @@ class RunStore:
             await cur.execute(
                 b"""UPDATE run_decision SET decision = %(decision)s, output = %(output)s, is_error = %(is_error)s,
                            reason = %(reason)s, decided_at = now(), decided_by = %(by)s
-                    WHERE run_id = %(id)s AND tool_use_id = %(tuid)s AND kind = %(kind)s""",
-                {"decision": decision.value, "kind": call["kind"], "output": output, "is_error": is_error,
+                    WHERE run_id = %(id)s AND tool_use_id = %(tuid)s AND kind = %(kind)s AND attempt = %(attempt)s""",
+                {"decision": decision.value, "kind": call["kind"], "attempt": call["attempt"], "output": output,
+                 "is_error": is_error,
                  "reason": clean(reason) if reason is not None else None, "by": by, "id": run_id,
                  "tuid": tool_use_id},
             )

@@ -384,3 +384,146 @@ async def test_the_last_decision_wakes_an_idle_worker_by_notification(
             await status_is(client, run_id, "WAITING")
             assert (await client.post(f"/api/runs/{run_id}/pending/t_charge", json={"decision": "approve"})).status_code == 200
             await status_is(client, run_id, "SUCCEEDED", timeout=30)
+
+
+# -- a decision authorises one execution (issue 24, item 1) ----------------------------------------------
+
+
+async def _in_doubt(client: httpx.AsyncClient, run_id: str) -> dict[str, Any]:
+    """The run's one pending entry, which must be a call in doubt: the run is WAITING."""
+    run = await status_is(client, run_id, "WAITING", "SUCCEEDED", "FAILED")
+    assert run["status"] == "WAITING", f"the run went on without a decision: {run['status']}, ran {executed}"
+    [p] = (await client.get(f"/api/runs/{run_id}/pending")).json()
+    assert p["kind"] == "in_doubt", p
+    return dict(p)
+
+
+async def test_a_retry_authorises_one_execution_and_a_crash_in_it_asks_again(
+    store: RunStore, settings: Any, metrics: Any, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """pay crashes, a person says retry, the retried pay crashes too: the next worker must ask again, not
+    pay a third time on the first decision."""
+    box = ToolBox([pay])
+    llm = ScriptedLlm().then_tool_use("t_pay", "pay", {"usd": 5}, 10, 5).then_text("done", 10, 5)
+    async with api(store, box, settings, metrics) as client:
+        run_id = await submit(client)
+        crash_in.add("pay")
+        await _crash_then_lapse(store, db, worker(store, llm, box, "worker-A"), run_id)  # execution 1
+        async with running(worker(store, llm, box, "worker-B")):
+            first = await _in_doubt(client, run_id)
+        r = await client.post(f"/api/runs/{run_id}/pending/t_pay", json={"decision": "retry", "reason": "no charge"})
+        assert r.status_code == 200, r.text
+        crash_in.add("pay")
+        await _crash_then_lapse(store, db, worker(store, llm, box, "worker-C"), run_id)  # execution 2
+        async with running(worker(store, llm, box, "worker-D")):
+            second = await _in_doubt(client, run_id)
+            assert executed == ["pay:t_pay", "pay:t_pay"]
+            again = await client.post(f"/api/runs/{run_id}/pending/t_pay", json={"decision": "retry"})
+            assert again.status_code == 200, again.text
+            run = await status_is(client, run_id, "SUCCEEDED", "FAILED")
+        timeline = (await client.get(f"/api/runs/{run_id}/timeline")).json()
+        row = next(r for r in timeline if r["toolUseId"] == "t_pay")
+        detail = (await client.get(f"/api/runs/{run_id}/steps/{row['seq']}")).json()
+    assert run["status"] == "SUCCEEDED" and executed == ["pay:t_pay"] * 3  # one per authorisation
+    assert (first["attempt"], second["attempt"]) == (1, 2)
+    assert row["attempts"] == 3
+    decided = [(d["kind"], d["decision"], d["attempt"], d["reason"]) for d in row["decisions"]]
+    assert decided == [("in_doubt", "retry", 1, "no charge"), ("in_doubt", "retry", 2, None)]
+    assert detail["decisions"] == row["decisions"]  # the step's own page shows the same list
+
+
+async def test_a_crash_before_the_retried_execution_starts_keeps_the_decision(
+    store: RunStore, settings: Any, metrics: Any, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """A worker that dies after reading `retry` and before the retried execution is recorded did not
+    use the decision up: the next one runs the call on it, once, without asking again."""
+    box = ToolBox([pay])
+    llm = ScriptedLlm().then_tool_use("t_pay", "pay", {"usd": 5}, 10, 5).then_text("done", 10, 5)
+    async with api(store, box, settings, metrics) as client:
+        run_id = await submit(client)
+        crash_in.add("pay")
+        await _crash_then_lapse(store, db, worker(store, llm, box, "worker-A"), run_id)
+        async with running(worker(store, llm, box, "worker-B")):
+            await _in_doubt(client, run_id)
+        assert (await client.post(f"/api/runs/{run_id}/pending/t_pay", json={"decision": "retry"})).status_code == 200
+        crashing = worker(store, llm, box, "worker-C")
+        original = crashing.store.start_tool
+
+        async def die_first(*args: Any, **kwargs: Any) -> Any:
+            raise SimulatedCrash()
+
+        crashing.store.start_tool = die_first  # type: ignore[method-assign]
+        try:
+            await _crash_then_lapse(store, db, crashing, run_id)
+        finally:
+            crashing.store.start_tool = original  # type: ignore[method-assign]
+        assert executed == ["pay:t_pay"]
+        async with running(worker(store, llm, box, "worker-D")):
+            run = await status_is(client, run_id, "SUCCEEDED", "FAILED", "WAITING")
+    assert run["status"] == "SUCCEEDED" and executed == ["pay:t_pay", "pay:t_pay"]
+
+
+async def test_an_approval_authorises_one_execution_of_a_non_idempotent_call(
+    store: RunStore, settings: Any, metrics: Any, db: psycopg.AsyncConnection[Any]
+) -> None:
+    guarded_pay = Tool(pay.name, pay.description, pay.input_schema, pay.fn, idempotent=False,
+                       requires_approval=True)
+    box = ToolBox([guarded_pay])
+    llm = ScriptedLlm().then_tool_use("t_pay", "pay", {}, 10, 5).then_text("done", 10, 5)
+    async with api(store, box, settings, metrics) as client:
+        run_id = await submit(client)
+        async with running(worker(store, llm, box, "worker-A")):
+            await status_is(client, run_id, "WAITING")
+        [p] = (await client.get(f"/api/runs/{run_id}/pending")).json()
+        assert (p["kind"], p["attempt"]) == ("approval", 0)
+        await client.post(f"/api/runs/{run_id}/pending/t_pay", json={"decision": "approve"})
+        crash_in.add("pay")
+        await _crash_then_lapse(store, db, worker(store, llm, box, "worker-B"), run_id)
+        async with running(worker(store, llm, box, "worker-C")):
+            assert (await _in_doubt(client, run_id))["attempt"] == 1
+            await client.post(f"/api/runs/{run_id}/pending/t_pay", json={"decision": "retry"})
+            await status_is(client, run_id, "SUCCEEDED")
+        timeline = (await client.get(f"/api/runs/{run_id}/timeline")).json()
+    assert executed == ["pay:t_pay", "pay:t_pay"]
+    row = next(r for r in timeline if r["toolUseId"] == "t_pay")
+    assert [(d["kind"], d["decision"], d["attempt"]) for d in row["decisions"]] == [
+        ("approval", "approve", 0), ("in_doubt", "retry", 1)
+    ]
+
+
+# -- forks and continuations never re-run a call in doubt (issue 24, item 7) --------------------------------
+
+
+@pytest.mark.parametrize("at", ["the tool step", "the model step"])
+async def test_a_fork_of_a_run_whose_call_was_in_doubt_asks_again(
+    at: str, store: RunStore, settings: Any, metrics: Any, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """The parent's pay was in doubt and a person chose fail; a fork that goes on from that call inherits it
+    in doubt, and the child asks a person rather than paying again."""
+    box = ToolBox([pay])
+    llm = (ScriptedLlm().then_tool_use("t_pay", "pay", {"usd": 5}, 10, 5)
+           .then_text("done", 10, 5))
+    async with api(store, box, settings, metrics) as client:
+        parent = await submit(client)
+        crash_in.add("pay")
+        await _crash_then_lapse(store, db, worker(store, llm, box, "worker-A"), parent)
+        async with running(worker(store, llm, box, "worker-B")):
+            await _in_doubt(client, parent)
+            r = await client.post(f"/api/runs/{parent}/pending/t_pay", json={"decision": "fail"})
+            assert r.status_code == 200, r.text
+            failed = await status_is(client, parent, "FAILED")
+            seq = failed["steps"] if at == "the tool step" else 1
+            fork = await client.post("/api/runs", json={"forkFrom": {"runId": parent, "seq": seq}})
+            assert fork.status_code == 201, fork.text
+            child = fork.json()["id"]
+            p = await _in_doubt(client, child)
+            assert executed == ["pay:t_pay"]  # the child did not pay again
+            assert (p["toolUseId"], p.get("attempt")) == ("t_pay", 1)
+            r = await client.post(f"/api/runs/{child}/pending/t_pay", json={"decision": "retry"})
+            assert r.status_code == 200, r.text
+            run = await status_is(client, child, "SUCCEEDED", "FAILED")
+        timeline = (await client.get(f"/api/runs/{child}/timeline")).json()
+    assert run["status"] == "SUCCEEDED" and executed == ["pay:t_pay", "pay:t_pay"]
+    row = next(r for r in timeline if r["toolUseId"] == "t_pay")
+    assert row["attempts"] == 2
+    assert [(d["decision"], d["attempt"]) for d in row["decisions"]] == [("retry", 1)]  # the parent's fail is its own

@@ -33,7 +33,7 @@ from agentrun.worker.api.schemas import (
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.metrics import Metrics
 from agentrun.worker.pricing import PriceTable, cost_budget_problem
-from agentrun.worker.records import Decision, NewRun, PendingCall, Run, RunStatus
+from agentrun.worker.records import Decision, NewRun, PendingCall, Run, RunStatus, StepKind
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import DecideOutcome, RunStore
 from agentrun.worker.tools import ToolBox
@@ -350,7 +350,11 @@ def runs_router(
         if found is None:
             await get_run(run_id)
             raise ApiError(404, f"run {run_id} has no step {seq}")
-        return StepDetail.of(found)
+        detail = StepDetail.of(found)
+        if found.kind is StepKind.TOOL and found.tool_use_id is not None:  # its decisions, as the timeline shows
+            decided = [DecisionView.of(c) for c in await store.decisions(run_id) if c.tool_use_id == found.tool_use_id]
+            detail = detail.model_copy(update={"decisions": decided})
+        return detail
 
     @router.post("/{id}/cancel", status_code=202, response_model=RunView, **access(Scope.CANCEL, secured),
                  responses={409: {"model": ErrorBody, "description": "The run has already finished"}})

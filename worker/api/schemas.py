@@ -299,17 +299,20 @@ class DecisionView(_Camel):
     """What a person decided about a tool call (or that it waits for them)."""
 
     kind: DecisionKind
+    attempt: int = Field(description="The executions of the call started when it was asked (0: an approval before "
+                         "any); the decision authorises the next one only.")
     decision: Decision | None = Field(description="null while the call waits.")
     reason: str | None
     is_error: bool
     since: datetime.datetime
     decided_at: datetime.datetime | None
-    decided_by: str | None
+    decided_by: str | None = Field(description="Who decided: the identity, `reconcile` for the tool's reconcile "
+                                   "probe, null on an open API.")
 
     @classmethod
     def of(cls, call: PendingCall) -> DecisionView:
-        return cls(kind=call.kind, decision=call.decision, reason=call.reason, is_error=call.is_error,
-                   since=call.since, decided_at=call.decided_at, decided_by=call.decided_by)
+        return cls(kind=call.kind, attempt=call.attempt, decision=call.decision, reason=call.reason,
+                   is_error=call.is_error, since=call.since, decided_at=call.decided_at, decided_by=call.decided_by)
 
 
 class TimelineStep(_Camel):
@@ -387,12 +390,15 @@ class PendingView(BaseModel):
     tool: str
     input: Any = Field(description="The call's input, as the model gave it.")
     kind: DecisionKind
+    attempt: int = Field(description="The executions of the call started so far (0: an approval before any); "
+                         "a call in doubt again after a retried execution was interrupted asks again, one more.")
     since: datetime.datetime
 
     @classmethod
     def of(cls, call: PendingCall) -> PendingView:
         return cls(toolUseId=call.tool_use_id, tool=call.tool_name,
-                   input=orjson.loads(call.input) if call.input else None, kind=call.kind, since=call.since)
+                   input=orjson.loads(call.input) if call.input else None, kind=call.kind, attempt=call.attempt,
+                   since=call.since)
 
 
 class DecisionRequest(_Camel):

@@ -134,3 +134,19 @@ def test_a_cost_budget_needs_a_priced_model() -> None:
     with pytest.raises(mapping.InvalidSpec, match="no price"):
         mapping.new_run({"input": "x", "model": "claude-imaginary-9", "costBudgetUsd": 1}, UID, "ns", "a",
                         prices=prices)
+
+
+def test_a_call_in_doubt_again_is_a_new_decision_required_event() -> None:
+    """A retried call interrupted again asks again: its second question has the same toolUseId, and the
+    AgentRun may never have shown the run in between (both looks saw Waiting)."""
+    from agentrun.worker.records import DecisionKind, PendingCall
+
+    def waiting(attempt: int) -> dict[str, object]:
+        call = PendingCall(uuid.UUID(UID), "t_pay", DecisionKind.IN_DOUBT, "pay", "{}", NOW, attempt=attempt)
+        return mapping.run_status(_run(status=RunStatus.WAITING), 1, None, NOW, [call])
+
+    first, second = waiting(1), waiting(2)
+    assert first["pending"][0]["attempt"] == 1  # type: ignore[index]
+    assert mapping.decision_events(first, waiting(1)) == []  # the same question: no second Event
+    [event] = mapping.decision_events(first, second)
+    assert event[1] == "DecisionRequired" and "t_pay" in event[2] and "attempt 2" in event[2]

@@ -28,7 +28,17 @@ from agentrun.worker.lease import CancelRequested, LeaseKeeper
 from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, Message, Usage
 from agentrun.worker.observer import NO_NOTES, UNKNOWN_TOOL, NoObserver, Observer, StepNotes
 from agentrun.worker.pricing import PriceTable
-from agentrun.worker.records import PendingCall, Progress, Run, RunStatus, Step, StepKind, StepStatus
+from agentrun.worker.records import (
+    Decision,
+    DecisionKind,
+    PendingCall,
+    Progress,
+    Run,
+    RunStatus,
+    Step,
+    StepKind,
+    StepStatus,
+)
 from agentrun.worker.replay import CORRECTION, Conversation, dump_content
 from agentrun.worker.store import LeaseLost, RunStore
 from agentrun.worker.text import clean, clean_json
@@ -96,6 +106,8 @@ class RunDriver:
         self._rng = random.Random()
         # What people decided about each run's calls, read once when a call needs a decision, per drive.
         self._decisions: dict[uuid.UUID, dict[Key, PendingCall]] = {}
+        # Calls in doubt whose reconcile probe could not tell, per drive: asked once, then a person is.
+        self._unsettled: dict[uuid.UUID, set[Key]] = {}
         self.deltas = DeltaPublisher(store.pool)  # the text of a call in flight, for live watchers only
 
     @property
@@ -124,6 +136,7 @@ class RunDriver:
         finally:
             self.keeper.forget(run.id)
             self._decisions.pop(run.id, None)
+            self._unsettled.pop(run.id, None)
 
     async def _resume(self, run: Run, progress: Progress, fresh: bool) -> RunStatus | None:
         if run.crashes >= self.settings.max_crash_claims:
@@ -156,6 +169,7 @@ class RunDriver:
     async def _loop(self, run: Run, progress: Progress, conv: Conversation) -> Stop | None:
         """Take steps until the run must end (the reason) or be handed back (None)."""
         self._decisions.pop(run.id, None)
+        self._unsettled.pop(run.id, None)
         correction_id = uuid.uuid4()
         while True:
             if self.stopping.is_set():
@@ -222,6 +236,12 @@ class RunDriver:
             self.observer.decisions_read(run, known)
             self._decisions[run.id] = {key_of(d): d for d in known}
             return await self._owed(run, conv)
+        if isinstance(step, Park) and decided is not None:
+            try:
+                if await self._reconcile(run, step, decided):  # a probe settled a call: act on its decision
+                    return await self._owed(run, conv)
+            except CancelRequested:
+                return Stop(RunStatus.CANCELLED, "cancel requested")
         try:
             with logs.step_context(step_seq=None):
                 if isinstance(step, Execute):
@@ -245,6 +265,50 @@ class RunDriver:
                       for tool_use_id, kind, name, _, attempt in calls),
         )
         return None
+
+    async def _reconcile(self, run: Run, park: Park, decided: dict[Key, PendingCall]) -> bool:
+        """Ask the reconcile probes of the calls in doubt that have one, before a person is asked: whether
+        the call was done (its result is recorded) or not (it runs again). What a probe found is stored as
+        the decision at that attempt (`decided_by` "reconcile") before it is acted on, so a crash after
+        it neither loses nor repeats it. Returns whether any call was settled so."""
+        settled = False
+        unsettled = self._unsettled.setdefault(run.id, set())
+        for use, kind, attempt in park.calls:
+            key = (use["id"], kind, attempt)
+            if kind is not DecisionKind.IN_DOUBT or key in unsettled:
+                continue
+            name = use["name"]
+            ctx = ToolContext(run.id, use["id"])
+            probe = self.tools.reconcile_probe(name)
+            if probe is None:
+                continue
+            found = await self.keeper.interruptible(run.id, probe(use.get("input"), ctx))
+            if found.done is None:
+                unsettled.add(key)
+                log.info("%s run=%s TOOL %s id=%s in doubt, its reconcile probe cannot tell: %s", self.me,
+                         run.id.hex[:8], name, use["id"], found.output)
+                continue
+            stored = await self._store_probed(run, use, attempt, found.done, found.output)
+            unsettled.add(key)  # probed once per drive, whatever it found
+            decided[key] = stored
+            settled = settled or stored.decision is not None
+        return settled
+
+    async def _store_probed(
+        self, run: Run, use: dict[str, Any], attempt: int, done: bool, output: str
+    ) -> PendingCall:
+        """A probe's answer as the decision on the call at `attempt`: done is `record` (its result), not done
+        is `retry`. Returns the decision stored (one stored before, after a crash, wins)."""
+        decision = Decision.RECORD if done else Decision.RETRY
+        why = f"the tool's reconcile probe found the call {'done' if done else 'not done'}"
+        stored = await self._durably(lambda again: self.store.reconcile(
+            run.id, self.me, self.settings.lease_seconds, tool_use_id=use["id"], tool_name=use["name"],
+            input=_json(use.get("input")), attempt=attempt, decision=decision, output=output if done else None,
+            reason=why,
+        ))
+        log.info("%s run=%s TOOL %s id=%s in doubt after attempt %d: %s (%s)", self.me, run.id.hex[:8],
+                 use["name"], use["id"], attempt, why, stored.decision.value if stored.decision else "undecided")
+        return stored
 
     def _not_idempotent(self, name: str) -> bool:
         tool = self.tools.get(name)

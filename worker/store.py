@@ -826,6 +826,35 @@ class RunStore:
         if row is None:
             raise LeaseLost(run_id, worker)
 
+    async def reconcile(
+        self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, tool_use_id: str, tool_name: str,
+        input: str | None, attempt: int, decision: Decision, output: str | None, reason: str,
+    ) -> PendingCall:
+        """Store what a tool's reconcile probe found about a call in doubt at `attempt` as the decision on it
+        (`decided_by` "reconcile"), before the engine acts on it; returns the decision stored. A copy sent
+        again (its outcome was lost) or a probe run again after a crash finds the one stored first and
+        returns that: one decision per attempt, whoever took it."""
+        row = await self._fenced(
+            run_id,
+            f"""WITH {FENCE},
+                decided AS (
+                    INSERT INTO run_decision (run_id, tool_use_id, kind, tool_name, input, attempt, decision,
+                                              output, reason, decided_at, decided_by)
+                    SELECT fence.id, %(tuid)s, 'in_doubt', %(name)s, %(input)s, %(attempt)s, %(decision)s,
+                           %(output)s, %(reason)s, now(), 'reconcile'
+                    FROM fence
+                    ON CONFLICT (run_id, tool_use_id, kind, attempt) DO UPDATE SET tool_name = run_decision.tool_name
+                    RETURNING {DECISION_COLUMNS}),
+                {OWNED.format(extra="")}
+                SELECT decided.* FROM owned, decided""",
+            {"id": run_id, "worker": worker, "lease": lease_seconds, "tuid": tool_use_id, "name": tool_name,
+             "input": input, "attempt": attempt, "decision": decision.value, "output": output,
+             "reason": clean(reason)},
+        )
+        if row is None:
+            raise LeaseLost(run_id, worker)
+        return _pending(row)
+
     async def decisions(self, run_id: uuid.UUID) -> list[PendingCall]:
         """Every call of the run that needed a person, decided or not, oldest first."""
         rows = await self._all(

@@ -35,6 +35,9 @@ class ToolResult:
 
 
 ToolFunction = Callable[[dict[str, Any], "ToolContext"], "Awaitable[str | ToolResult] | str | ToolResult"]
+ReconcileFunction = Callable[[dict[str, Any], "ToolContext"], "Awaitable[str | None] | str | None"]
+"""A tool's reconcile probe: given a call in doubt (its input, and `ctx.idempotency_key` as the call had
+it), the call's result when it was done, None when it was not; it raises when it cannot tell."""
 
 DEFAULT_INPUT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 
@@ -60,14 +63,14 @@ class Tool:
     idempotent: bool = True
     timeout_seconds: float = 30.0
     requires_approval: bool = False
+    reconcile: ReconcileFunction | None = None
+    """Asked about a call in doubt before a person is (engine.py): done, not done, or cannot tell."""
 
     @property
     def is_async(self) -> bool:
         """Awaited on the event loop (an `async def`, or an object with an `async def __call__`);
         anything else runs in a thread."""
-        return inspect.iscoroutinefunction(self.fn) or inspect.iscoroutinefunction(
-            getattr(self.fn, "__call__", None)  # noqa: B004 - the method itself is what is inspected
-        )
+        return _is_async(self.fn)
 
     def definition(self) -> dict[str, Any]:
         """The tool as the Messages API wants it in a request."""
@@ -75,6 +78,20 @@ class Tool:
 
     def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Awaitable[str | ToolResult] | str | ToolResult:
         return self.fn(args, ctx)
+
+
+def _is_async(fn: Any) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+        getattr(fn, "__call__", None)  # noqa: B004 - the method itself is what is inspected
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Probed:
+    """What a reconcile probe found about a call in doubt."""
+
+    done: bool | None  # None: it cannot tell (it raised, timed out, or answered something else)
+    output: str = ""  # done: the call's result; cannot tell: why
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,13 +145,19 @@ def tool(
     idempotent: bool = True,
     timeout_seconds: float = 30.0,
     requires_approval: bool = False,
+    reconcile: ReconcileFunction | None = None,
 ) -> Callable[[ToolFunction], Tool]:
     """Declare a tool: `@tool(name="lookup", description="…", input_schema={…}, idempotent=True)`.
 
     `idempotent=False` says the tool cannot honour `ctx.idempotency_key`: if a worker dies while it runs,
     the run waits for a person to decide (retry, record what it did, or fail) instead of executing it a
     second time. `requires_approval=True` makes every call wait for a person's approval before it runs.
+    `reconcile=fn` lets such a tool settle a call in doubt itself: `fn(args, ctx)` (sync or async, within
+    `timeout_seconds`) returns the call's result when the call was done, None when it was not (it then
+    runs again), and raises when it cannot tell (a person is asked, as without a probe).
     """
+    if reconcile is not None and not callable(reconcile):
+        raise ValueError(f"tool {name}: reconcile must be a function (args, ctx) -> str | None")
     if not name or not isinstance(name, str):
         raise ValueError("a tool needs a non-empty name")
     if timeout_seconds <= 0:
@@ -144,7 +167,8 @@ def tool(
 
     def wrap(fn: ToolFunction) -> Tool:
         return Tool(
-            name, description or (fn.__doc__ or "").strip(), schema, fn, idempotent, timeout_seconds, requires_approval
+            name, description or (fn.__doc__ or "").strip(), schema, fn, idempotent, timeout_seconds, requires_approval,
+            reconcile,
         )
 
     return wrap
@@ -360,9 +384,46 @@ class ToolBox:
         ok, output = await self._execute(name, args, ctx, allowed)
         if isinstance(output, ToolResult):
             return ToolOutcome(ok and not output.is_error, self._cap_blocks(output.blocks))
+        return ToolOutcome(ok, self._text(output))
+
+    def _text(self, output: str) -> str:
         if output.startswith(BLOCKS_MARK):  # a plain text never reads back as blocks (replay.BLOCKS_MARK)
             output = REPLACEMENT + output[len(BLOCKS_MARK):]
-        return ToolOutcome(ok, self._cap(output))
+        return self._cap(output)
+
+    def reconcile_probe(self, name: str) -> Callable[[Any, ToolContext], Awaitable[Probed]] | None:
+        """The reconcile probe of the tool `name`, or None if it has none (or there is no such tool)."""
+        t = self.get(name)
+        if t is None or t.reconcile is None:
+            return None
+        probe = t.reconcile
+
+        async def ask(args: Any, ctx: ToolContext) -> Probed:
+            return await self._probe(t, probe, args, ctx)
+
+        return ask
+
+    async def _probe(self, t: Tool, probe: ReconcileFunction, args: Any, ctx: ToolContext) -> Probed:
+        """Ask `probe` about a call of `t` in doubt, within the tool's timeout. Anything but a string or
+        None, an exception or the time running out is "cannot tell", saying why."""
+        try:
+            if _is_async(probe):
+                async with asyncio.timeout(t.timeout_seconds):
+                    found = await probe(args, ctx)  # type: ignore[misc]
+            else:
+                found = await self.threads.call(f"{t.name}-reconcile", probe, args, ctx, timeout=t.timeout_seconds)
+        except TimeoutError:
+            return Probed(None, f"the reconcile probe of {t.name} timed out after {t.timeout_seconds:g}s")
+        except (NotStarted, ThreadsFull) as e:
+            return Probed(None, f"the reconcile probe of {t.name} was not started: {e or 'its time ran out first'}")
+        except Exception as e:  # noqa: BLE001 - a probe that fails cannot tell; a person is asked
+            return Probed(None, self._cap(f"the reconcile probe of {t.name} failed: {type(e).__name__}: {e}"))
+        if found is None:
+            return Probed(False)
+        if not isinstance(found, str):
+            return Probed(None, f"the reconcile probe of {t.name} returned a {type(found).__name__}, "
+                          "not the call's result (a string) or None")
+        return Probed(True, self._text(found))
 
     async def _execute(
         self, name: str, args: Any, ctx: ToolContext, allowed: Iterable[str] | None

@@ -527,3 +527,123 @@ async def test_a_fork_of_a_run_whose_call_was_in_doubt_asks_again(
     row = next(r for r in timeline if r["toolUseId"] == "t_pay")
     assert row["attempts"] == 2
     assert [(d["decision"], d["attempt"]) for d in row["decisions"]] == [("retry", 1)]  # the parent's fail is its own
+
+
+# -- calls in doubt that the tool settles itself: reconcile probes (issue 24, item 8) ------------------------
+
+ledger: dict[str, str | None] = {}  # idempotency key → what the probe answers (a result, or None: not done)
+probed: list[str] = []
+
+
+def _ask_ledger(args: dict[str, Any], ctx: ToolContext) -> str | None:
+    probed.append(ctx.idempotency_key)
+    if ctx.idempotency_key not in ledger:
+        raise ConnectionError("the ledger is down")
+    return ledger[ctx.idempotency_key]
+
+
+async def _ask_ledger_async(args: dict[str, Any], ctx: ToolContext) -> str | None:
+    return _ask_ledger(args, ctx)
+
+
+def _reconciled_pay(probe: Any) -> ToolBox:
+    return ToolBox([Tool(pay.name, pay.description, pay.input_schema, pay.fn, idempotent=False, reconcile=probe)])
+
+
+@pytest.fixture(autouse=True)
+def _clear_ledger() -> None:
+    ledger.clear()
+    probed.clear()
+
+
+@pytest.mark.parametrize("probe", [_ask_ledger, _ask_ledger_async], ids=["sync", "async"])
+async def test_a_probe_that_finds_the_call_done_records_its_result(
+    probe: Any, store: RunStore, settings: Any, metrics: Any, db: psycopg.AsyncConnection[Any]
+) -> None:
+    box = _reconciled_pay(probe)
+    llm = ScriptedLlm().then_tool_use("t_pay", "pay", {"usd": 5}, 10, 5).then_text("done", 10, 5)
+    ledger["t_pay"] = "paid, receipt 7"
+    async with api(store, box, settings, metrics) as client:
+        run_id = await submit(client)
+        crash_in.add("pay")
+        await _crash_then_lapse(store, db, worker(store, llm, box, "worker-A"), run_id)
+        async with running(worker(store, llm, box, "worker-B")):
+            run = await status_is(client, run_id, "SUCCEEDED", "FAILED", "WAITING")
+        timeline = (await client.get(f"/api/runs/{run_id}/timeline")).json()
+    assert run["status"] == "SUCCEEDED" and executed == ["pay:t_pay"] and probed == ["t_pay"]
+    row = next(r for r in timeline if r["toolUseId"] == "t_pay")
+    assert row["status"] == "DONE"
+    [d] = row["decisions"]
+    assert (d["kind"], d["decision"], d["attempt"], d["decidedBy"]) == ("in_doubt", "record", 1, "reconcile")
+    result = next(b for b in llm.seen[-1].messages[-1]["content"] if b["tool_use_id"] == "t_pay")
+    assert result["content"] == "paid, receipt 7" and not result.get("is_error")
+
+
+async def test_a_probe_that_finds_the_call_not_done_runs_it_again(
+    store: RunStore, settings: Any, metrics: Any, db: psycopg.AsyncConnection[Any]
+) -> None:
+    box = _reconciled_pay(_ask_ledger_async)
+    llm = ScriptedLlm().then_tool_use("t_pay", "pay", {"usd": 5}, 10, 5).then_text("done", 10, 5)
+    ledger["t_pay"] = None
+    async with api(store, box, settings, metrics) as client:
+        run_id = await submit(client)
+        crash_in.add("pay")
+        await _crash_then_lapse(store, db, worker(store, llm, box, "worker-A"), run_id)
+        async with running(worker(store, llm, box, "worker-B")):
+            run = await status_is(client, run_id, "SUCCEEDED", "FAILED", "WAITING")
+        [d] = await store.decisions(uuid.UUID(run_id))
+    assert run["status"] == "SUCCEEDED" and executed == ["pay:t_pay", "pay:t_pay"]
+    assert d.decision is not None and (d.decision.value, d.attempt, d.decided_by) == ("retry", 1, "reconcile")
+
+
+async def test_a_probe_that_cannot_tell_asks_a_person(
+    store: RunStore, settings: Any, metrics: Any, db: psycopg.AsyncConnection[Any]
+) -> None:
+    box = _reconciled_pay(_ask_ledger)  # the ledger knows nothing of t_pay: the probe raises
+    llm = ScriptedLlm().then_tool_use("t_pay", "pay", {"usd": 5}, 10, 5).then_text("done", 10, 5)
+    async with api(store, box, settings, metrics) as client:
+        run_id = await submit(client)
+        crash_in.add("pay")
+        await _crash_then_lapse(store, db, worker(store, llm, box, "worker-A"), run_id)
+        async with running(worker(store, llm, box, "worker-B")):
+            p = await _in_doubt(client, run_id)
+            assert (p["toolUseId"], p["attempt"]) == ("t_pay", 1) and probed == ["t_pay"]
+            r = await client.post(f"/api/runs/{run_id}/pending/t_pay", json={"decision": "record", "output": "paid"})
+            assert r.status_code == 200, r.text
+            await status_is(client, run_id, "SUCCEEDED")
+    assert executed == ["pay:t_pay"] and probed == ["t_pay"]  # the person decided: not probed again
+
+
+async def test_a_crash_after_the_probe_is_recorded_neither_loses_nor_repeats_it(
+    store: RunStore, settings: Any, metrics: Any, db: psycopg.AsyncConnection[Any]
+) -> None:
+    box = _reconciled_pay(_ask_ledger_async)
+    llm = ScriptedLlm().then_tool_use("t_pay", "pay", {"usd": 5}, 10, 5).then_text("done", 10, 5)
+    ledger["t_pay"] = None  # not done: the call is to run again, once
+    async with api(store, box, settings, metrics) as client:
+        run_id = await submit(client)
+        crash_in.add("pay")
+        await _crash_then_lapse(store, db, worker(store, llm, box, "worker-A"), run_id)
+        crashing = worker(store, llm, box, "worker-B")
+        original = crashing.store.reconcile
+
+        async def stored_then_die(*args: Any, **kwargs: Any) -> Any:
+            await original(*args, **kwargs)
+            raise SimulatedCrash()
+
+        crashing.store.reconcile = stored_then_die  # type: ignore[method-assign]
+        try:
+            await _crash_then_lapse(store, db, crashing, run_id)
+        finally:
+            crashing.store.reconcile = original  # type: ignore[method-assign]
+        ledger["t_pay"] = "paid"  # what a second probe would say: it must not be asked
+        async with running(worker(store, llm, box, "worker-C")):
+            run = await status_is(client, run_id, "SUCCEEDED", "FAILED", "WAITING")
+        decided = await store.decisions(uuid.UUID(run_id))
+    assert run["status"] == "SUCCEEDED" and executed == ["pay:t_pay", "pay:t_pay"] and probed == ["t_pay"]
+    assert [(d.decision.value if d.decision else None, d.decided_by) for d in decided] == [("retry", "reconcile")]
+
+
+def test_reconcile_must_be_a_function() -> None:
+    with pytest.raises(ValueError, match="reconcile must be a function"):
+        tool(name="x", reconcile="lookup")  # type: ignore[arg-type]

@@ -30,6 +30,7 @@ class Recorder:
         self.calls: list[dict[str, Any]] = []
         self.lock = threading.Lock()
         self.release = threading.Event()  # what `hold` waits for
+        self.ledger: dict[str, str | None] = {}  # what `payment_status` says of a key: done (its result), or not
 
     def record(self, tool: str, args: dict[str, Any], ctx: Context) -> None:
         meta = ctx.request_context.meta
@@ -110,6 +111,15 @@ def build(recorder: Recorder) -> MCPServer:
         server.add_tool(fresh, name="fresh", annotations=ToolAnnotations(readOnlyHint=True))
         await ctx.session.send_tool_list_changed()
         return "grown"
+
+    @server.tool(description="Whether a call with this idempotency key was done (a reconcile probe).",
+                 annotations=ToolAnnotations(readOnlyHint=True))
+    def payment_status(idempotencyKey: str, ctx: Context) -> str:  # noqa: N803 - the probe's argument name
+        recorder.record("payment_status", {"idempotencyKey": idempotencyKey}, ctx)
+        if idempotencyKey not in recorder.ledger:
+            raise LookupError(f"no record of {idempotencyKey}")
+        found = recorder.ledger[idempotencyKey]
+        return json.dumps({"done": False}) if found is None else found
 
     @server.tool(description="What this server was asked, as JSON.", annotations=ToolAnnotations(readOnlyHint=True))
     def calls() -> str:

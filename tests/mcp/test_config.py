@@ -75,6 +75,8 @@ servers:
     (one(tools="lookup"), "tools must be a list of the server's tool names"),
     (one(overrides={"lookup": {"idempotent": "yes"}}), "overrides.lookup.idempotent: must be true or false"),
     (one(overrides={"lookup": {"retries": 3}}), "overrides.lookup: unknown keys retries"),
+    (one(overrides={"pay": {"reconcile": 3}}), "overrides.pay.reconcile: must name a read-only tool"),
+    (one(overrides={"pay": {"reconcile": "pay"}}), "overrides.pay.reconcile: a tool cannot reconcile its own"),
     (one(args=["x"]), "args go with `command`"),
     (one(colour="red"), "unknown keys colour"),
 ])

@@ -262,3 +262,63 @@ async def test_an_unreachable_server_costs_its_own_tools_only(store: RunStore, h
         await worker(store, llm, box).run_once()
         after = await store.get(run.id)
         assert after is not None and after.status is RunStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize("found", ["done", "not done", "cannot tell"])
+async def test_a_call_in_doubt_is_settled_by_the_servers_reconcile_tool(
+    store: RunStore, db: psycopg.AsyncConnection[Any], http_server: HttpServer, found: str
+) -> None:
+    """`overrides.hold_once.reconcile: payment_status`: asked with the call's key before a person is."""
+    recorder = http_server.recorder
+    if found != "cannot tell":  # else the server knows nothing of the key: an error result
+        recorder.ledger["toolu_1"] = "released once (per the ledger)" if found == "done" else None
+    config = {"name": "shop", "url": http_server.url, "overrides": {"hold_once": {"reconcile": "payment_status"}}}
+    async with sessions(config) as mcp:
+        run, _ = await store.create(new_run())
+        llm = ScriptedLlm().then_tool_use("toolu_1", "shop__hold_once", {}).then_text("done")
+
+        async def started() -> bool:
+            return len(recorder.of("hold_once")) == 1
+
+        with pytest.raises(SimulatedCrash):
+            await worker(store, llm, ToolBox(sources=[CrashInside(mcp.servers[0], started)]), "worker-A").run_once()
+        await expire_lease(db, run.id)
+        recorder.release.set()
+        await worker(store, llm, ToolBox(sources=mcp.servers), "worker-B").run_once()
+
+    after = await store.get(run.id)
+    assert after is not None
+    [probe] = recorder.of("payment_status")
+    assert probe["args"] == {"idempotencyKey": "toolu_1"}
+    assert probe["meta"]["agentrun.dev/idempotency-key"] == "toolu_1"
+    [decided] = await store.decisions(run.id)
+    calls = len(recorder.of("hold_once"))
+    if found == "cannot tell":
+        assert after.status is RunStatus.WAITING and calls == 1
+        assert decided.decision is None and decided.kind.value == "in_doubt"
+        return
+    assert after.status is RunStatus.SUCCEEDED and decided.decided_by == "reconcile"
+    if found == "done":
+        assert calls == 1 and decided.decision is not None and decided.decision.value == "record"
+        assert results_seen(llm, 1)[0]["content"] == "released once (per the ledger)"
+    else:
+        assert calls == 2 and decided.decision is not None and decided.decision.value == "retry"
+        assert results_seen(llm, 1)[0]["content"] == "released once"
+
+
+@pytest.mark.parametrize(("probe", "why"), [
+    ("no_such_tool", "names 'no_such_tool', which the server does not list"),
+    ("charge", "names 'charge', which is not read-only (readOnlyHint)"),
+])
+async def test_a_reconcile_tool_that_is_not_a_read_only_tool_of_the_server_is_a_config_error(
+    http_server: HttpServer, probe: str, why: str
+) -> None:
+    config = {"name": "shop", "url": http_server.url, "overrides": {"hold_once": {"reconcile": probe}}}
+    async with sessions(config, wait=False) as mcp:
+        server = mcp.servers[0]
+
+        async def refused() -> bool:
+            return server.attempted.is_set() and why in (server.error or "")
+
+        await eventually(refused, 60, "the config error")
+        assert not server.available() and "overrides.hold_once.reconcile" in (server.error or "")

@@ -25,7 +25,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from pydantic import ValidationError
 
 from agentrun.worker.mcp import results
-from agentrun.worker.mcp.config import ServerConfig
+from agentrun.worker.mcp.config import McpConfigError, ServerConfig
 from agentrun.worker.tools import DEFAULT_INPUT_SCHEMA, SourceStatus, Tool, ToolContext, ToolResult
 
 log = logging.getLogger(__name__)
@@ -183,6 +183,7 @@ class McpServer:
             cursor = page.next_cursor
             if not cursor:
                 break
+        self._check_probes(listed)
         tools: dict[str, Tool] = {}
         for t in listed:
             if not self.config.allows(t.name):
@@ -195,20 +196,46 @@ class McpServer:
             tools[name] = self._tool(name, t)
         self._tools, self.listed = tools, True
 
+    def _check_probes(self, listed: list[types.Tool]) -> None:
+        """Every `reconcile` of the config names a read-only tool the server lists (allowed or not: the
+        model need not see it), else the session fails with a config error saying which."""
+        by_name = {t.name: t for t in listed}
+        for tool, override in self.config.overrides.items():
+            probe = override.reconcile
+            if probe is None:
+                continue
+            at = f"the MCP servers config: {self.config.name}: overrides.{tool}.reconcile"
+            found = by_name.get(probe)
+            if found is None:
+                raise McpConfigError(f"{at} names {probe!r}, which the server does not list (it lists "
+                                     f"{', '.join(sorted(by_name)[:20]) or 'no tools'})")
+            if found.annotations is None or found.annotations.read_only_hint is not True:
+                raise McpConfigError(f"{at} names {probe!r}, which is not read-only (readOnlyHint): a probe "
+                                     "must not change anything")
+
     def _tool(self, name: str, t: types.Tool) -> Tool:
         original = t.name
+        wait = results.timeout(original, self.config) * CONNECT_SHARE
 
         async def call(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
             try:
-                wait = results.timeout(original, self.config) * CONNECT_SHARE
                 return await self.call(original, args, ctx, wait=wait)
             except CallFailed as e:
                 return ToolResult(({"type": "text", "text": f"error: {e}"},), is_error=True)
 
+        override = self.config.overrides.get(original)
+        probe_tool = override.reconcile if override is not None else None
+
+        async def reconcile(args: dict[str, Any], ctx: ToolContext) -> str | None:
+            assert probe_tool is not None
+            found = await self._call(probe_tool, {"idempotencyKey": ctx.idempotency_key}, ctx, wait=wait)
+            return results.reconciled(found, probe_tool)  # raises when it cannot tell
+
         return Tool(name, t.description or t.title or "", results.input_schema(t), call,
                     idempotent=results.idempotent(t, self.config),
                     timeout_seconds=results.timeout(original, self.config),
-                    requires_approval=results.requires_approval(t, self.config))
+                    requires_approval=results.requires_approval(t, self.config),
+                    reconcile=reconcile if probe_tool is not None else None)
 
     def _stand_in(self, name: str) -> Tool:
         """A tool of this server's prefix while its list is not known: not idempotent (a call a crash
@@ -227,6 +254,9 @@ class McpServer:
     async def call(self, tool: str, args: dict[str, Any], ctx: ToolContext, wait: float = 5.0) -> ToolResult:
         """One tools/call with the idempotency key and run id in `_meta`; without a session, after waiting up
         to `wait` seconds for one. The caller bounds the call's time."""
+        return results.tool_result(await self._call(tool, args, ctx, wait))
+
+    async def _call(self, tool: str, args: dict[str, Any], ctx: ToolContext, wait: float) -> types.CallToolResult:
         client = self._client
         if client is None:
             self._wake.set()
@@ -259,7 +289,7 @@ class McpServer:
                 self.error = why
                 self._wake.set()
             raise CallFailed(why) from None
-        return results.tool_result(result)
+        return result
 
 
 def _connection_lost(e: BaseException) -> bool:

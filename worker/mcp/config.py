@@ -41,6 +41,10 @@ class Override:
     idempotent: bool | None = None
     requires_approval: bool | None = None
     timeout_seconds: float | None = None
+    reconcile: str | None = None
+    """A read-only tool of the same server asked about a call in doubt (checked when the server lists its
+    tools): called with `{"idempotencyKey": ...}`, a text result is the call's result, an empty one or
+    `{"done": false}` says it was not done, an error result that it cannot tell (client.py)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +71,7 @@ class ServerConfig:
 
 _SERVER_KEYS = {"name", "url", "command", "args", "env", "headers", "tools", "overrides", "requireApproval",
                 "timeoutSeconds"}
-_OVERRIDE_KEYS = {"idempotent", "requiresApproval", "timeoutSeconds"}
+_OVERRIDE_KEYS = {"idempotent", "requiresApproval", "timeoutSeconds", "reconcile"}
 
 
 def load_servers(path: str | None, environ: Mapping[str, str]) -> list[ServerConfig]:
@@ -136,8 +140,8 @@ def _server(raw: Any, environ: Mapping[str, str], at: str) -> ServerConfig:
     overrides_raw = raw.get("overrides", {})
     if not isinstance(overrides_raw, dict):
         raise McpConfigError(f"{at}: overrides must map tool names to {{idempotent, requiresApproval, "
-                             "timeoutSeconds}")
-    overrides = {str(k): _override(v, f"{at}: overrides.{k}") for k, v in overrides_raw.items()}
+                             "timeoutSeconds, reconcile}")
+    overrides = {str(k): _override(v, f"{at}: overrides.{k}", str(k)) for k, v in overrides_raw.items()}
     return ServerConfig(
         name=name, url=url, command=command, args=tuple(str(a) for a in args), env=env, headers=headers,
         tools=frozenset(tools) if tools is not None else None, overrides=overrides, require_approval=require,
@@ -145,17 +149,23 @@ def _server(raw: Any, environ: Mapping[str, str], at: str) -> ServerConfig:
     )
 
 
-def _override(raw: Any, at: str) -> Override:
+def _override(raw: Any, at: str, tool: str) -> Override:
     if not isinstance(raw, dict):
-        raise McpConfigError(f"{at}: must be a mapping of idempotent, requiresApproval, timeoutSeconds")
+        raise McpConfigError(f"{at}: must be a mapping of idempotent, requiresApproval, timeoutSeconds, reconcile")
     if unknown := sorted(set(map(str, raw)) - _OVERRIDE_KEYS):
         raise McpConfigError(f"{at}: unknown keys {', '.join(unknown)} (known: {', '.join(sorted(_OVERRIDE_KEYS))})")
     for key in ("idempotent", "requiresApproval"):
         if key in raw and not isinstance(raw[key], bool):
             raise McpConfigError(f"{at}.{key}: must be true or false, got {raw[key]!r}")
     timeout = raw.get("timeoutSeconds")
+    reconcile = raw.get("reconcile")
+    if reconcile is not None and (not isinstance(reconcile, str) or not reconcile):
+        raise McpConfigError(f"{at}.reconcile: must name a read-only tool of the same server, got {reconcile!r}")
+    if reconcile == tool:
+        raise McpConfigError(f"{at}.reconcile: a tool cannot reconcile its own calls: name a read-only tool that "
+                             "looks the call up by its idempotency key")
     return Override(raw.get("idempotent"), raw.get("requiresApproval"),
-                    _timeout(timeout, f"{at}.timeoutSeconds") if timeout is not None else None)
+                    _timeout(timeout, f"{at}.timeoutSeconds") if timeout is not None else None, reconcile)
 
 
 def _timeout(value: Any, at: str) -> float:

@@ -86,6 +86,37 @@ def tool_result(result: types.CallToolResult) -> ToolResult:
     return ToolResult(tuple(blocks), is_error=bool(result.is_error))
 
 
+NOT_DONE = {"done": False}
+"""What a reconcile tool answers (as its text, or its structured content) for a call that was not done;
+an empty text says so too."""
+
+
+class CannotTell(Exception):
+    """A reconcile tool answered with an error: whether the call was done is unknown."""
+
+
+def reconciled(result: types.CallToolResult, tool: str) -> str | None:
+    """What the reconcile tool `tool` said of a call in doubt: its result (the text) when it was done, None
+    when it was not (an empty text, or `{"done": false}`); raises CannotTell for an error result."""
+    texts = [item.text for item in result.content if isinstance(item, types.TextContent)]
+    if result.is_error:
+        said = " ".join(" ".join(texts).split())[:300]
+        raise CannotTell(f"reconcile tool {tool} answered with an error{': ' + said if said else ''}")
+    if result.structured_content == NOT_DONE:
+        return None
+    text = "\n".join(texts)
+    if not text.strip() and result.structured_content is not None:
+        text = json.dumps(result.structured_content, ensure_ascii=False)
+    if not text.strip():
+        return None
+    try:
+        if json.loads(text) == NOT_DONE:
+            return None
+    except ValueError:
+        pass
+    return text
+
+
 def _block(item: Any) -> dict[str, Any]:
     if isinstance(item, types.TextContent):
         return {"type": "text", "text": item.text}

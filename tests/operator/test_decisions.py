@@ -10,7 +10,7 @@ import pytest
 from agentrun.worker.llm.scripted import ScriptedLlm
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolContext, tool
-from tests.helpers import eventually, worker
+from tests.helpers import SimulatedCrash, eventually, worker
 from tests.operator.conftest import Cluster, uid_of
 
 pytestmark = pytest.mark.usefixtures("operator")
@@ -124,3 +124,43 @@ async def test_spec_fork_from_a_step_that_does_not_exist_is_rejected(cluster: Cl
     await cluster.create("bad-fork", forkFrom={"name": "src", "seq": 5})
     status = await cluster.wait_status("bad-fork", "Failed", lambda s: s.get("phase") == "Failed")
     assert "forkFrom.seq" in status["message"]
+
+
+async def test_spec_fork_from_an_agentrun_whose_call_was_in_doubt_asks_again(
+    cluster: Cluster, store: RunStore, db: Any
+) -> None:
+    """The fork inherits the call in doubt (the same store path as the API's forkFrom): it waits in the
+    child, announced, instead of being made again."""
+    paid: list[str] = []
+
+    @tool(name="pay", description="Pays, once.", idempotent=False)
+    async def pay(args: dict[str, Any], ctx: ToolContext) -> str:
+        paid.append(ctx.tool_use_id)
+        if len(paid) == 1:
+            raise SimulatedCrash()
+        return "paid"
+
+    src = await cluster.create("pay-src", input="pay")
+    src_id = await _run_id(store, src)
+    llm = ScriptedLlm().then_tool_use("t_pay", "pay", {}, 10, 5).then_text("done", 10, 5)
+    with pytest.raises(SimulatedCrash):
+        await worker(store, llm, [pay], "worker-A").run_once()
+    await db.execute("UPDATE run SET locked_until = now() - interval '1 second' WHERE id = %s", (src_id,))
+    await worker(store, llm, [pay], "worker-B").run_once()  # parks it in doubt
+    await cluster.wait_status("pay-src", "Waiting", lambda s: s.get("phase") == "Waiting")
+    await cluster.patch_spec("pay-src", decisions=[{"toolUseId": "t_pay", "decision": "fail"}])
+
+    async def queued() -> bool:
+        run = await store.get(src_id)
+        return run is not None and run.status.value == "QUEUED"
+
+    await eventually(queued, 60, "the decision to queue the run again")
+    await worker(store, llm, [pay], "worker-B").run_once()  # ends it FAILED, as the person chose
+    await cluster.wait_status("pay-src", "Failed", lambda s: s.get("phase") == "Failed")
+    child = await cluster.create("pay-fork", forkFrom={"name": "pay-src", "seq": 2})
+    await _run_id(store, child)
+    await worker(store, llm, [pay], "worker-C").run_once()
+    status = await cluster.wait_status("pay-fork", "Waiting", lambda s: s.get("phase") in ("Waiting", "Succeeded"))
+    assert status["phase"] == "Waiting" and paid == ["t_pay"]
+    [pending] = status["pending"]
+    assert (pending["toolUseId"], pending["kind"], pending["attempt"]) == ("t_pay", "in_doubt", 1)

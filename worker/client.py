@@ -306,8 +306,8 @@ def answer_text(output: Any) -> str:
 def pending_table(calls: Sequence[Mapping[str, Any]]) -> str:
     if not calls:
         return "nothing pending"
-    header = ["TOOL_USE_ID", "TOOL", "KIND", "SINCE", "INPUT"]
-    rows = [[c["toolUseId"], c["tool"], c["kind"], c["since"][:19].replace("T", " "),
+    header = ["TOOL_USE_ID", "TOOL", "KIND", "ATTEMPT", "SINCE", "INPUT"]
+    rows = [[c["toolUseId"], c["tool"], c["kind"], str(c.get("attempt", 0)), c["since"][:19].replace("T", " "),
              _shown(json.dumps(c.get("input"), ensure_ascii=False), 60)] for c in calls]
     widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()

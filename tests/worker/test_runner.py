@@ -120,9 +120,9 @@ async def test_reclaiming_its_own_lapsed_run_supersedes_the_old_driver(
     class RecordingStore(RunStore):
         released: list[uuid.UUID] = []
 
-        async def release(self, run_id: uuid.UUID, worker: str) -> bool:
+        async def release(self, run_id: uuid.UUID, worker: str, **kw: Any) -> bool:
             self.released.append(run_id)
-            return await super().release(run_id, worker)
+            return await super().release(run_id, worker, **kw)
 
     llm = ScriptedLlm().then_tool_use("t1", "slow").then_text("done")
     recording = RecordingStore(store.pool)

@@ -22,6 +22,10 @@ CREATE TRIGGER run_event_mark BEFORE UPDATE ON run
                         NEW.lease_epoch))
     EXECUTE FUNCTION agentrun_event_mark();
 
+-- A handback wakes idle workers as before (0002 woke them on a shortened lease of a RUNNING run).
+CREATE TRIGGER run_handed_back_wake AFTER UPDATE OF status ON run
+    FOR EACH ROW WHEN (NEW.status = 'QUEUED' AND OLD.status = 'RUNNING') EXECUTE FUNCTION agentrun_wake();
+
 -- Runs handed back under the old rule (RUNNING, a lapsed lease, handed_back) are queued the new way.
 UPDATE run SET status = 'QUEUED', locked_by = NULL, locked_until = NULL
 WHERE status = 'RUNNING' AND handed_back;

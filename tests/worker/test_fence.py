@@ -11,9 +11,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.conninfo import make_conninfo
 
+from agentrun.worker.db import open_pool
 from agentrun.worker.engine import DriverSettings, RunDriver
-from agentrun.worker.groupcommit import GroupCommit
+from agentrun.worker.groupcommit import GroupCommit, transient
 from agentrun.worker.lease import LeaseKeeper
 from agentrun.worker.llm.scripted import ScriptedLlm
 from agentrun.worker.llm.types import LlmRequest, LlmResponse
@@ -237,3 +239,72 @@ async def test_every_write_of_an_earlier_claim_is_refused_and_changes_nothing(
     after = await db.execute("SELECT row_to_json(r)::text FROM run r WHERE id = %s", (run_id,))
     assert await after.fetchone() == snapshot and await store.steps(run_id) == []
     assert set(await store.renew([run_id], "W", 30, {run_id: second.run.lease_epoch})) == {run_id}
+
+
+async def test_a_copy_sent_again_in_a_batch_finds_its_first_copy_through_the_shared_statement(
+    store: RunStore, db: psycopg.AsyncConnection[Any], database_url: str
+) -> None:
+    """The same overlap, the copy going with two other runs' checkpoints as one shared statement."""
+    for _ in range(3):
+        await store.create(new_run())
+    claims = await store.claim_many("W", 30, limit=3)
+    (run_id, epoch), *others = [(c.run.id, c.run.lease_epoch) for c in claims]
+    batched = RunStore(store.pool, GroupCommit(store.pool, senders=1))
+    wid, checkpoint = uuid.uuid4(), WRITES["checkpoint"]
+    async with row_locked(database_url, run_id) as holder:
+        first = asyncio.create_task(checkpoint(RunStore(store.pool), run_id, epoch, wid, False))
+        await eventually(lambda: _at_least(lock_waiters(db), 1), what="the first copy to wait for the run")
+        together = asyncio.gather(checkpoint(batched, run_id, epoch, wid, True),
+                                  *(checkpoint(batched, i, e, uuid.uuid4(), False) for i, e in others))
+        await eventually(lambda: _at_least(lock_waiters(db), 2), what="the batch to wait too")
+        await holder.rollback()
+        answers = [await first, *await together]
+    assert batched.writes.stats.largest == 3 and batched.writes.stats.split == 0
+    assert [seq for seq, _ in answers] == [1, 1, 1, 1]
+    cur = await db.execute("SELECT run_id, count(*) FROM run_step GROUP BY run_id")
+    assert sorted(n for _, n in await cur.fetchall()) == [1, 1, 1]
+    cur = await db.execute("SELECT tokens_used FROM run WHERE id = %s", (run_id,))
+    assert await cur.fetchone() == (15,)
+
+
+@pytest.mark.parametrize("error, retried", [
+    (psycopg.errors.QueryCanceled, True),  # 57014: statement_timeout
+    (psycopg.errors.LockNotAvailable, True),  # 55P03: lock_timeout
+    (psycopg.errors.SerializationFailure, True),  # 40001
+    (psycopg.errors.DeadlockDetected, True),  # 40P01
+    (psycopg.errors.UniqueViolation, False),
+    (psycopg.errors.NumericValueOutOfRange, False),
+])
+def test_timeouts_serialization_failures_and_deadlocks_are_sent_again(error: type[psycopg.Error], retried: bool) -> None:
+    assert transient(error("refused")) is retried
+
+
+async def test_a_write_that_hits_its_lock_timeout_is_sent_again_and_lands_once(
+    store: RunStore, db: psycopg.AsyncConnection[Any], database_url: str
+) -> None:
+    """A write refused by lock_timeout (the run row held for longer) goes again through the engine's
+    resend loop and lands once, instead of failing the run."""
+    await store.create(new_run())
+    claim = await store.claim("W", 30)
+    assert claim is not None
+    run_id, epoch, wid = claim.run.id, claim.run.lease_epoch, uuid.uuid4()
+    d = driver(store, ScriptedLlm(), ToolBox([]))
+    sent: list[bool] = []
+
+    impatient = await open_pool(make_conninfo(database_url, options="-c lock_timeout=100ms"), max_size=2)
+    try:
+        writes = RunStore(impatient)
+
+        async def checkpoint(again: bool) -> Any:
+            sent.append(again)
+            return await WRITES["checkpoint"](writes, run_id, epoch, wid, again)
+
+        async with row_locked(database_url, run_id) as holder:
+            write = asyncio.create_task(d._durably(checkpoint))
+            await eventually(lambda: _true(len(sent) >= 2), what="the write to be refused and sent again")
+            await holder.rollback()
+            seq, progress = await write
+    finally:
+        await impatient.close()
+    assert sent[:2] == [False, True]
+    assert seq == 1 and progress.tokens_used == 15 and len(await store.steps(run_id)) == 1

@@ -244,7 +244,10 @@ async def _together(conn: psycopg.AsyncConnection[Any], batch: list[_Write]) -> 
     The writes of a kind that has a shared statement go as one statement; the rest one each. No lock
     is waited for in a circle: the writes of a batch are to runs no other batch writes (a run has one
     write in flight at a time), and the one other statement that locks many held runs, the renewal,
-    skips those that are locked (`RunStore.renew`).
+    skips those that are locked (`RunStore.renew`). The one exception, a copy sent again while its
+    first copy still runs in an earlier batch on a broken connection, locks its batch's runs in id
+    order first; should it still meet a deadlock, the database breaks it (40P01) and the writers send
+    their writes again (transient).
     """
     kinds: dict[str, list[_Write]] = {}
     single: list[_Write] = []

@@ -391,6 +391,9 @@ def _money(value: Decimal) -> str:
 
 def _phase_message(run: Run) -> str:
     if run.status is RunStatus.QUEUED:
+        if run.model_retries and run.run_at is not None:  # handed back in a model API outage
+            return (f"handed back after {run.model_retries} failed model step{'s' if run.model_retries != 1 else ''}; "
+                    f"to be retried from {run.run_at.isoformat(timespec='seconds')}")
         return "waiting for a worker"
     if run.status is RunStatus.RUNNING:
         return f"running on {run.locked_by}" if run.locked_by else "running"

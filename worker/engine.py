@@ -124,7 +124,7 @@ class RunDriver:
         """
         task = asyncio.current_task()
         assert task is not None
-        self.keeper.hold(run.id, task)
+        self.keeper.hold(run.id, task, run.lease_epoch)
         try:
             with logs.step_context(run_id=str(run.id)), self.observer.driving(run):
                 return await self._resume(run, progress, fresh)
@@ -174,7 +174,7 @@ class RunDriver:
         while True:
             if self.stopping.is_set():
                 self.keeper.drop(run.id)
-                await self._durably(lambda again: self.store.release(run.id, self.me))
+                await self._release(run)
                 log.info("%s run=%s released at seq=%d", self.me, run.id.hex[:8], conv.steps)
                 return None
             if self.keeper.cancel_requested(run.id):
@@ -200,8 +200,8 @@ class RunDriver:
                     return Stop(RunStatus.FAILED, "the model ended without calling final_answer with an answer "
                                 "that matches outputSchema, after a corrective turn")
                 progress = await self._durably(lambda again: self.store.add_user_step(
-                    run.id, self.me, self.settings.lease_seconds, write_id=correction_id, text=ANSWER_REMINDER,
-                    request=CORRECTION,
+                    run.id, self.me, self.settings.lease_seconds, write_id=correction_id, epoch=run.lease_epoch,
+                    again=again, text=ANSWER_REMINDER, request=CORRECTION,
                 ))
                 conv.apply(Step(run.id, conv.steps + 1, StepKind.USER, StepStatus.DONE, request=CORRECTION,
                                 response=ANSWER_REMINDER))
@@ -257,7 +257,7 @@ class RunDriver:
         assert isinstance(step, Park)
         self.keeper.drop(run.id)
         calls = [(use["id"], kind, use["name"], _json(use.get("input")), attempt) for use, kind, attempt in step.calls]
-        await self._durably(lambda again: self.store.park(run.id, self.me, calls))
+        await self._durably(lambda again: self.store.park(run.id, self.me, calls, epoch=run.lease_epoch, again=again))
         self.observer.parked(run, [(tool_use_id, kind, name) for tool_use_id, kind, name, _, _ in calls])
         log.info(
             "%s run=%s waiting for %d decisions: %s", self.me, run.id.hex[:8], len(calls),
@@ -278,7 +278,7 @@ class RunDriver:
             if kind is not DecisionKind.IN_DOUBT or key in unsettled:
                 continue
             name = use["name"]
-            ctx = ToolContext(run.id, use["id"])
+            ctx = ToolContext(run.id, use["id"], run.lease_epoch)
             probe = self.tools.reconcile_probe(name)
             if probe is None:
                 continue
@@ -302,7 +302,7 @@ class RunDriver:
         decision = Decision.RECORD if done else Decision.RETRY
         why = f"the tool's reconcile probe found the call {'done' if done else 'not done'}"
         stored = await self._durably(lambda again: self.store.reconcile(
-            run.id, self.me, self.settings.lease_seconds, tool_use_id=use["id"], tool_name=use["name"],
+            run.id, self.me, self.settings.lease_seconds, epoch=run.lease_epoch, again=again, tool_use_id=use["id"], tool_name=use["name"],
             input=_json(use.get("input")), attempt=attempt, decision=decision, output=output if done else None,
             reason=why,
         ))
@@ -337,8 +337,8 @@ class RunDriver:
         tool_use_id, name = use["id"], use["name"]
         write_id = uuid.uuid4()
         progress = await self._durably(lambda again: self.store.settle_tool(
-            run.id, self.me, self.settings.lease_seconds, write_id=write_id, tool_use_id=tool_use_id,
-            tool_name=name, request=_json(use.get("input")), ok=ok, output=output,
+            run.id, self.me, self.settings.lease_seconds, write_id=write_id, epoch=run.lease_epoch, again=again,
+            tool_use_id=tool_use_id, tool_name=name, request=_json(use.get("input")), ok=ok, output=output,
         ))
         status = StepStatus.DONE if ok else StepStatus.ERROR
         conv.apply(Step(run.id, conv.steps + 1, StepKind.TOOL, status, tool_name=name, tool_use_id=tool_use_id,
@@ -355,19 +355,29 @@ class RunDriver:
             run.model_retries, self.settings.outage_backoff_base, self.settings.outage_backoff_cap, self._rng
         )
         self.keeper.drop(run.id)
-        await self._durably(lambda again: self.store.release(run.id, self.me, delay=delay))
+        await self._release(run, delay)
         log.warning(
             "%s run=%s model step failed after its retries (%s); handed back, to be retried in %.0fs",
             self.me, run.id.hex[:8], error, delay,
         )
+
+    async def _release(self, run: Run, delay: float | None = None) -> None:
+        """Hand the run back (QUEUED, no holder; claimable after `delay` seconds); LeaseLost if it was not
+        held under this claim any more, so the loss is logged like any other."""
+        if not await self._durably(lambda again: self.store.release(
+            run.id, self.me, delay=delay, epoch=run.lease_epoch, again=again
+        )):
+            raise LeaseLost(run.id, self.me)
 
     async def _durably(self, write: Callable[[bool], Awaitable[T]]) -> T:
         """Send a fenced write until its outcome is known.
 
         A connection that drops after a write was sent leaves its outcome unknown; the write is sent
         again (`write(True)`), and each write is made so that a second copy finds the first instead
-        of applying twice (store.py: write ids). It is bounded by the lease: a worker that cannot
-        write for two thirds of it gives the run up (lease.py), which cancels this.
+        of applying twice (store.py: write ids), even while the first is still executing. A statement
+        or lock timeout, a serialization failure or a deadlock rolled the write back: sent again too.
+        It is bounded by the lease: a worker that cannot write for two thirds of it gives the run up
+        (lease.py), which cancels this.
         """
         again, delay = False, 0.05
         while True:
@@ -394,7 +404,8 @@ class RunDriver:
         self.keeper.drop(run.id)
         tokens = await self._durably(
             lambda again: self.store.finish(
-                run.id, self.me, stop.status, stop.reason or None, again=again, output=stop.output
+                run.id, self.me, stop.status, stop.reason or None, again=again, output=stop.output,
+                epoch=run.lease_epoch,
             )
         )
         self.observer.run_ended(run, stop.status, stop.reason or None)
@@ -449,6 +460,8 @@ class RunDriver:
             self.me,
             self.settings.lease_seconds,
             write_id=write_id,
+            epoch=run.lease_epoch,
+            again=again,
             request=_json(summary),
             response=content,
             stop_reason=stop_reason,
@@ -475,8 +488,8 @@ class RunDriver:
         tool_use_id, name = use["id"], use["name"]
         started_id, finished_id = uuid.uuid4(), uuid.uuid4()
         seq, attempts, _ = await self._durably(lambda again: self.store.start_tool(
-            run.id, self.me, self.settings.lease_seconds, write_id=started_id, tool_use_id=tool_use_id,
-            tool_name=name, request=_json(use.get("input")),
+            run.id, self.me, self.settings.lease_seconds, write_id=started_id, epoch=run.lease_epoch, again=again,
+            tool_use_id=tool_use_id, tool_name=name, request=_json(use.get("input")),
         ))
         logs.set_context(step_seq=seq)
         notes.checkpointed(seq, attempts)
@@ -485,12 +498,14 @@ class RunDriver:
         t0 = time.perf_counter()
         try:
             outcome = await self.keeper.interruptible(
-                run.id, self.tools.execute(name, use.get("input"), ToolContext(run.id, tool_use_id), run.tools)
+                run.id, self.tools.execute(name, use.get("input"), ToolContext(run.id, tool_use_id, run.lease_epoch),
+                                           run.tools),
             )
         except CancelRequested:
             await self._durably(lambda again: self.store.finish_tool(
-                run.id, self.me, self.settings.lease_seconds, write_id=finished_id, tool_use_id=tool_use_id,
-                ok=False, output="cancelled", latency_ms=round((time.perf_counter() - t0) * 1000),
+                run.id, self.me, self.settings.lease_seconds, write_id=finished_id, epoch=run.lease_epoch,
+                again=again, tool_use_id=tool_use_id, ok=False, output="cancelled",
+                latency_ms=round((time.perf_counter() - t0) * 1000),
             ))
             self.observer.tool_step(self.tools.label(name, UNKNOWN_TOOL), time.perf_counter() - t0, False)
             log.info("%s run=%s seq=%d TOOL %s id=%s cancelled", self.me, run.id.hex[:8], seq, name, tool_use_id)
@@ -498,8 +513,8 @@ class RunDriver:
         seconds = time.perf_counter() - t0
         latency_ms = round(seconds * 1000)
         progress = await self._durably(lambda again: self.store.finish_tool(
-            run.id, self.me, self.settings.lease_seconds, write_id=finished_id, tool_use_id=tool_use_id,
-            ok=outcome.ok, output=outcome.output, latency_ms=latency_ms,
+            run.id, self.me, self.settings.lease_seconds, write_id=finished_id, epoch=run.lease_epoch, again=again,
+            tool_use_id=tool_use_id, ok=outcome.ok, output=outcome.output, latency_ms=latency_ms,
         ))
         notes.tool_outcome(outcome.ok, outcome.output)
         self.observer.tool_step(self.tools.label(name, UNKNOWN_TOOL), seconds, outcome.ok)

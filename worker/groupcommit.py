@@ -32,12 +32,14 @@ Row = dict[str, Any]
 def transient(e: BaseException) -> bool:
     """An error after which the same statement may succeed: the connection broke (the outcome of a write
     sent on it is unknown), the server is shutting down or read-only for a failover, or it refused for
-    lack of resources. A constraint or data error is not: retrying it gives the same answer."""
+    lack of resources, or the statement was given up on: a statement or lock timeout (57014, 55P03), a
+    serialization failure or a deadlock (40001, 40P01), all rolled back whole. A constraint or data error
+    is not: retrying it gives the same answer."""
     if isinstance(e, psycopg.OperationalError):  # includes a pool that could hand out no connection in time
         return True
     state = getattr(e, "sqlstate", None) or ""
     return isinstance(e, psycopg.Error) and (
-        state.startswith(("08", "53", "57P", "40")) or state == "25006"  # 25006: read-only transaction
+        state.startswith(("08", "53", "57P", "40")) or state in ("25006", "57014", "55P03")  # 25006: read-only
     )
 
 
@@ -63,6 +65,17 @@ class _Write:
     answer: asyncio.Future[Row | None]
     shared: tuple[Shared, tuple[Any, ...]] | None = None
     """The write's values for its kind's shared statement, if it has one (`values[0]` is the run id)."""
+    resend: bool = False
+    """A copy of a write whose outcome was lost: its run row is locked first (LOCK_FIRST)."""
+
+
+# A copy of a write sent again may overlap its first copy, still executing on the server and waiting
+# for the run row. Under READ COMMITTED a statement reads from the snapshot it took when it began, so
+# the copy's own statement could not see the first copy commit while it waited for the same row, and
+# would write the step a second time (or count an attempt twice). Locking the row in a statement of
+# its own first, in the same transaction, makes the write's statement take its snapshot after the
+# first copy has committed: it finds it by its write id. Only copies pay for it.
+LOCK_FIRST = b"SELECT id FROM run WHERE id = ANY(%s) ORDER BY id FOR UPDATE"
 
 
 _LINGER_TURNS = 3
@@ -100,7 +113,7 @@ class GroupCommit:
 
     async def write(
         self, run_id: uuid.UUID, query: bytes, params: Mapping[str, Any] | Sequence[Any],
-        shared: tuple[Shared, tuple[Any, ...]] | None = None,
+        shared: tuple[Shared, tuple[Any, ...]] | None = None, *, resend: bool = False,
     ) -> Row | None:
         """Send one statement that changes the run `run_id`; its first row (None for none) once committed.
 
@@ -109,13 +122,13 @@ class GroupCommit:
 
         Raises what the database raised for this statement. An error that leaves the outcome unknown (a
         connection lost with the batch in flight) is raised to every writer in the batch: each of them
-        sends its write again, and its write id makes the copy find the first (store.py).
+        sends its write again (`resend`), and its write id makes the copy find the first (store.py).
         """
         if self.max_batch == 1:  # no batching at all: each write its own statement, on its own checkout
             async with self.pool.connection() as conn:
-                return await _alone(conn, query, params)
+                return await _alone(conn, query, params, run_id if resend else None)
         answer: asyncio.Future[Row | None] = asyncio.get_running_loop().create_future()
-        self._queue.append(_Write(run_id, query, params, answer, shared))
+        self._queue.append(_Write(run_id, query, params, answer, shared, resend))
         if self._sending < self.senders:
             self._start_sender()
         # A writer that stops waiting (its run given up) leaves its write to be sent or skipped: it has
@@ -170,7 +183,7 @@ class GroupCommit:
         self.stats.largest = max(self.stats.largest, len(batch))
         try:
             if len(batch) == 1:
-                answers = [(batch[0], await _alone(conn, batch[0].query, batch[0].params))]
+                answers = [(batch[0], await _alone(conn, batch[0].query, batch[0].params, _lock(batch[0])))]
             else:
                 answers = await _together(conn, batch)
         except psycopg.Error as e:
@@ -183,7 +196,7 @@ class GroupCommit:
             log.debug("a batch of %d writes was refused (%s); sending them one by one", len(batch), e)
             for w in batch:
                 try:
-                    answers = [(w, await _alone(conn, w.query, w.params))]
+                    answers = [(w, await _alone(conn, w.query, w.params, _lock(w)))]
                 except psycopg.Error as alone:
                     _answer_all([w], alone)
                     if transient(alone):
@@ -204,12 +217,24 @@ class GroupCommit:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
+def _lock(w: _Write) -> uuid.UUID | None:
+    return w.run_id if w.resend else None
+
+
 async def _alone(
-    conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any] | Sequence[Any]
+    conn: psycopg.AsyncConnection[Any], query: bytes, params: Mapping[str, Any] | Sequence[Any],
+    lock: uuid.UUID | None = None,
 ) -> Row | None:
+    """One statement; with `lock` (a copy sent again), in a transaction that locks that run first."""
     cur = conn.cursor(row_factory=dict_row)
-    await cur.execute(query, params)
-    row: Row | None = await cur.fetchone()
+    if lock is None:
+        await cur.execute(query, params)
+        row: Row | None = await cur.fetchone()
+        return row
+    async with conn.transaction():
+        await cur.execute(LOCK_FIRST, ([lock],))
+        await cur.execute(query, params)
+        row = await cur.fetchone()
     return row
 
 
@@ -219,7 +244,10 @@ async def _together(conn: psycopg.AsyncConnection[Any], batch: list[_Write]) -> 
     The writes of a kind that has a shared statement go as one statement; the rest one each. No lock
     is waited for in a circle: the writes of a batch are to runs no other batch writes (a run has one
     write in flight at a time), and the one other statement that locks many held runs, the renewal,
-    skips those that are locked (`RunStore.renew`).
+    skips those that are locked (`RunStore.renew`). The one exception, a copy sent again while its
+    first copy still runs in an earlier batch on a broken connection, locks its batch's runs in id
+    order first; should it still meet a deadlock, the database breaks it (40P01) and the writers send
+    their writes again (transient).
     """
     kinds: dict[str, list[_Write]] = {}
     single: list[_Write] = []
@@ -232,8 +260,13 @@ async def _together(conn: psycopg.AsyncConnection[Any], batch: list[_Write]) -> 
         if len(writes) == 1 or len({w.run_id for w in writes}) < len(writes):
             single.extend(kinds.pop(kind))  # alone, or (never in practice) a run twice: one each
     shared_cursors, single_cursors = [], []
-    statements = len(kinds) + len(single)
+    # With a copy among them, every run of the batch is locked first, in id order as the shared
+    # statements lock theirs: the statements after it see what committed while they waited (LOCK_FIRST).
+    lock_first = any(w.resend for w in batch)
+    statements = len(kinds) + len(single) + lock_first
     async with conn.pipeline(), (conn.transaction() if statements > 1 else contextlib.nullcontext()):
+        if lock_first:
+            await conn.cursor().execute(LOCK_FIRST, (sorted({w.run_id for w in batch}),))
         for writes in kinds.values():
             form = writes[0].shared[0]  # type: ignore[index]
             cur = conn.cursor(row_factory=dict_row)

@@ -39,6 +39,7 @@ class LeaseKeeper:
         self.worker_id = worker_id
         self.lease_seconds = lease_seconds
         self._held: dict[uuid.UUID, asyncio.Task[object]] = {}
+        self._epochs: dict[uuid.UUID, int] = {}  # the lease epoch each held run was claimed under
         self._lost: set[uuid.UUID] = set()
         self._cancel: set[uuid.UUID] = set()  # held runs someone asked to stop
         self._interruptible: dict[uuid.UUID, asyncio.Future[object]] = {}  # the call or tool in flight, per run
@@ -49,21 +50,27 @@ class LeaseKeeper:
         """The longest one renewal may take, pool checkout included: it must never outlast the lease."""
         return self.lease_seconds / 10
 
-    def hold(self, run_id: uuid.UUID, task: asyncio.Task[object]) -> None:
-        """Renew the run's lease from now on (its claim has just written it)."""
+    def hold(self, run_id: uuid.UUID, task: asyncio.Task[object], epoch: int | None = None) -> None:
+        """Renew the run's lease from now on (its claim, of lease epoch `epoch`, has just written it)."""
         if not self._held:
             self._renewed_at = time.monotonic()  # no older lease is held whose renewal could be overdue
         self._lost.discard(run_id)
         self._cancel.discard(run_id)
         self._held[run_id] = task
+        if epoch is not None:
+            self._epochs[run_id] = epoch
+        else:
+            self._epochs.pop(run_id, None)
 
     def drop(self, run_id: uuid.UUID) -> None:
         """Stop renewing: the run is about to be finished or released by its driver."""
         self._held.pop(run_id, None)
+        self._epochs.pop(run_id, None)
 
     def forget(self, run_id: uuid.UUID) -> None:
         """The run's driver has ended: stop renewing and drop the record of a loss, once it was read."""
         self._held.pop(run_id, None)
+        self._epochs.pop(run_id, None)
         self._lost.discard(run_id)
         self._cancel.discard(run_id)
 
@@ -121,7 +128,9 @@ class LeaseKeeper:
         # Never past the give-up mark either: a renewal still waiting then would be too late to count.
         give_up_in = self._renewed_at + self.lease_seconds * GIVE_UP_AT - started
         async with asyncio.timeout(max(min(self.renew_timeout, give_up_in), 0.0)):
-            alive = await self.store.renew(ids, self.worker_id, self.lease_seconds)
+            alive = await self.store.renew(
+                ids, self.worker_id, self.lease_seconds, {i: self._epochs[i] for i in ids if i in self._epochs}
+            )
         self._renewed_at = started
         self.give_up([run_id for run_id in ids if run_id not in alive])
         for run_id, cancel in alive.items():
@@ -133,6 +142,7 @@ class LeaseKeeper:
         for run_id in run_ids:
             self._lost.add(run_id)
             task = self._held.pop(run_id, None)
+            self._epochs.pop(run_id, None)
             if task is not None:
                 task.cancel("lease lost")
 

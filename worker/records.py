@@ -119,6 +119,7 @@ class Run:
     parent_run_id: uuid.UUID | None = None
     forked_at_seq: int | None = None
     inherited_steps: int = 0
+    lease_epoch: int = 0  # claims of the run so far: each one names its fenced writes (store.FENCE)
     pending: int = 0  # undecided calls while WAITING
 
     traceparent: str | None = None

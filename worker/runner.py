@@ -238,7 +238,7 @@ class Worker:
         self.keeper.drop(run.id)
         with contextlib.suppress(Exception):
             async with asyncio.timeout(self.keeper.renew_timeout):
-                await self.store.finish(run.id, self.id, RunStatus.FAILED, reason)
+                await self.store.finish(run.id, self.id, RunStatus.FAILED, reason, epoch=run.lease_epoch)
 
     async def _drive(self, run: Run, progress: Progress, fresh: bool) -> RunStatus | None:
         try:
@@ -252,9 +252,13 @@ class Worker:
             )
         except asyncio.CancelledError:
             # Cancelled past the shutdown grace: the in-flight step is abandoned (it will be redone),
-            # and the lease is given back so another worker resumes at once.
+            # and the lease is given back so another worker resumes at once. Under this claim's epoch:
+            # a driver cancelled because this worker claimed the run again (supersede) must not hand
+            # back the new claim.
             with contextlib.suppress(Exception):
-                await asyncio.shield(self.store.release(run.id, self.id))
+                if not await asyncio.shield(self.store.release(run.id, self.id, epoch=run.lease_epoch)):
+                    log.warning("%s run=%s not handed back: no longer held under claim %d", self.id,
+                                run.id.hex[:8], run.lease_epoch)
             raise
         except psycopg.Error as e:
             if not transient(e):
@@ -267,7 +271,7 @@ class Worker:
             self.keeper.drop(run.id)
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(self.keeper.renew_timeout):  # not past the lease: moot then
-                    await self.store.release(run.id, self.id)
+                    await self.store.release(run.id, self.id, epoch=run.lease_epoch)
         except Exception as e:
             # Not a crash of the worker but a bug or bad data in this run: end it with the reason, so it
             # does not poison every worker that claims it.

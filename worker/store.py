@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from decimal import Decimal
 from enum import Enum
 from typing import Any
@@ -83,7 +83,8 @@ UPDATE run SET inherited_steps = (SELECT count(*) FROM steps) WHERE id = %(id)s
 
 
 class LeaseLost(Exception):
-    """The worker no longer holds the run: another worker took it over, or it finished or was stopped."""
+    """The worker no longer holds the run: another worker took it over, or it finished or was stopped, or
+    the same worker claimed it again since (a later lease epoch) and the write came from the earlier claim."""
 
     def __init__(self, run_id: uuid.UUID, worker: str) -> None:
         super().__init__(f"worker {worker} no longer holds run {run_id}")
@@ -97,6 +98,7 @@ RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_bu
     r.idempotency_key, r.k8s_namespace, r.k8s_name, r.crashes, r.model_retries, r.created_by,
     r.cancelled_by, r.traceparent, r.priority, r.run_at,
     r.require_approval, r.output_schema, r.output, r.parent_run_id, r.forked_at_seq, r.inherited_steps,
+    r.lease_epoch,
     CASE WHEN r.status = 'WAITING' THEN (SELECT count(*) FROM run_decision d
          WHERE d.run_id = r.id AND d.decision IS NULL) ELSE 0 END AS pending,
     (SELECT coalesce(max(s.seq), 0) FROM run_step s WHERE s.run_id = r.id) AS steps"""
@@ -107,11 +109,16 @@ STEP_COLUMNS = """run_id, seq, kind, status, tool_name, tool_use_id, request, re
 
 TIMELINE_COLUMNS = STEP_COLUMNS.replace("request, response,", "NULL AS request, NULL AS response,")
 
-# The fence. `fence` locks the run row if and only if this worker still holds it; every other part of a
-# fenced statement reads from it, so when it yields no row the worker lost the run and nothing is
-# written. `owned` renews the lease (plus `extra`) and yields the counters for the guard.
-FENCE = """fence AS (
-    SELECT id FROM run WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING' FOR UPDATE)"""
+# The fence. `fence` locks the run row if and only if this worker still holds it under the claim the
+# write was made for (its lease epoch: every claim counts one more); every other part of a fenced
+# statement reads from it, so when it yields no row the worker lost the run and nothing is written.
+# `owned` renews the lease (plus `extra`) and yields the counters for the guard. A NULL epoch (a caller
+# outside the engine, such as a test) fences on the worker alone.
+EPOCH = "(%(epoch)s::bigint IS NULL OR lease_epoch = %(epoch)s::bigint)"
+
+FENCE = f"""fence AS (
+    SELECT id FROM run WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING' AND {EPOCH}
+    FOR UPDATE)"""
 
 OWNED = """owned AS (
     UPDATE run SET locked_until = now() + make_interval(secs => %(lease)s) {extra}
@@ -131,16 +138,17 @@ PROGRESS = "owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_
 # written, whatever happens to the others. Each reads and writes as its one-run form above does.
 SHARED_FENCE = """fence AS (
     SELECT run.id FROM run JOIN w ON run.id = w.id AND run.locked_by = w.worker
-    WHERE run.status = 'RUNNING' ORDER BY run.id FOR UPDATE OF run)"""
+    WHERE run.status = 'RUNNING' AND (w.epoch IS NULL OR run.lease_epoch = w.epoch)
+    ORDER BY run.id FOR UPDATE OF run)"""
 
 SHARED_PROGRESS = "owned.id, owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now"
 
 CHECKPOINTS = Shared("checkpoint_model", f"""
 WITH w AS (
-    SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(lease)s::float8[], %(wid)s::uuid[],
-        %(request)s::text[], %(response)s::text[], %(stop)s::text[], %(in)s::int[], %(out)s::int[], %(cw)s::int[],
-        %(cr)s::int[], %(cost)s::numeric[], %(ms)s::int[])
-    AS w (id, worker, lease, wid, request, response, stop, i, o, cw, cr, cost, ms)),
+    SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(epoch)s::bigint[], %(lease)s::float8[],
+        %(wid)s::uuid[], %(request)s::text[], %(response)s::text[], %(stop)s::text[], %(in)s::int[], %(out)s::int[],
+        %(cw)s::int[], %(cr)s::int[], %(cost)s::numeric[], %(ms)s::int[])
+    AS w (id, worker, epoch, lease, wid, request, response, stop, i, o, cw, cr, cost, ms)),
 {SHARED_FENCE},
 done AS (SELECT s.run_id AS id, s.seq FROM run_step s JOIN w ON s.run_id = w.id AND s.write_id = w.wid),
 step AS (
@@ -161,13 +169,13 @@ owned AS (
     RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)
 SELECT coalesce(step.seq, done.seq) AS seq, {SHARED_PROGRESS}
 FROM owned LEFT JOIN step USING (id) LEFT JOIN done USING (id)""".encode(),
-    ("id", "worker", "lease", "wid", "request", "response", "stop", "in", "out", "cw", "cr", "cost", "ms"))
+    ("id", "worker", "epoch", "lease", "wid", "request", "response", "stop", "in", "out", "cw", "cr", "cost", "ms"))
 
 TOOL_STARTS = Shared("start_tool", f"""
 WITH w AS (
-    SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(lease)s::float8[], %(wid)s::uuid[],
-        %(tuid)s::text[], %(name)s::text[], %(request)s::text[])
-    AS w (id, worker, lease, wid, tuid, name, request)),
+    SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(epoch)s::bigint[], %(lease)s::float8[],
+        %(wid)s::uuid[], %(tuid)s::text[], %(name)s::text[], %(request)s::text[])
+    AS w (id, worker, epoch, lease, wid, tuid, name, request)),
 {SHARED_FENCE},
 done AS (SELECT s.run_id AS id, s.seq, s.attempts FROM run_step s JOIN w ON s.run_id = w.id
          WHERE s.kind = 'TOOL' AND s.tool_use_id = w.tuid AND s.write_id = w.wid AND s.status = 'STARTED'),
@@ -179,7 +187,7 @@ step AS (
     ON CONFLICT (run_id, tool_use_id) WHERE kind = 'TOOL'
     DO UPDATE SET attempts = run_step.attempts + 1, worker = EXCLUDED.worker,
                   started_at = now(), write_id = EXCLUDED.write_id
-    WHERE run_step.status = 'STARTED'
+    WHERE run_step.status = 'STARTED' AND run_step.write_id IS DISTINCT FROM EXCLUDED.write_id
     RETURNING run_id AS id, seq, attempts),
 owned AS (
     UPDATE run SET locked_until = now() + make_interval(secs => w.lease)
@@ -187,13 +195,13 @@ owned AS (
     RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)
 SELECT coalesce(step.seq, done.seq) AS seq, coalesce(step.attempts, done.attempts) AS attempts, {SHARED_PROGRESS}
 FROM owned LEFT JOIN step USING (id) LEFT JOIN done USING (id)""".encode(),
-    ("id", "worker", "lease", "wid", "tuid", "name", "request"))
+    ("id", "worker", "epoch", "lease", "wid", "tuid", "name", "request"))
 
 TOOL_FINISHES = Shared("finish_tool", f"""
 WITH w AS (
-    SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(lease)s::float8[], %(wid)s::uuid[],
-        %(tuid)s::text[], %(status)s::text[], %(output)s::text[], %(ms)s::int[])
-    AS w (id, worker, lease, wid, tuid, status, output, ms)),
+    SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(epoch)s::bigint[], %(lease)s::float8[],
+        %(wid)s::uuid[], %(tuid)s::text[], %(status)s::text[], %(output)s::text[], %(ms)s::int[])
+    AS w (id, worker, epoch, lease, wid, tuid, status, output, ms)),
 {SHARED_FENCE},
 step AS (
     UPDATE run_step SET status = w.status, response = w.output, latency_ms = w.ms, worker = w.worker,
@@ -207,7 +215,7 @@ owned AS (
     FROM w JOIN fence USING (id) WHERE run.id = w.id
     RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)
 SELECT step.seq, {SHARED_PROGRESS} FROM owned LEFT JOIN step USING (id)""".encode(),
-    ("id", "worker", "lease", "wid", "tuid", "status", "output", "ms"))
+    ("id", "worker", "epoch", "lease", "wid", "tuid", "status", "output", "ms"))
 
 
 
@@ -291,13 +299,21 @@ class RunStore:
             return await cur.fetchone()
 
     async def _fenced(
-        self, run_id: uuid.UUID, query: str, params: dict[str, Any], shared: Shared | None = None
+        self, run_id: uuid.UUID, query: str, params: dict[str, Any], shared: Shared | None = None, *,
+        again: bool = False,
     ) -> dict[str, Any] | None:
         """A write to a held run, sent with the other in-flight runs' writes (group commit); with the
-        statement its kind shares with them, when it has one (`params` holds the values it takes)."""
+        statement its kind shares with them, when it has one (`params` holds the values it takes).
+
+        `again`: the write is a copy sent after the outcome of the first was lost. The first may still
+        be executing on the server, waiting for the run row; the copy locks the row in a statement of
+        its own first (groupcommit.py), so the write's statement, whose snapshot is taken after that,
+        sees the first copy if it committed and finds it by its write id.
+        """
         values = tuple(params[name] for name in shared.columns) if shared is not None else None
         return await self.writes.write(
-            run_id, query.encode(), params, (shared, values) if shared is not None and values is not None else None
+            run_id, query.encode(), params, (shared, values) if shared is not None and values is not None else None,
+            resend=again,
         )
 
     async def _all(self, query: str, params: dict[str, Any] | Sequence[Any]) -> list[dict[str, Any]]:
@@ -427,7 +443,8 @@ class RunStore:
         return [_step(r) for r in rows]
 
     async def cancel(self, run_id: uuid.UUID, by: str | None = None) -> Run | None:
-        """Ask a run to stop: a queued or waiting run ends CANCELLED at once, a running one within moments
+        """Ask a run to stop: a run no worker drives (queued, scheduled, handed back to wait out a backoff, or
+        waiting for a decision) ends CANCELLED at once, a running one within moments
         (the holder hears of it by notification and interrupts the step in flight).
 
         Returns the run afterwards, or None if there is no such run. A finished run is left as it is.
@@ -438,7 +455,8 @@ class RunStore:
                    cancelled_by = CASE WHEN cancel_requested THEN cancelled_by ELSE %s END,
                    status = CASE WHEN status IN ('QUEUED', 'WAITING') THEN 'CANCELLED' ELSE status END,
                    finished_at = CASE WHEN status IN ('QUEUED', 'WAITING') THEN now() ELSE finished_at END,
-                   error = CASE WHEN status = 'QUEUED' THEN 'cancelled before it started'
+                   error = CASE WHEN status = 'QUEUED' AND started_at IS NULL THEN 'cancelled before it started'
+                                WHEN status = 'QUEUED' THEN 'cancelled while handed back, before a worker resumed it'
                                 WHEN status = 'WAITING' THEN 'cancelled while waiting for a decision'
                                 ELSE error END
                WHERE id = %s AND status IN ('QUEUED', 'RUNNING', 'WAITING')
@@ -484,7 +502,7 @@ class RunStore:
                                            AND ws.since <= now() - make_interval(secs => %(grace)s)) THEN false
                           ELSE pg_try_advisory_xact_lock(%(lock_class)s, hashtext(locked_by)) END
                     ORDER BY priority DESC, run_at FOR UPDATE SKIP LOCKED LIMIT %(limit)s)
-                UPDATE run r SET status = 'RUNNING', locked_by = %(worker)s,
+                UPDATE run r SET status = 'RUNNING', locked_by = %(worker)s, lease_epoch = r.lease_epoch + 1,
                        locked_until = now() + make_interval(secs => %(lease)s),
                        started_at = coalesce(r.started_at, now()), claims = r.claims + 1,
                        crashes = r.crashes + CASE WHEN r.status = 'RUNNING' AND NOT r.handed_back THEN 1 ELSE 0 END,
@@ -546,18 +564,24 @@ class RunStore:
         """Withdraw any suspicion of `worker`: called by its presence connection once it holds its lock."""
         await self._one("DELETE FROM worker_suspect WHERE worker = %s RETURNING worker", (worker,))
 
-    async def renew(self, run_ids: Sequence[uuid.UUID], worker: str, lease_seconds: float) -> dict[uuid.UUID, bool]:
+    async def renew(
+        self, run_ids: Sequence[uuid.UUID], worker: str, lease_seconds: float,
+        epochs: Mapping[uuid.UUID, int] | None = None,
+    ) -> dict[uuid.UUID, bool]:
         """Extend the leases of runs this worker holds; returns each still-held run's cancel flag.
 
-        A run missing from the answer is lost. A held run whose row is locked at this moment (by a
+        `epochs` names the claim each run is held under (a run claimed again since is not renewed for
+        the earlier claim). A run missing from the answer is lost. A held run whose row is locked at this moment (by a
         batch of this worker's writes, which renews its lease itself, or by a cancel) is skipped, not
         waited for, and counted held with no cancel seen: a renewal waiting on a batch while that batch
         waits on a run the renewal locked would be a deadlock.
         """
         rows = await self._all(
-            """WITH mine AS (
-                    SELECT id, cancel_requested FROM run
-                    WHERE id = ANY(%(ids)s) AND locked_by = %(worker)s AND status = 'RUNNING'),
+            """WITH held AS (SELECT * FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[]) AS h (id, epoch)),
+                mine AS (
+                    SELECT run.id, run.cancel_requested FROM run JOIN held ON run.id = held.id
+                    WHERE run.locked_by = %(worker)s AND run.status = 'RUNNING'
+                      AND (held.epoch IS NULL OR run.lease_epoch = held.epoch)),
                 free AS (
                     SELECT id FROM run WHERE id IN (SELECT id FROM mine) AND locked_by = %(worker)s
                       AND status = 'RUNNING' FOR UPDATE SKIP LOCKED),
@@ -566,26 +590,40 @@ class RunStore:
                     FROM free WHERE run.id = free.id RETURNING run.id, run.cancel_requested)
                 SELECT mine.id, coalesce(renewed.cancel_requested, false) AS cancel_requested
                 FROM mine LEFT JOIN renewed USING (id)""",
-            {"ids": list(run_ids), "worker": worker, "lease": lease_seconds},
+            {"ids": list(run_ids), "epochs": [(epochs or {}).get(i) for i in run_ids], "worker": worker,
+             "lease": lease_seconds},
         )
         return {r["id"]: r["cancel_requested"] for r in rows}
 
-    async def release(self, run_id: uuid.UUID, worker: str, *, delay: float | None = None) -> bool:
-        """Give a held run back at once, so another worker resumes it without waiting for the lease.
+    async def release(
+        self, run_id: uuid.UUID, worker: str, *, delay: float | None = None, epoch: int | None = None,
+        again: bool = False,
+    ) -> bool:
+        """Give a held run back at once, so another worker resumes it without waiting for the lease; False
+        if this worker did not hold it (under `epoch`, the claim it was held under).
 
-        With `delay` (seconds), the run is claimable again only after it (a model API outage: a later
-        claim retries the model step) and counts as one more consecutive model failure.
+        The run is QUEUED again with no holder: nobody drives it, so a cancel ends it at once. With
+        `delay` (seconds), it is claimable again only after it (a model API outage: a later claim
+        retries the model step; `run_at` says when) and counts as one more consecutive model failure.
+        A copy sent again finds the run handed back under the same epoch and counts nothing twice.
         """
         row = await self._fenced(
             run_id,
-            """UPDATE run SET locked_until = now() - interval '1 millisecond', handed_back = true,
-                   run_at = CASE WHEN %(delay)s::float8 IS NULL THEN run_at
-                                 ELSE least(now() + make_interval(secs => %(delay)s), deadline_at) END,
-                   model_retries = model_retries + CASE WHEN %(delay)s::float8 IS NULL THEN 0 ELSE 1 END
-               WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING' RETURNING id""",
-            {"id": run_id, "worker": worker, "delay": delay},
+            f"""WITH released AS (
+                    UPDATE run SET status = 'QUEUED', locked_by = NULL, locked_until = NULL, handed_back = true,
+                        run_at = CASE WHEN %(delay)s::float8 IS NULL THEN run_at
+                                      ELSE least(now() + make_interval(secs => %(delay)s), deadline_at) END,
+                        model_retries = model_retries + CASE WHEN %(delay)s::float8 IS NULL THEN 0 ELSE 1 END
+                    WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING' AND {EPOCH}
+                    RETURNING id)
+                SELECT coalesce(
+                    (SELECT id FROM released),
+                    (SELECT id FROM run WHERE id = %(id)s AND %(epoch)s::bigint IS NOT NULL
+                        AND lease_epoch = %(epoch)s::bigint AND handed_back AND locked_by IS NULL)) AS id""",
+            {"id": run_id, "worker": worker, "delay": delay, "epoch": epoch},
+            again=again,
         )
-        return row is not None
+        return row is not None and row["id"] is not None
 
     # -- fenced writes of a held run -----------------------------------------------------------
 
@@ -596,6 +634,8 @@ class RunStore:
         lease_seconds: float,
         *,
         write_id: uuid.UUID | None = None,
+        epoch: int | None = None,
+        again: bool = False,
         request: str,
         response: str,
         stop_reason: str | None,
@@ -608,8 +648,9 @@ class RunStore:
     ) -> tuple[int, Progress]:
         """The model step row, the token and cost counters and the lease renewal, all or nothing.
 
-        `write_id` names this write: sent again after its outcome was lost with a connection, it finds
-        the step it already wrote instead of appending a second one, and adds no tokens twice.
+        `write_id` names this write: sent again after its outcome was lost with a connection (`again`),
+        it finds the step it already wrote instead of appending a second one, and adds no tokens twice.
+        Every fenced write takes `epoch`, the lease epoch of the claim it is made under (Run.lease_epoch).
         """
         tokens = input_tokens + output_tokens + cache_creation_input_tokens + cache_read_input_tokens
         # Counted only by the write that made the step, not by a copy of it sent again.
@@ -636,9 +677,9 @@ class RunStore:
                 "id": run_id, "worker": worker, "lease": lease_seconds, "tokens": tokens, "cost": cost_usd,
                 "request": request, "response": response, "stop": stop_reason, "in": input_tokens,
                 "out": output_tokens, "cw": cache_creation_input_tokens, "cr": cache_read_input_tokens,
-                "ms": latency_ms, "wid": write_id or uuid.uuid4(),
+                "ms": latency_ms, "wid": write_id or uuid.uuid4(), "epoch": epoch,
             },
-            shared=CHECKPOINTS,
+            shared=CHECKPOINTS, again=again,
         )
         if row is None:
             raise LeaseLost(run_id, worker)
@@ -646,7 +687,7 @@ class RunStore:
 
     async def start_tool(
         self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, write_id: uuid.UUID | None = None,
-        tool_use_id: str, tool_name: str, request: str,
+        epoch: int | None = None, again: bool = False, tool_use_id: str, tool_name: str, request: str,
     ) -> tuple[int, int, Progress]:
         """Write the STARTED row before the tool runs; returns (seq, attempts, progress).
 
@@ -669,15 +710,15 @@ class RunStore:
                     ON CONFLICT (run_id, tool_use_id) WHERE kind = 'TOOL'
                     DO UPDATE SET attempts = run_step.attempts + 1, worker = EXCLUDED.worker,
                                   started_at = now(), write_id = EXCLUDED.write_id
-                    WHERE run_step.status = 'STARTED'
+                    WHERE run_step.status = 'STARTED' AND run_step.write_id IS DISTINCT FROM EXCLUDED.write_id
                     RETURNING seq, attempts),
                 {OWNED.format(extra="")}
                 SELECT coalesce(step.seq, done.seq) AS seq, coalesce(step.attempts, done.attempts) AS attempts,
                        {PROGRESS}
                 FROM owned LEFT JOIN step ON true LEFT JOIN done ON true""",
             {"id": run_id, "worker": worker, "lease": lease_seconds, "tuid": tool_use_id, "name": tool_name,
-             "request": request, "wid": write_id or uuid.uuid4()},
-            shared=TOOL_STARTS,
+             "request": request, "wid": write_id or uuid.uuid4(), "epoch": epoch},
+            shared=TOOL_STARTS, again=again,
         )
         if row is None:
             raise LeaseLost(run_id, worker)
@@ -687,7 +728,7 @@ class RunStore:
 
     async def finish_tool(
         self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, write_id: uuid.UUID | None = None,
-        tool_use_id: str, ok: bool, output: str, latency_ms: int,
+        epoch: int | None = None, again: bool = False, tool_use_id: str, ok: bool, output: str, latency_ms: int,
     ) -> Progress:
         """Record a tool's outcome. Only a STARTED step changes; the same `write_id` sent again (its first
         outcome was lost) finds its own write and changes nothing."""
@@ -705,8 +746,9 @@ class RunStore:
                 {OWNED.format(extra="")}
                 SELECT step.seq, {PROGRESS} FROM owned LEFT JOIN step ON true""",
             {"id": run_id, "worker": worker, "lease": lease_seconds, "tuid": tool_use_id,
-             "status": "DONE" if ok else "ERROR", "output": output, "ms": latency_ms, "wid": write_id or uuid.uuid4()},
-            shared=TOOL_FINISHES,
+             "status": "DONE" if ok else "ERROR", "output": output, "ms": latency_ms, "wid": write_id or uuid.uuid4(),
+             "epoch": epoch},
+            shared=TOOL_FINISHES, again=again,
         )
         if row is None:
             raise LeaseLost(run_id, worker)
@@ -716,7 +758,7 @@ class RunStore:
 
     async def finish(
         self, run_id: uuid.UUID, worker: str, status: RunStatus, error: str | None, *, again: bool = False,
-        output: Any = None,
+        output: Any = None, epoch: int | None = None,
     ) -> int:
         """End a held run; returns its tokens used. locked_by keeps the worker that finished it.
 
@@ -725,18 +767,20 @@ class RunStore:
         """
         assert status.terminal
         params = {"status": status.value, "error": clean(error) if error is not None else None, "id": run_id,
-                  "worker": worker, "again": again, "output": Jsonb(output) if output is not None else None}
+                  "worker": worker, "again": again, "output": Jsonb(output) if output is not None else None,
+                  "epoch": epoch}
         row = await self._fenced(
             run_id,
-            """WITH done AS (
+            f"""WITH done AS (
                     UPDATE run SET status = %(status)s, error = %(error)s, finished_at = now(), locked_until = NULL,
                                    output = %(output)s
-                    WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING' RETURNING tokens_used)
+                    WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING' AND {EPOCH}
+                    RETURNING tokens_used)
                 SELECT coalesce(
                     (SELECT tokens_used FROM done),
                     (SELECT tokens_used FROM run WHERE %(again)s AND id = %(id)s AND locked_by = %(worker)s
-                        AND status = %(status)s)) AS tokens_used""",
-            params,
+                        AND status = %(status)s AND {EPOCH})) AS tokens_used""",
+            params, again=again,
         )
         if row is None or row["tokens_used"] is None:
             raise LeaseLost(run_id, worker)
@@ -744,7 +788,8 @@ class RunStore:
 
     async def settle_tool(
         self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, write_id: uuid.UUID | None = None,
-        tool_use_id: str, tool_name: str, request: str, ok: bool, output: str,
+        epoch: int | None = None, again: bool = False, tool_use_id: str, tool_name: str, request: str, ok: bool,
+        output: str,
     ) -> Progress:
         """Record a tool call's outcome without executing it (a person denied it, or recorded what a call in
         doubt did): a finished step, made at once, or the call's STARTED row finished. Never executed
@@ -767,7 +812,8 @@ class RunStore:
                 SELECT step.seq, {PROGRESS} FROM owned LEFT JOIN step ON true""",
             {"id": run_id, "worker": worker, "lease": lease_seconds, "tuid": tool_use_id, "name": tool_name,
              "request": request, "status": "DONE" if ok else "ERROR", "output": output,
-             "wid": write_id or uuid.uuid4()},
+             "wid": write_id or uuid.uuid4(), "epoch": epoch},
+            again=again,
         )
         if row is None:
             raise LeaseLost(run_id, worker)
@@ -777,7 +823,7 @@ class RunStore:
 
     async def add_user_step(
         self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, write_id: uuid.UUID | None = None,
-        text: str, request: str | None = None,
+        epoch: int | None = None, again: bool = False, text: str, request: str | None = None,
     ) -> Progress:
         """Append a user message to a held run's conversation (a correction the engine makes)."""
         row = await self._fenced(
@@ -793,7 +839,8 @@ class RunStore:
                 {OWNED.format(extra="")}
                 SELECT {PROGRESS} FROM owned""",
             {"id": run_id, "worker": worker, "lease": lease_seconds, "text": text, "request": request,
-             "wid": write_id or uuid.uuid4()},
+             "wid": write_id or uuid.uuid4(), "epoch": epoch},
+            again=again,
         )
         if row is None:
             raise LeaseLost(run_id, worker)
@@ -802,10 +849,14 @@ class RunStore:
     # -- people in the loop ------------------------------------------------------------------------
 
     async def park(
-        self, run_id: uuid.UUID, worker: str, calls: Sequence[tuple[str, DecisionKind, str, str | None, int]]
+        self, run_id: uuid.UUID, worker: str, calls: Sequence[tuple[str, DecisionKind, str, str | None, int]], *,
+        epoch: int | None = None, again: bool = False,
     ) -> None:
         """Hand a held run over to people: one pending decision per (tool_use id, kind, tool, input, attempt),
-        and the run WAITING with no lease, so no worker holds it and nothing is spent while it waits."""
+        and the run WAITING with no lease, so no worker holds it and nothing is spent while it waits.
+
+        A copy sent again (`again`) finds the run parked under the same epoch (waiting, or past it:
+        decided, cancelled, timed out) and counts as done."""
         row = await self._fenced(
             run_id,
             f"""WITH {FENCE},
@@ -819,16 +870,23 @@ class RunStore:
                 parked AS (
                     UPDATE run SET status = 'WAITING', locked_by = NULL, locked_until = NULL
                     FROM fence WHERE run.id = fence.id RETURNING run.id)
-                SELECT id FROM parked""",
+                SELECT coalesce(
+                    (SELECT id FROM parked),
+                    (SELECT id FROM run WHERE id = %(id)s AND %(epoch)s::bigint IS NOT NULL
+                        AND lease_epoch = %(epoch)s::bigint AND status <> 'RUNNING' AND locked_by IS NULL
+                        AND NOT handed_back)) AS id""",
             {"id": run_id, "worker": worker, "tuids": [c[0] for c in calls], "kinds": [c[1].value for c in calls],
-             "names": [c[2] for c in calls], "inputs": [c[3] for c in calls], "attempts": [c[4] for c in calls]},
+             "names": [c[2] for c in calls], "inputs": [c[3] for c in calls], "attempts": [c[4] for c in calls],
+             "epoch": epoch},
+            again=again,
         )
-        if row is None:
+        if row is None or row["id"] is None:
             raise LeaseLost(run_id, worker)
 
     async def reconcile(
-        self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, tool_use_id: str, tool_name: str,
-        input: str | None, attempt: int, decision: Decision, output: str | None, reason: str,
+        self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, epoch: int | None = None,
+        again: bool = False, tool_use_id: str, tool_name: str, input: str | None, attempt: int, decision: Decision,
+        output: str | None, reason: str,
     ) -> PendingCall:
         """Store what a tool's reconcile probe found about a call in doubt at `attempt` as the decision on it
         (`decided_by` "reconcile"), before the engine acts on it; returns the decision stored. A copy sent
@@ -849,7 +907,8 @@ class RunStore:
                 SELECT decided.* FROM owned, decided""",
             {"id": run_id, "worker": worker, "lease": lease_seconds, "tuid": tool_use_id, "name": tool_name,
              "input": input, "attempt": attempt, "decision": decision.value, "output": output,
-             "reason": clean(reason)},
+             "reason": clean(reason), "epoch": epoch},
+            again=again,
         )
         if row is None:
             raise LeaseLost(run_id, worker)

@@ -44,10 +44,14 @@ DEFAULT_INPUT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 
 @dataclasses.dataclass(frozen=True)
 class ToolContext:
-    """What a tool call knows about itself. `idempotency_key` is stable across re-executions."""
+    """What a tool call knows about itself. `idempotency_key` is stable across re-executions.
+
+    `lease_epoch` names the claim of the run this execution is made under: it grows with every claim, so
+    a service that saw a higher one for the same key can refuse a caller that has since been replaced."""
 
     run_id: uuid.UUID
     tool_use_id: str
+    lease_epoch: int = 0
 
     @property
     def idempotency_key(self) -> str:

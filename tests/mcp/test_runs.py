@@ -54,9 +54,9 @@ async def test_a_run_calls_an_idempotent_and_a_non_idempotent_tool_with_the_key_
     assert [d["name"] for d in llm.seen[0].tools] == ["shop__lookup", "shop__charge"]  # as the run lists them
     lookup, charge = http_server.recorder.of("lookup"), http_server.recorder.of("charge")
     assert [c["meta"] for c in lookup] == [{"agentrun.dev/idempotency-key": "toolu_look",
-                                            "agentrun.dev/run-id": str(run.id)}]
+                                            "agentrun.dev/lease-epoch": 1, "agentrun.dev/run-id": str(run.id)}]
     assert [c["meta"] for c in charge] == [{"agentrun.dev/idempotency-key": "toolu_pay",
-                                            "agentrun.dev/run-id": str(run.id)}]
+                                            "agentrun.dev/lease-epoch": 1, "agentrun.dev/run-id": str(run.id)}]
     assert charge[0]["args"] == {"usd": 12}
 
 
@@ -146,6 +146,8 @@ async def test_a_worker_killed_inside_a_call_reruns_an_idempotent_one_with_the_s
     if tool == "hold":  # idempotent: called again, with the same key
         assert after.status is RunStatus.SUCCEEDED
         assert keys == ["toolu_1", "toolu_1"]
+        # The second execution is made under a later claim: a service can tell the first caller was replaced.
+        assert [c["meta"]["agentrun.dev/lease-epoch"] for c in recorder.of(tool)] == [1, 2]
         assert results_seen(llm, 1)[0]["content"] == "released"
     else:  # not idempotent: the run waits for a person, the call is not made again
         assert after.status is RunStatus.WAITING and after.pending == 1

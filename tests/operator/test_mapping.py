@@ -67,6 +67,14 @@ def test_every_run_status_has_a_phase(status: RunStatus) -> None:
     assert mapping.event_for(phase, "") is not None  # and every phase is announced
 
 
+def test_a_run_handed_back_in_an_outage_says_when_it_is_retried() -> None:
+    later = NOW + datetime.timedelta(minutes=5)
+    run = _run(status=RunStatus.QUEUED, model_retries=2, run_at=later, started_at=NOW, steps=1)
+    status = mapping.run_status(run, 1, None, NOW)
+    assert status["phase"] == "Queued"
+    assert status["message"] == "handed back after 2 failed model steps; to be retried from 2025-01-02T03:09:05+00:00"
+
+
 def test_status_of_a_finished_run() -> None:
     run = _run(status=RunStatus.FAILED, error="model said no", tokens_used=42, cost_usd=Decimal("0.0123"),
                steps=3, locked_by="w", started_at=NOW, finished_at=NOW)

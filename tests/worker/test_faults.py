@@ -279,10 +279,12 @@ async def test_a_run_handed_back_in_an_outage_waits_its_backoff(
 
             await eventually(handed_back, 20, "the run to be handed back")
             cur = await db.execute(
-                "SELECT extract(epoch FROM run_at - now()), status, handed_back FROM run WHERE id = %s", (run.id,)
+                "SELECT extract(epoch FROM run_at - now()), status, handed_back, locked_by FROM run WHERE id = %s",
+                (run.id,),
             )
-            wait, status, back = await cur.fetchone()  # type: ignore[misc]
-        assert status == "RUNNING" and back  # not failed: claimable again after the backoff
+            wait, status, back, holder = await cur.fetchone()  # type: ignore[misc]
+        # Not failed: queued again with no holder, claimable after the backoff.
+        assert status == "QUEUED" and back and holder is None
         assert 250 < float(wait) <= 600  # equal jitter: at least half of base × 2^0
         assert len(api.requests) == 2  # nothing more while it waits: no hot loop
 

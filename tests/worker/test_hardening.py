@@ -149,7 +149,7 @@ async def _true(value: bool) -> bool:
 class HangingRenewals(RunStore):
     """A database that accepts claims and writes but whose renewals never answer (a dead socket)."""
 
-    async def renew(self, run_ids: Any, worker: str, lease_seconds: float) -> dict[uuid.UUID, bool]:
+    async def renew(self, run_ids: Any, worker: str, lease_seconds: float, epochs: Any = None) -> dict[uuid.UUID, bool]:
         await asyncio.Event().wait()
         raise AssertionError("unreachable")
 

@@ -214,7 +214,8 @@ class RunView(_Camel):
     cancel_requested: bool
     steps: int = Field(description="The highest step seq written so far.")
     error: str | None
-    locked_by: str | None = Field(description="The worker holding the run, or the one that finished it.")
+    locked_by: str | None = Field(description="The worker holding the run, or the one that finished it; null "
+                                  "while no worker holds it (queued, handed back, waiting for a decision).")
     created_at: datetime.datetime
     started_at: datetime.datetime | None
     finished_at: datetime.datetime | None
@@ -243,6 +244,10 @@ class RunView(_Camel):
     run_at: datetime.datetime | None = Field(
         None, description="When the run became (or becomes) claimable: its schedule, or the end of a backoff "
         "after a model API outage handed it back.")
+    model_retries: int = Field(0, description="Handbacks in a row after a model step ran out of retries on a "
+                               "retryable error (an API outage); reset by a model step that succeeds.")
+    lease_epoch: int = Field(0, description="Claims of the run so far; every write of a worker names the claim "
+                             "it holds the run under, and tools see it (`ToolContext.lease_epoch`).")
 
     @classmethod
     def of(cls, run: Run) -> RunView:
@@ -257,7 +262,7 @@ class RunView(_Camel):
             cancelled_by=run.cancelled_by, pending=run.pending, output=run.output,
             require_approval=list(run.require_approval) if run.require_approval is not None else None,
             output_schema=run.output_schema, parent_run_id=run.parent_run_id, forked_at_seq=run.forked_at_seq,
-            priority=run.priority, run_at=run.run_at,
+            priority=run.priority, run_at=run.run_at, model_retries=run.model_retries, lease_epoch=run.lease_epoch,
         )
 
 

@@ -31,6 +31,7 @@ from agentrun.worker.tools import DEFAULT_INPUT_SCHEMA, SourceStatus, Tool, Tool
 log = logging.getLogger(__name__)
 
 IDEMPOTENCY_KEY = "agentrun.dev/idempotency-key"
+LEASE_EPOCH = "agentrun.dev/lease-epoch"
 RUN_ID = "agentrun.dev/run-id"
 _MAX_LISTED = 1000  # tools of one server: a paginator that never ends cannot grow the list for ever
 _MAX_SHOWN = 300  # characters of a foreign error message quoted
@@ -252,8 +253,8 @@ class McpServer:
                     requires_approval=results.requires_approval(stand_in, self.config))
 
     async def call(self, tool: str, args: dict[str, Any], ctx: ToolContext, wait: float = 5.0) -> ToolResult:
-        """One tools/call with the idempotency key and run id in `_meta`; without a session, after waiting up
-        to `wait` seconds for one. The caller bounds the call's time."""
+        """One tools/call with the idempotency key, lease epoch and run id in `_meta`; without a session,
+        after waiting up to `wait` seconds for one. The caller bounds the call's time."""
         return results.tool_result(await self._call(tool, args, ctx, wait))
 
     async def _call(self, tool: str, args: dict[str, Any], ctx: ToolContext, wait: float) -> types.CallToolResult:
@@ -266,7 +267,8 @@ class McpServer:
             client = self._client
             if client is None:
                 raise CallFailed(f"MCP server {self.config.name} is not connected: {self.error}")
-        meta = cast(types.RequestParamsMeta, {IDEMPOTENCY_KEY: ctx.idempotency_key, RUN_ID: str(ctx.run_id)})
+        meta = cast(types.RequestParamsMeta, {IDEMPOTENCY_KEY: ctx.idempotency_key, LEASE_EPOCH: ctx.lease_epoch,
+                                              RUN_ID: str(ctx.run_id)})
         try:
             result = await client.call_tool(tool, args, meta=meta)
         except asyncio.CancelledError:

@@ -302,7 +302,8 @@ class RunDriver:
         decision = Decision.RECORD if done else Decision.RETRY
         why = f"the tool's reconcile probe found the call {'done' if done else 'not done'}"
         stored = await self._durably(lambda again: self.store.reconcile(
-            run.id, self.me, self.settings.lease_seconds, epoch=run.lease_epoch, again=again, tool_use_id=use["id"], tool_name=use["name"],
+            run.id, self.me, self.settings.lease_seconds, epoch=run.lease_epoch, again=again, tool_use_id=use["id"],
+            tool_name=use["name"],
             input=_json(use.get("input")), attempt=attempt, decision=decision, output=output if done else None,
             reason=why,
         ))

@@ -156,7 +156,7 @@ WRITES: dict[str, Write] = {
         run_id, "W", 30, write_id=wid, epoch=epoch, again=again, text="answer again"),
     "release": lambda s, run_id, epoch, wid, again: s.release(run_id, "W", delay=60, epoch=epoch, again=again),
     "park": lambda s, run_id, epoch, wid, again: s.park(
-        run_id, "W", [("t1", DecisionKind.IN_DOUBT, "pay", "{}")], epoch=epoch, again=again),
+        run_id, "W", [("t1", DecisionKind.IN_DOUBT, "pay", "{}", 1)], epoch=epoch, again=again),
     "finish": lambda s, run_id, epoch, wid, again: s.finish(
         run_id, "W", RunStatus.SUCCEEDED, None, epoch=epoch, again=again),
 }

@@ -99,7 +99,10 @@ def exact_json(data: bytes | str) -> Any:
     it): data with a run of 19 digits or more, the shortest that can be such an integer, is read by the
     standard library instead, which keeps it exact. Anything else is orjson's alone: the common path
     pays one scan of the bytes. Raises orjson.JSONDecodeError (a ValueError) if it is not JSON."""
-    long_number = (_LONG_NUMBER_BYTES if isinstance(data, bytes) else _LONG_NUMBER).search(data) is not None
+    if isinstance(data, bytes):
+        long_number = _LONG_NUMBER_BYTES.search(data) is not None
+    else:
+        long_number = _LONG_NUMBER.search(data) is not None
     if not long_number:
         return orjson.loads(data)
     try:

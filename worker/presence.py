@@ -66,8 +66,9 @@ class Presence:
     With `liveness_lock`, it holds a session-level advisory lock keyed by the worker id: when the process
     dies, PostgreSQL ends the session and drops the lock, and other workers may claim its RUNNING runs
     soon after instead of waiting out the lease (store.claim, store.suspect). When the connection drops
-    while the process lives, it reconnects at once, takes the lock back and withdraws any suspicion of
-    it (store.vouch), so a live worker keeps its runs. It also LISTENs: `wake` is set on every wake-up
+    while the process lives, it withdraws any suspicion of it through the pool every quarter of the
+    grace (store.vouch) for as long as it is down, reconnects, and takes the lock back, so a live worker
+    keeps its runs however long its reconnect takes. It also LISTENs: `wake` is set on every wake-up
     notification, and `on_cancel(run_id)` is called for every cancel notification.
     """
 

@@ -1,6 +1,8 @@
 """Chaos run: many runs through worker processes killed with SIGKILL every few seconds, every client
-connection cut a few times, and a PostgreSQL restart in the middle; then the promises are checked against
-the database, the tool's execution log, the lease history and the model's request log.
+connection cut a few times, faults injected into single connections by a proxy between the workers and
+PostgreSQL (delays, stalls, half-open connections, cuts, new connections slower than the liveness grace:
+bench/fault_proxy.py), and a PostgreSQL restart in the middle; then the promises are checked against the
+database, the tool's execution log, the lease history and the model's request log.
 
     .venv/bin/python -m bench.chaos                      # 200 runs, 4 workers, the full run
     .venv/bin/python -m bench.chaos --runs 20 --workers 2
@@ -39,6 +41,7 @@ from agentrun.worker.llm.fake_server import FakeAnthropic, ScriptResponder
 from agentrun.worker.records import NewRun
 from agentrun.worker.store import RunStore
 from bench.chaos_tools import EXEC_TABLE
+from bench.fault_proxy import FaultPlan, ProxyThread
 from bench.local_postgres import LocalPostgres
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,6 +71,9 @@ class Options:
     slow_seconds: float = 1.5
     """How long a slow tool call sleeps: long enough for kills to land inside tool calls."""
     model_latency: float = 0.05
+    proxy_faults: int = 12
+    """Faults the proxy injects (seeded by `seed`, each bounded: FaultPlan); 0 connects the workers to
+    PostgreSQL directly."""
     seed: int = 1
     timeout: float = 900.0
     verbose: bool = False
@@ -539,6 +545,17 @@ def overlap_and_tenure_checks(execs: list[dict[str, Any]], history: list[dict[st
     return checks
 
 
+def proxy_check(proxy: ProxyThread) -> Check:
+    """The proxy's schedule played to its end and every kind of fault hit a connection: the invariants
+    above held under all of them."""
+    kinds = {f.kind for f in proxy.plan.schedule()}
+    counts = proxy.counts()
+    hit = {k for k in kinds if counts.get(k)}
+    return Check("faults injected at the connection", proxy.played and hit == kinds,
+                 f"{'played to its end' if proxy.played else 'not played to its end'}; "
+                 f"kinds that hit a connection: {sorted(hit)} of {sorted(kinds)}")
+
+
 # -- the run --------------------------------------------------------------------------------------
 
 
@@ -548,6 +565,7 @@ async def chaos(options: Options) -> Report:
     pg = await asyncio.to_thread(LocalPostgres)
     model = FakeAnthropic(ScriptResponder(latency=options.model_latency, slow_seconds=options.slow_seconds))
     fleet: Fleet | None = None
+    proxy: ProxyThread | None = None
     try:
         await migrate.migrate(pg.url)
         async with await psycopg.AsyncConnection.connect(pg.url, autocommit=True) as conn:
@@ -560,9 +578,11 @@ async def chaos(options: Options) -> Report:
         finally:
             await pool.close()
         await model.start()
+        if options.proxy_faults:
+            proxy = ProxyThread(pg.url, FaultPlan(seed=options.seed, faults=options.proxy_faults))
         env = {
             **os.environ,
-            "AGENTRUN_DATABASE_URL": pg.url,
+            "AGENTRUN_DATABASE_URL": proxy.url if proxy is not None else pg.url,
             "AGENTRUN_TOOLS": "bench.chaos_tools",
             "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
             "ANTHROPIC_BASE_URL": model.base_url,
@@ -577,6 +597,8 @@ async def chaos(options: Options) -> Report:
             await fleet.start(slot)
         await fleet.live(time.monotonic() + 120)  # the clock starts once the first workers are up
         t0 = time.monotonic()
+        if proxy is not None:
+            proxy.play()
         outage: Outage | None = None
         cuts: list[Cut] = []
         last_cut = t0
@@ -633,11 +655,18 @@ async def chaos(options: Options) -> Report:
         seconds = time.monotonic() - t0
         await fleet.stop()
         report = await check(pg.url, plan_list, model, fleet, outage, seconds, cuts)
+        if proxy is not None:
+            report.checks.append(proxy_check(proxy))
+            error = proxy.proxy.last_upstream_error
+            report.lines.append("  fault proxy: " + ", ".join(f"{k} {n}" for k, n in sorted(proxy.counts().items()))
+                                + (f" (the last unreachable: {error})" if error else ""))
         report.lines.append(f"  worker logs: {logdir}")
         return report
     finally:
         if fleet is not None:
             await fleet.stop()
+        if proxy is not None:
+            await asyncio.to_thread(proxy.stop)
         await model.stop()
         await asyncio.to_thread(pg.close)
 
@@ -659,7 +688,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--cut-every", type=float, default=d.cut_every, help="seconds at least between two cuts")
     p.add_argument("--slow-seconds", type=float, default=d.slow_seconds, help="sleep of a slow tool call")
     p.add_argument("--model-latency", type=float, default=d.model_latency, help="seconds the model takes")
-    p.add_argument("--seed", type=int, default=d.seed, help="seeds the scripts and the kills")
+    p.add_argument("--proxy-faults", type=int, default=d.proxy_faults,
+                   help="faults the proxy between workers and PostgreSQL injects; 0: no proxy")
+    p.add_argument("--seed", type=int, default=d.seed, help="seeds the scripts, the kills and the faults")
     p.add_argument("--timeout", type=float, default=d.timeout, help="give up after this many seconds")
     p.add_argument("--verbose", action="store_true", help="workers log at INFO; print each kill")
     a = p.parse_args(argv)
@@ -667,7 +698,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs=a.runs, workers=a.workers, concurrency=a.concurrency, lease_seconds=a.lease_seconds,
         kill_every=a.kill_every, pg_restart=not a.no_pg_restart, pg_down_seconds=a.pg_down_seconds, cuts=a.cuts,
         cut_every=a.cut_every, max_claims=a.max_claims,
-        slow_seconds=a.slow_seconds, model_latency=a.model_latency, seed=a.seed, timeout=a.timeout, verbose=a.verbose,
+        slow_seconds=a.slow_seconds, model_latency=a.model_latency, proxy_faults=a.proxy_faults,
+        seed=a.seed, timeout=a.timeout, verbose=a.verbose,
     )
     report = asyncio.run(chaos(options))
     print(report.text())

@@ -60,12 +60,19 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 # -- worker ----------------------------------------------------------------------------------------
 
 
+def worker_id(args: argparse.Namespace) -> str:
+    """`--id` exactly, or `--id-prefix` (else host-pid) with a suffix new with every process."""
+    from agentrun.worker.settings import default_worker_id, process_worker_id
+
+    return str(args.id) if args.id else process_worker_id(args.id_prefix) if args.id_prefix else default_worker_id()
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
-    from agentrun.worker.settings import WorkerSettings, default_worker_id
+    from agentrun.worker.settings import WorkerSettings
 
     settings = WorkerSettings(
         database_url=_database_url(args),
-        worker_id=args.id or default_worker_id(),
+        worker_id=worker_id(args),
         concurrency=args.concurrency,
         lease_seconds=args.lease_seconds,
         poll_interval=args.poll_interval,
@@ -683,7 +690,14 @@ def build_parser() -> argparse.ArgumentParser:
         "AGENTRUN_MODEL_LIMITS (YAML or JSON file of fleet-wide model limits).",
     )
     _add_database(p)
-    p.add_argument("--id", metavar="NAME", help="worker name in leases, steps and logs (default: host-pid)")
+    identity = p.add_mutually_exclusive_group()
+    identity.add_argument("--id", metavar="NAME",
+                          help="worker name in leases, steps and logs, exactly; unique per live worker "
+                          "(default: host-pid-XXXXXX, XXXXXX new with every process)")
+    identity.add_argument("--id-prefix", metavar="PREFIX",
+                          help="worker name PREFIX-XXXXXX, XXXXXX new with every process: a restart under the "
+                          "same PREFIX (a pod's name) is a new worker, so the dead process's runs move within "
+                          "about a second, not after the lease (the chart passes $(POD_NAME))")
     p.add_argument("--concurrency", type=_non_negative_int, default=4, metavar="N",
                    help="runs in flight at once; 0 serves the API only (default: 4)")
     p.add_argument("--lease-seconds", type=_positive_float, default=30.0, metavar="S",

@@ -33,7 +33,18 @@ PROBE_TIMEOUT = 2.0
 """How long a check may take before the connection counts as dead (a socket that went silent)."""
 
 VOUCH_TIMEOUT = 0.5
-"""How long one vouch through the pool may take while the session is down (it is retried at once)."""
+"""How long one vouch through the pool may take while the session is down (others are sent meanwhile)."""
+
+VOUCHES_IN_FLIGHT = 4
+"""Vouches waiting at once at most: one stuck on a stalled connection must not stop the next, and a pool
+that cannot answer at all must not fill up with them."""
+
+
+def vouch_interval(grace: float) -> float:
+    """Seconds between two vouches while the session is down: four within the liveness grace, so that a
+    suspicion of this worker never grows old enough for a takeover while its pool reaches the database,
+    however long one connect attempt takes."""
+    return max(grace / 4, 0.05)
 
 CONNECT_TIMEOUT = 5.0
 """How long one connection attempt may take (an unreachable host would otherwise hang it)."""
@@ -55,8 +66,9 @@ class Presence:
     With `liveness_lock`, it holds a session-level advisory lock keyed by the worker id: when the process
     dies, PostgreSQL ends the session and drops the lock, and other workers may claim its RUNNING runs
     soon after instead of waiting out the lease (store.claim, store.suspect). When the connection drops
-    while the process lives, it reconnects at once, takes the lock back and withdraws any suspicion of
-    it (store.vouch), so a live worker keeps its runs. It also LISTENs: `wake` is set on every wake-up
+    while the process lives, it withdraws any suspicion of it through the pool every quarter of the
+    grace (store.vouch) for as long as it is down, reconnects, and takes the lock back, so a live worker
+    keeps its runs however long its reconnect takes. It also LISTENs: `wake` is set on every wake-up
     notification, and `on_cancel(run_id)` is called for every cancel notification.
     """
 
@@ -68,18 +80,24 @@ class Presence:
         *,
         liveness_lock: bool = True,
         on_cancel: Callable[[uuid.UUID], None] | None = None,
+        grace: float = 1.0,
     ) -> None:
         self.store = store
         self.worker_id = worker_id
         self.wake = wake
         self.liveness_lock = liveness_lock
         self.on_cancel = on_cancel
+        self.grace = grace
+        """The liveness grace others give this worker (settings.takeover_grace): it paces the vouches."""
         self.ready = asyncio.Event()  # set while the lock is held (if asked for) and the LISTEN is on
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._task: asyncio.Task[None] | None = None
         self._rng = random.Random()
         self._duplicate: DuplicateWorker | None = None
         self._attempted = asyncio.Event()  # set once a connection attempt has come to an end, either way
+        self._vouching: asyncio.Task[None] | None = None
+        self._vouches: set[asyncio.Task[None]] = set()  # vouches in flight
+        self._probing_since: float | None = None  # when the probe now waiting for its answer was sent
 
     async def start(self, timeout: float = 10.0) -> None:
         """Start the session in the background and wait up to `timeout` for it.
@@ -88,6 +106,8 @@ class Presence:
         that cannot be reached is not an error: the session keeps trying, and `ready` tells when it is on.
         """
         self._task = asyncio.create_task(self._serve(), name=f"{self.worker_id}-presence")
+        if self.liveness_lock:
+            self._vouching = asyncio.create_task(self._vouch_while_down(), name=f"{self.worker_id}-vouch")
         ready = asyncio.ensure_future(self.ready.wait())
         try:
             await asyncio.wait({ready, self._task}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
@@ -105,11 +125,15 @@ class Presence:
             raise error
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        for task in [self._task, self._vouching, *self._vouches]:
+            if task is not None:
+                task.cancel()
+        for task in [self._task, self._vouching]:
+            if task is not None:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._task = self._vouching = None
+        # A vouch stuck in a cancel that psycopg waits out is not waited for: it changes nothing.
         await self._disconnect()
 
     async def _connect(self) -> psycopg.AsyncConnection[Any]:
@@ -123,7 +147,7 @@ class Presence:
                 if not row or not row[0]:
                     raise DuplicateWorker(
                         f"worker id {self.worker_id!r} is in use by another live worker; give each worker a "
-                        "unique --id (the default, host-pid, is)"
+                        "unique --id (the default, or --id-prefix, is)"
                     )
                 # Holding the lock again: whoever found it free while we were away must not take our runs.
                 await conn.execute("DELETE FROM worker_suspect WHERE worker = %s", (self.worker_id,))
@@ -172,8 +196,12 @@ class Presence:
                     self.wake.set()  # anything queued while we were deaf
                 async for notify in self._conn.notifies(timeout=PROBE_INTERVAL):
                     self._dispatch(notify)
-                async with asyncio.timeout(PROBE_TIMEOUT):
-                    await self._conn.execute("SELECT 1")
+                self._probing_since = loop.time()
+                try:
+                    async with asyncio.timeout(PROBE_TIMEOUT):
+                        await self._conn.execute("SELECT 1")
+                finally:
+                    self._probing_since = None
             except (psycopg.Error, DuplicateWorker, TimeoutError, OSError) as e:
                 if isinstance(e, DuplicateWorker):
                     self._duplicate = e
@@ -183,15 +211,37 @@ class Presence:
                 else:
                     log.debug("%s presence connection still down: %s", self.worker_id, e)
                 await self._disconnect()
-                await self._vouch()
+                self._send_vouch()
                 await asyncio.sleep(reconnect_delay(self._rng))
 
-    async def _vouch(self) -> None:
+    def _in_doubt(self) -> bool:
+        """Whether the lock may be free now: the session is down (or not up yet), or its probe is late."""
+        if self._conn is None or not self.ready.is_set():
+            return True
+        since = self._probing_since
+        return since is not None and asyncio.get_running_loop().time() - since > vouch_interval(self.grace)
+
+    async def _vouch_while_down(self) -> None:
         """While the session is down, its lock is free, and another worker may note this worker as gone
-        (store.suspect): the pool, if it still reaches the database, says otherwise, so the runs stay
-        with this live worker until the session is back. A worker that is really gone cannot vouch."""
-        if not self.liveness_lock or isinstance(self._duplicate, DuplicateWorker):
+        (store.suspect): the pool, if it still reaches the database, says otherwise every quarter of the
+        grace, so the runs stay with this live worker until the session is back. This runs on its own
+        schedule, beside the connect attempts: one attempt may take up to CONNECT_TIMEOUT (a slow DNS,
+        TLS or authentication step), far past the grace. A worker that is really gone cannot vouch."""
+        await self._attempted.wait()  # nothing is held before the first attempt
+        while True:
+            await asyncio.sleep(vouch_interval(self.grace))
+            if self._in_doubt():
+                self._send_vouch()
+
+    def _send_vouch(self) -> None:
+        """One vouch through the pool, in a task of its own: the schedule never waits for an answer."""
+        if not self.liveness_lock or self._duplicate is not None or len(self._vouches) >= VOUCHES_IN_FLIGHT:
             return
+        task = asyncio.create_task(self._vouch(), name=f"{self.worker_id}-vouch-once")
+        self._vouches.add(task)
+        task.add_done_callback(self._vouches.discard)
+
+    async def _vouch(self) -> None:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(VOUCH_TIMEOUT):
                 await self.store.vouch(self.worker_id)

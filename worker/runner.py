@@ -47,7 +47,7 @@ class Worker:
         self.wake = asyncio.Event()  # set when a run may have become claimable
         self.presence = Presence(
             store, settings.worker_id, self.wake, liveness_lock=settings.liveness_lock,
-            on_cancel=self.keeper.request_cancel,
+            on_cancel=self.keeper.request_cancel, grace=settings.takeover_grace,
         )
         self.driver = RunDriver(
             DriverSettings(settings.worker_id, settings.lease_seconds, settings.max_tokens, settings.max_crash_claims),

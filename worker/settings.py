@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import secrets
 import socket
 
 
+def process_worker_id(prefix: str) -> str:
+    """`prefix` (a pod's name, say) and a suffix new with every process (`--id-prefix`). A container
+    restarted in the same pod is then a worker of its own: the dead process's liveness lock is free, and
+    its runs move at once (suspect, grace, takeover) instead of waiting out the lease under a lock the new
+    process would hold under the same id."""
+    return f"{prefix}-{secrets.token_hex(3)}"
+
+
 def default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
+    """Host and pid, plus the per-process suffix: in a container the pid is the same at every start."""
+    return process_worker_id(f"{socket.gethostname()}-{os.getpid()}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -17,7 +27,8 @@ class WorkerSettings:
     """libpq connection string or URL (AGENTRUN_DATABASE_URL). Kept out of repr: it may hold a password."""
 
     worker_id: str = dataclasses.field(default_factory=default_worker_id)
-    """The name written into locked_by and every step: host and pid unless given, so it is unique."""
+    """The name written into locked_by and every step: unless given, host, pid and a per-process suffix,
+    so it is unique, and new when a container restarts."""
 
     concurrency: int = 4
     """Runs in flight at once. Most of a step is waiting on the model, so this can exceed the cores.

@@ -92,6 +92,9 @@ def test_defaults(render: Render) -> None:
     container = pod["containers"][0]
     args = container["args"]
     assert args[0] == "worker" and args[args.index("--shutdown-grace") + 1] == "25"
+    # A restarted container is a worker of its own (the pod's name plus a per-process suffix): the runs of
+    # the process that died move by its free liveness lock, not after the lease (test_restart_under_the_same_pod_name).
+    assert args[args.index("--id-prefix") + 1] == "$(POD_NAME)" and "--id" not in args
     # The kubelet's SIGKILL comes after the worker's own grace has run out.
     assert pod["terminationGracePeriodSeconds"] > float(args[args.index("--shutdown-grace") + 1])
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"

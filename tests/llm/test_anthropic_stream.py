@@ -257,3 +257,21 @@ async def test_a_request_that_is_not_json_is_refused_without_being_sent(
 def test_an_unknown_transport_is_refused() -> None:
     with pytest.raises(ValueError, match="http_client must be one of aiohttp, httpx"):
         AnthropicClient(api_key="k", http_client="curl")  # type: ignore[arg-type]
+
+
+BIG_INPUTS = {"n": 2**70, "m": -(2**63) - 1, "top": 2**64 - 1, "low": -(2**63), "f": 0.1, "s": "1234567890123456789012"}
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["json", "stream"])
+async def test_integers_beyond_64_bits_reach_the_answer_exactly(
+    fake: FakeAnthropic, any_client: AnthropicClient, streamed: bool
+) -> None:
+    """orjson reads 2**70 as the float 1.18e21, which would hide it from the refusal of such integers
+    (replay): an answer holding one is read by the standard library, every number as it was written."""
+    fake.script(Reply.tool_use("list_tickets", BIG_INPUTS, id="toolu_big"))
+
+    answer = await any_client.send(request(print if streamed else None))
+
+    (block,) = answer.content
+    assert block["input"] == BIG_INPUTS
+    assert all(type(block["input"][k]) is int for k in ("n", "m", "top", "low"))

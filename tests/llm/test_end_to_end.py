@@ -145,3 +145,28 @@ async def test_a_cost_budget_stops_the_run_before_the_next_model_step(store: Run
     assert done.error is not None and done.error.startswith("cost budget exhausted")
     assert done.cost_usd == Decimal("0.375180")  # (10*3 + 10*15 + 100000*3.75) / 1e6, over the 0.10 budget
     assert len(fake.requests) == 1  # the tool ran, the second model call did not
+
+
+
+async def test_a_tool_input_beyond_64_bits_fails_the_run_and_never_reaches_the_tool(
+    store: RunStore, fake: FakeAnthropic, llm: Retrying
+) -> None:
+    """2**70 must not reach a tool as 1.18e21 (orjson's reading): the turn is refused, as replay refuses
+    it. The engine streams every model call, so this is the streamed answer."""
+    seen: list[Any] = []
+
+    @tool(name="count", description="Count to n.")
+    def count(args: dict[str, Any], ctx: ToolContext) -> str:
+        seen.append(args)
+        return "counted"
+
+    fake.script(Reply.tool_use("count", {"n": 2**70}, id="toolu_n"), Reply.text("done"))
+    run, _ = await store.create(new_run("Count."))
+
+    await worker(store, llm, [count]).run_once()
+
+    done = await store.get(run.id)
+    assert seen == []
+    assert done is not None and done.status is RunStatus.FAILED, done.status if done else None
+    assert done.error is not None and "holds an integer beyond 64 bits" in done.error
+    assert fake.requests[0].get("stream") is True

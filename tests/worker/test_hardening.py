@@ -16,6 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from agentrun.worker import cli
 from agentrun.worker.llm.scripted import ScriptedLlm
 from agentrun.worker.llm.types import LlmRequest, LlmResponse
 from agentrun.worker.records import RunStatus, StepStatus
@@ -99,6 +100,80 @@ async def test_cutting_every_connection_mid_tool_hands_no_run_to_another_worker(
             after = await finished(store, run.id)
     assert after.status is RunStatus.SUCCEEDED, after.error
     assert runs == ["toolu_1"]
+    assert await lease_holders(db, run.id) == ["worker-A"]
+    assert after.crashes == 0
+
+
+class SlowPresence(RunStore):
+    """A holder whose presence sessions, once `slow` is set, take `delay` seconds to open (a slow DNS, TLS
+    or authentication step) while its pool, already connected, stays fast."""
+
+    def __init__(self, pool: Any, delay: float) -> None:
+        super().__init__(pool)
+        self.delay = delay
+        self.slow = False
+        self.attempts = 0
+
+    async def dedicated_connection(self) -> psycopg.AsyncConnection[Any]:
+        if self.slow:
+            self.attempts += 1
+            await asyncio.sleep(self.delay)
+        return await super().dedicated_connection()
+
+
+async def presence_pid(db: psycopg.AsyncConnection[Any], worker_id: str) -> int | None:
+    """The backend holding `worker_id`'s liveness lock, None if none does."""
+    cur = await db.execute(
+        """SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND classid::bigint = %s
+           AND objid::bigint = (hashtext(%s)::bigint + 4294967296) %% 4294967296 AND objsubid = 2""",
+        (LIVENESS_LOCK_CLASS, worker_id))
+    row = await cur.fetchone()
+    return int(row[0]) if row else None
+
+
+async def test_a_reconnect_slower_than_the_grace_hands_no_run_over_while_the_pool_renews(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """Worker-A's presence session is terminated and its reconnect takes 3 s, three times the 1 s grace,
+    while its pool keeps working; worker-B polls every 50 ms. A vouches through its pool on a schedule of
+    its own while its connect attempt hangs, so B never takes the run and the tool runs once."""
+    calls: list[str] = []
+    started, release = asyncio.Event(), asyncio.Event()
+
+    def slow_step_on(name: str) -> Any:
+        @tool(name="slow_step")
+        async def slow_step(args: dict[str, Any], ctx: ToolContext) -> str:
+            calls.append(name)
+            started.set()
+            await release.wait()
+            return "done"
+        return slow_step
+
+    def llm() -> ScriptedLlm:
+        return ScriptedLlm().then_tool_use("toolu_1", "slow_step", {}, 10, 5).then_text("done", 10, 5)
+
+    run, _ = await store.create(new_run())
+    a_store = SlowPresence(store.pool, delay=3.0)
+    a = worker(a_store, llm(), [slow_step_on("worker-A")], name="worker-A", lease=30.0)  # a grace of 1 s
+    assert a.settings.takeover_grace == 1.0
+    async with serving(a):
+        await asyncio.wait_for(started.wait(), 30)
+        b = worker(store, llm(), [slow_step_on("worker-B")], name="worker-B", lease=30.0)
+        async with serving(b):
+            await eventually(lambda: _true(b.presence.ready.is_set()), 20, "worker-B's presence")
+            pid = await presence_pid(db, "worker-A")
+            assert pid is not None
+            a_store.slow = True
+            await db.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            await eventually(lambda: _true(not a.presence.ready.is_set()), 20, "worker-A to notice the cut")
+            await eventually(lambda: _true(a.presence.ready.is_set()), 30, "worker-A's slow reconnect")
+            assert a_store.attempts >= 1
+            # B polled all along: had it found A's suspicion older than the grace, it would hold the run now.
+            assert await lease_holders(db, run.id) == ["worker-A"]
+            release.set()
+            after = await finished(store, run.id)
+    assert after.status is RunStatus.SUCCEEDED, after.error
+    assert calls == ["worker-A"]
     assert await lease_holders(db, run.id) == ["worker-A"]
     assert after.crashes == 0
 
@@ -393,3 +468,33 @@ async def test_runs_handed_back_cleanly_are_not_counted_as_crashes(store: RunSto
     async with serving(worker(store, ScriptedLlm().then_text("done", 10, 5), [])):
         after = await finished(store, run.id)
     assert after.status is RunStatus.SUCCEEDED and after.crashes == 0
+
+
+
+async def test_a_container_restarted_under_the_same_pod_name_takes_the_dead_processs_run_at_once(
+    store: RunStore, database_url: str, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """The chart's identity, --id-prefix $(POD_NAME): a process that dies holding a run and the process
+    the container starts next, with the same arguments, are two workers. The new one finds the dead
+    one's liveness lock free and takes the run while its 60 s lease is still live; under one id, the new
+    process would hold that very lock itself, and the run would wait out the lease."""
+    args = ["worker", "--id-prefix", "agentrun-worker-7d9f-x2k4q"]
+    dead_id, new_id = (cli.worker_id(cli.build_parser().parse_args(args)) for _ in range(2))
+    assert dead_id != new_id
+    assert dead_id.startswith("agentrun-worker-7d9f-x2k4q-") and new_id.startswith("agentrun-worker-7d9f-x2k4q-")
+
+    run, _ = await store.create(new_run())
+    dead = await psycopg.AsyncConnection.connect(database_url, autocommit=True)  # the dead process's presence
+    await dead.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", (LIVENESS_LOCK_CLASS, dead_id))
+    held = await store.claim(dead_id, 60.0)
+    assert held is not None and held.run.locked_until is not None
+    await dead.close()  # SIGKILL: PostgreSQL ends the session and frees the lock
+    new = worker(store, ScriptedLlm().then_text("done", 10, 5), [], name=new_id, lease=60.0)
+    async with serving(new):
+        after = await finished(store, run.id, timeout=50)
+    assert after.status is RunStatus.SUCCEEDED
+    assert await lease_holders(db, run.id) == [dead_id, new_id]
+    cur = await db.execute("SELECT max(claimed_at) FROM run_lease WHERE run_id = %s", (run.id,))
+    taken = await cur.fetchone()
+    # Taken while the dead process's lease was still live: by its free liveness lock, not by the lease.
+    assert taken is not None and taken[0] < held.run.locked_until

@@ -24,6 +24,7 @@ import httpx2
 import orjson
 
 from agentrun.worker.llm.types import Block, LlmError, LlmRequest, LlmResponse, Message, Usage, sane_retry_after
+from agentrun.worker.replay import exact_json
 
 EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
 MAX_ERROR_CHARS = 500
@@ -181,7 +182,7 @@ class Unreadable(LlmError):
 
 def _json(data: bytes | str) -> Any:
     try:
-        return orjson.loads(data)
+        return exact_json(data)  # every number as the model wrote it: an integer past 64 bits is refused later
     except orjson.JSONDecodeError:
         text = data.decode(errors="replace") if isinstance(data, bytes) else data
         raise Unreadable(f"not JSON: {text}") from None

@@ -282,13 +282,19 @@ async def test_a_writer_that_starts_first_and_commits_last_leaves_no_gap_for_a_r
                 await before.until(has_step(2), timeout=DEADLINE, what="the stored steps")
                 async with await psycopg.AsyncConnection.connect(database_url) as late:
                     await late.execute(first.encode(), {"run": run.id})
-                    await db.execute("UPDATE run_step SET latency_ms = 222 WHERE run_id = %s AND seq = 2", (run.id,))
                     rounds = hub.rounds
+                    await db.execute("UPDATE run_step SET latency_ms = 222 WHERE run_id = %s AND seq = 2", (run.id,))
+                    if first.startswith("UPDATE run_step"):
+                        # Held back: the late writer's step 1 may commit below it. The feed looks again
+                        # every second meanwhile; after two rounds it has seen that commit, and held it.
+                        async def two_more_rounds(rounds: int = rounds) -> bool:
+                            return bool(hub.rounds >= rounds + 2)
 
-                    async def two_more_rounds(rounds: int = rounds) -> bool:  # one began after that commit
-                        return bool(hub.rounds >= rounds + 2)
-
-                    await eventually(two_more_rounds, timeout=DEADLINE, what="the feed to read the commit")
+                        await eventually(two_more_rounds, timeout=DEADLINE, what="the feed to read the commit")
+                        assert not any(st["seq"] == 2 and st["latencyMs"] == 222 for st in before.of("step"))
+                    else:  # the late writer holds nothing back yet: the change goes out
+                        await before.until(lambda s: any(st["seq"] == 2 and st["latencyMs"] == 222
+                                                         for st in s.of("step")), timeout=DEADLINE, what="step 2")
                     await late.execute("UPDATE run_step SET status = 'DONE', latency_ms = 111 "
                                        "WHERE run_id = %(run)s AND seq = 1", {"run": run.id})
                     await late.commit()

@@ -6,7 +6,7 @@ transaction, from a sequence, taken at its first event row). A transaction that 
 locks that say so until it ends; `agentrun_event_horizon()` finds the lowest position still held (or the
 next one to be handed out): below it, every change has committed or rolled back, and none can appear
 later. Only transactions that write event rows hold it back, never another database, a reader, a writer
-of other tables or a prepared transaction without event rows. The API (worker/api/events.py) sends a
+of other tables or a prepared transaction. The API (worker/api/events.py) sends a
 change only once it is below the horizon, so a reconnect resumes after a position with no gap.
 """
 
@@ -61,16 +61,14 @@ class RunRows:
 
 
 class ChangeFeed:
-    """Reads through `pool`; `queries` counts the statements sent (the cost of the feed, for tests)."""
+    """The feed's reads, through `pool`."""
 
     def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
         self.pool = pool
-        self.queries = 0
 
     async def horizon(self) -> int | None:
         """Every change below this position is final; None when it cannot tell now (ask again shortly)."""
         async with self.pool.connection() as conn:
-            self.queries += 1
             cur = await conn.execute(HORIZON)
             row = await cur.fetchone()
         return None if row is None or row[0] is None else int(row[0])
@@ -84,7 +82,6 @@ class ChangeFeed:
         if not ids:
             return {}
         async with self.pool.connection() as conn, conn.transaction():
-            self.queries += 4
             await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(RUNS, {"ids": ids})

@@ -16,8 +16,8 @@
 -- below the lowest one held, and below the next value, is final: its transaction ended, and every later
 -- one takes a higher position. A transaction between steps 1 and 3 holds the gate without a position;
 -- the horizon waits a moment for it. Nothing else holds the horizon back: not other databases, readers,
--- writers of other tables, nor prepared transactions that wrote no event row. (A prepared one that did
--- write one holds it until it is committed or rolled back, as it must.)
+-- writers of other tables, nor prepared transactions (a transaction that wrote an event row cannot be
+-- prepared at all: the notify triggers' NOTIFY forbids PREPARE TRANSACTION).
 --
 -- Keys: the one-bigint form of advisory locks (objsubid 1), 0x6576 ("ev") in the top 16 bits and the
 -- position in the low 48: apart from the liveness locks (two-int form, store.LIVENESS_LOCK_CLASS) and the

@@ -316,3 +316,52 @@ async def test_a_writer_that_starts_first_and_commits_last_leaves_no_gap_for_a_r
             final = {s["seq"]: s for s in whole.of("step")}
             assert last == final, f"{first}: the resumed stream missed a change"
             assert final[1]["status"] == "DONE" and final[1]["latencyMs"] == 111 and final[2]["latencyMs"] == 222
+
+
+async def test_a_client_that_keeps_reconnecting_under_concurrent_writers_misses_nothing_and_gets_nothing_twice(
+    app: FastAPI, store: RunStore, db: psycopg.AsyncConnection[Any], database_url: str
+) -> None:
+    """Writers whose transactions overlap, start and end in every order, and one client that drops its
+    stream after every few events and resumes with the last id it got."""
+    run, _ = await store.create(new_run())
+    seqs = range(1, 7)
+    for seq in seqs:
+        await add_step(db, run.id, seq, "STARTED")
+    done = asyncio.Event()
+
+    async def write(n: int) -> None:
+        async with await psycopg.AsyncConnection.connect(database_url) as conn:
+            for i in range(12):
+                await conn.execute("UPDATE run_step SET latency_ms = coalesce(latency_ms, 0) + 1 "
+                                   "WHERE run_id = %s AND seq = %s", (run.id, seqs[(n + i) % len(seqs)]))
+                await asyncio.sleep(0.005 * ((n * 7 + i * 3) % 5))  # a transaction open for 0 to 20 ms
+                await conn.commit()
+
+    async def writers() -> None:
+        try:
+            await asyncio.gather(*(write(n) for n in range(5)))
+        finally:
+            done.set()
+
+    writing = asyncio.create_task(writers())
+    connections: list[Stream] = []
+    async with serving(app) as url, httpx.AsyncClient(base_url=url) as http:
+        last: str | None = None
+        while not done.is_set():
+            async with streaming(http, f"/api/runs/{run.id}/events", last_event_id=last) as s:
+                with contextlib.suppress(TimeoutError):
+                    await s.until(lambda s: len(s.events) >= 3 or done.is_set(), timeout=2)
+            connections.append(s)
+            last = next((e.id for e in reversed(s.events) if e.id), last)
+        await writing
+        await store.cancel(run.id)
+        async with streaming(http, f"/api/runs/{run.id}/events", last_event_id=last) as s:
+            await s.until(lambda s: s.ended, timeout=DEADLINE, what="the end")
+        connections.append(s)
+    sent = [e for c in connections for e in c.events if e.event in ("step", "run")]
+    ids = [e.id for e in sent]
+    assert len(ids) == len(set(ids)), "an event was sent twice"
+    latest = {step["seq"]: step["latencyMs"] for step in (Stream.decode(e) for e in sent if e.event == "step")}
+    cur = await db.execute("SELECT seq, latency_ms FROM run_step WHERE run_id = %s", (run.id,))
+    assert latest == dict(await cur.fetchall())
+    assert sum(latest.values()) == 5 * 12 and len(connections) > 2

@@ -191,8 +191,11 @@ class EventHub:
         horizon = await self.feed.horizon()
         if horizon is not None:
             self.horizon = max(self.horizon, horizon)
+        # Known before the read begins, so its snapshot sees every change below it (one that the feed
+        # finds while this reads would be too new for this snapshot).
+        horizon = self.horizon
         rows = (await self.feed.read({run_id: max(after[0], 0)})).get(run_id)
-        return None if rows is None else changes(rows, after, self.horizon)
+        return None if rows is None else changes(rows, after, horizon)
 
     async def _listen(self) -> None:
         while not self.closing.is_set():
@@ -263,12 +266,12 @@ class EventHub:
         if horizon is None:  # a writer between taking its position and saying so: a moment more
             self._due.set()
             return
-        self.horizon = max(self.horizon, horizon)
+        horizon = self.horizon = max(self.horizon, horizon)  # as in catch_up: fixed before the read
         for run_id in [r for r in self.settling if r not in self.subscribers]:
             del self.settling[run_id]
         due = {r for r in self.notified if r in self.subscribers}
-        due |= {r for r, read_at in self.settling.items() if self.horizon > read_at}
-        self.notified -= due
+        due |= {r for r, read_at in self.settling.items() if horizon > read_at}
+        self.notified.clear()
         for run_id in due:
             self.settling.pop(run_id, None)
         # The streams of each run now, and the oldest position among them: what the read starts from.
@@ -286,9 +289,9 @@ class EventHub:
                     sub.gone = True
                     sub.wake.set()
                 continue
-            batch = changes(found, after[run_id], self.horizon)
+            batch = changes(found, after[run_id], horizon)
             if batch.settling:
-                self.settling[run_id] = self.horizon
+                self.settling[run_id] = horizon
             for sub in subs:
                 sub.offer(batch)
         self.rounds += 1

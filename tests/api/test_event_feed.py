@@ -365,3 +365,38 @@ async def test_a_client_that_keeps_reconnecting_under_concurrent_writers_misses_
     cur = await db.execute("SELECT seq, latency_ms FROM run_step WHERE run_id = %s", (run.id,))
     assert latest == dict(await cur.fetchall())
     assert sum(latest.values()) == 5 * 12 and len(connections) > 2
+
+
+async def test_positions_keep_growing_across_the_upgrade_so_older_event_ids_still_resume(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A database that ran 0010's trigger (positions were transaction ids) and then takes 0013: every new
+    position is above every old one, so a client resuming with an id from before the upgrade misses
+    nothing and gets nothing twice."""
+    from agentrun.worker import migrate
+
+    async with other_database(postgres_url) as url:
+        every = migrate.available()
+        monkeypatch.setattr(migrate, "available", lambda: [m for m in every if m.version < 13])
+        await migrate.migrate(url)
+        insert = ("INSERT INTO run (id, input, model, token_budget, timeout_seconds, deadline_at) "
+                  "VALUES (%s, 'x', 'm', 10, 10, now()) RETURNING event_xid::text::bigint")
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            for _ in range(20):  # transaction ids move on meanwhile, as they do in a busy database
+                await conn.execute("CREATE TEMP TABLE IF NOT EXISTS t (x int); INSERT INTO t VALUES (1)")
+
+            async def positions() -> list[int]:
+                found = []
+                for _ in range(3):
+                    row = await (await conn.execute(insert, (uuid.uuid4(),))).fetchone()
+                    assert row is not None
+                    found.append(int(row[0]))
+                return found
+
+            old = await positions()
+            monkeypatch.setattr(migrate, "available", lambda: every)
+            assert 13 in [m.version for m in await migrate.migrate(url)]
+            new = await positions()
+            assert max(old) < min(new) and new == sorted(new)
+            cur = await conn.execute("SELECT agentrun_event_horizon()")
+            assert (await cur.fetchone()) == (new[-1] + 1,)

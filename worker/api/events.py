@@ -1,12 +1,13 @@
 """Live events of a run over server-sent events: `GET /api/runs/{id}/events`.
 
-Changes travel through PostgreSQL, so any API process can serve any run: triggers (migration 0010)
-mark each changed run and step row with its transaction (`event_xid`) and notify `agentrun_events`
-with the run id; workers notify `agentrun_delta` with streamed model text (worker/deltas.py). One
-`EventHub` per process LISTENs on one connection and wakes the streams of that run, which re-read the
-rows. A stream's position is the (transaction, kind, seq) of the last row it sent; only rows whose
-transaction is older than every transaction still running are sent, so nothing can commit behind a
-position already sent, and a reconnect with `Last-Event-ID` resumes with no gap and no duplicate.
+Changes travel through PostgreSQL, so any API process can serve any run: triggers (migrations 0010,
+0013) give each changed run, step and decision row a position and notify `agentrun_events` with the run
+id; workers notify `agentrun_delta` with streamed model text (worker/deltas.py). One `EventHub` per
+process LISTENs on one connection and runs one change feed (worker/changefeed.py): for the runs it was
+told about it reads, in one query for them all, the rows changed below the horizon (every change below it
+is final), and fans the events out to the streams in memory. A stream's position is the (position, kind,
+seq) of the last row it sent, so a reconnect with `Last-Event-ID` resumes with no gap and no duplicate.
+Only transactions writing event rows hold the horizon back; an idle stream costs no query of its own.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import orjson
 import psycopg
 from fastapi import APIRouter, Header, Path
 from fastapi.responses import StreamingResponse
-from psycopg.rows import dict_row
 from pydantic import BaseModel
 
 from agentrun.worker.api.errors import ApiError
@@ -33,61 +33,137 @@ from agentrun.worker.api.guards import ScopedRoute, access
 from agentrun.worker.api.identities import Scope
 from agentrun.worker.api.routes import ERRORS
 from agentrun.worker.api.schemas import DecisionView, RunView, TimelineStep
+from agentrun.worker.changefeed import ChangeFeed, RunRows
 from agentrun.worker.deltas import DELTA_CHANNEL
-from agentrun.worker.records import PendingCall, StepKind
-from agentrun.worker.store import DECISION_COLUMNS, RUN_COLUMNS, TIMELINE_COLUMNS, RunStore, _pending, _run, _step
+from agentrun.worker.records import StepKind
+from agentrun.worker.store import RunStore
 
 log = logging.getLogger("agentrun.worker.api.events")
 
 EVENTS_CHANNEL = "agentrun_events"
 # The kind's place in the order of one transaction's rows: its steps, calls waiting without a step, the run.
 STEP, WAITING, RUN = 0, 1, 2
-Position = tuple[int, int, int]  # (event_xid, kind, seq): the order in which rows are sent
+Position = tuple[int, int, int]  # (event position, kind, seq): the order in which rows are sent
 START: Position = (-1, 0, 0)
-MAX_DELTAS = 256
-"""Deltas a slow stream may have waiting; older ones are dropped (they are best effort)."""
+MAX_DELTA_CHARS = 65536
+"""Model text a slow stream may have waiting; the oldest is dropped beyond it (deltas are best effort)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Event:
+    position: Position
+    kind: str
+    data: dict[str, Any]
+
+    @property
+    def row(self) -> tuple[int, int]:
+        """Which row it shows (kind, seq): a newer event of the same row replaces it while unsent."""
+        return self.position[1], self.position[2]
+
+
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    events: list[Event]
+    settling: bool
+    """Rows changed at or above the horizon: not sent yet, read again when the horizon passes them."""
+    terminal: bool
+    status: str
 
 
 @dataclasses.dataclass(eq=False)  # by identity: a member of its run's set
 class Subscriber:
-    run_id: uuid.UUID
-    wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
-    changed: bool = True
-    deltas: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    """One stream's queue. `seen` is the position of the newest event given to it: the feed gives it only
+    newer ones. Its events wait here, the latest of each row, until the stream sends them, and so does
+    the model text, gathered into one piece per model call: however slowly a client reads, its step and
+    run events wait behind one delta event at most, never behind a backlog of text."""
 
-    def notify(self) -> None:
-        self.changed = True
+    run_id: uuid.UUID
+    seen: Position = START
+    wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    events: dict[tuple[int, int], Event] = dataclasses.field(default_factory=dict)
+    deltas: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    ended: str | None = None
+    """The run's terminal status, once an event batch showed it with nothing left to settle."""
+    gone: bool = False
+
+    def offer(self, batch: Batch) -> None:
+        for event in batch.events:  # in position order
+            if event.position > self.seen:
+                self.events[event.row] = event
+                self.seen = event.position
+        if batch.terminal:
+            self.ended = batch.status
         self.wake.set()
+
+    def take_events(self) -> list[Event]:
+        events = sorted(self.events.values(), key=lambda e: e.position)
+        self.events.clear()
+        return events
 
     def delta(self, seq: int, text: str) -> None:
-        if len(self.deltas) >= MAX_DELTAS:
-            del self.deltas[0]
-        self.deltas.append((seq, text))
+        if self.deltas and self.deltas[-1][0] == seq:  # one event for the text gathered meanwhile
+            self.deltas[-1] = (seq, self.deltas[-1][1] + text)
+        else:
+            self.deltas.append((seq, text))
+        excess = sum(len(t) for _, t in self.deltas) - MAX_DELTA_CHARS
+        while excess > 0 and self.deltas:
+            seq0, text0 = self.deltas[0]
+            if len(text0) <= excess:
+                del self.deltas[0]
+                excess -= len(text0)
+            else:
+                self.deltas[0] = (seq0, text0[excess:])
+                excess = 0
         self.wake.set()
+
+    def take_deltas(self) -> list[tuple[int, str]]:
+        deltas, self.deltas = self.deltas, []
+        return deltas
 
 
 class EventHub:
-    """One LISTEN connection per process, opened at the first subscriber; fans notifications out in memory.
+    """One LISTEN connection and one change feed per process, started at the first subscriber.
 
-    `keepalive` is the most seconds a stream stays silent: then it sends a comment line (proxies and
-    load balancers drop connections idle for long) and re-reads the run, a safety net for a lost
-    notification.
+    `keepalive` is the most seconds a stream stays silent (then it sends a comment line: proxies and load
+    balancers drop connections idle for long), and how often the feed re-reads every watched run, a
+    safety net for a lost notification. `tick` is how often the feed looks at the horizon while a change
+    waits behind a transaction still writing event rows (it may roll back, which notifies no one).
     """
 
-    def __init__(self, store: RunStore, keepalive: float = 15.0) -> None:
+    def __init__(self, store: RunStore, keepalive: float = 15.0, tick: float = 1.0) -> None:
+        self.feed = ChangeFeed(store.pool)
         self.store = store
         self.keepalive = keepalive
+        self.tick = tick
         self.subscribers: dict[uuid.UUID, set[Subscriber]] = {}
+        self.notified: set[uuid.UUID] = set()
+        """Watched runs with a change notified since the feed last read them."""
+        self.settling: dict[uuid.UUID, int] = {}
+        """Watched runs with changes at or above the horizon they were read with (the value)."""
+        self.horizon = -1
+        """The highest horizon seen; it only grows."""
+        self.rounds = 0
+        """Feed rounds done (a horizon, and a read when something is to be read)."""
         self.listening = asyncio.Event()
         self.closing = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._due = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
 
     @contextlib.contextmanager
-    def subscribe(self, run_id: uuid.UUID) -> Iterator[Subscriber]:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._listen(), name="agentrun-events")
-        sub = Subscriber(run_id)
+    def subscribe(self, run_id: uuid.UUID, first: Batch, after: Position = START) -> Iterator[Subscriber]:
+        """A stream of `run_id` that has `first` (read before): the feed reads the run again at once, for
+        whatever changed between that read and now, then as it changes."""
+        if not self._tasks or any(t.done() for t in self._tasks):
+            for task in self._tasks:
+                task.cancel()
+            loop = asyncio.get_running_loop()
+            self._tasks = [loop.create_task(self._listen(), name="agentrun-events-listen"),
+                           loop.create_task(self._feed(), name="agentrun-events-feed")]
+        sub = Subscriber(run_id, seen=after)
+        sub.offer(first)
         self.subscribers.setdefault(run_id, set()).add(sub)
+        self.notified.add(run_id)
+        self._due.set()
         try:
             yield sub
         finally:
@@ -98,16 +174,28 @@ class EventHub:
                     del self.subscribers[run_id]
 
     async def close(self) -> None:
-        """Ends every stream (their clients reconnect elsewhere) and the LISTEN connection."""
+        """Ends every stream (their clients reconnect elsewhere), the feed and the LISTEN connection."""
         self.closing.set()
         for subs in list(self.subscribers.values()):
             for sub in subs:
                 sub.wake.set()
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+                await task
+        self._tasks = []
+
+    async def catch_up(self, run_id: uuid.UUID, after: Position) -> Batch | None:
+        """The run's changes after `after` below the horizon now; None if there is no such run."""
+        horizon = await self.feed.horizon()
+        if horizon is not None:
+            self.horizon = max(self.horizon, horizon)
+        # Known before the read begins, so its snapshot sees every change below it (one that the feed
+        # finds while this reads would be too new for this snapshot).
+        horizon = self.horizon
+        rows = (await self.feed.read({run_id: max(after[0], 0)})).get(run_id)
+        return None if rows is None else changes(rows, after, horizon)
 
     async def _listen(self) -> None:
         while not self.closing.is_set():
@@ -117,7 +205,8 @@ class EventHub:
                 await conn.execute(f"LISTEN {EVENTS_CHANNEL}")
                 await conn.execute(f"LISTEN {DELTA_CHANNEL}")
                 self.listening.set()
-                self._wake_all()  # whatever changed while nobody listened
+                self.notified.update(self.subscribers)  # whatever changed while nobody listened
+                self._due.set()
                 async for note in conn.notifies():
                     self._dispatch(note)
             except (psycopg.Error, OSError) as e:
@@ -129,16 +218,15 @@ class EventHub:
                         await conn.close()
             await asyncio.sleep(1.0)
 
-    def _wake_all(self) -> None:
-        for subs in self.subscribers.values():
-            for sub in subs:
-                sub.notify()
-
     def _dispatch(self, note: psycopg.Notify) -> None:
         if note.channel == EVENTS_CHANNEL:
             with contextlib.suppress(ValueError):
-                for sub in self.subscribers.get(uuid.UUID(note.payload), ()):
-                    sub.notify()
+                run_id = uuid.UUID(note.payload)
+                if run_id in self.subscribers:
+                    self.notified.add(run_id)
+                    self._due.set()
+                elif self.settling:  # perhaps the commit of what held the horizon back
+                    self._due.set()
             return
         try:
             delta = orjson.loads(note.payload)
@@ -148,21 +236,65 @@ class EventHub:
         for sub in self.subscribers.get(run_id, ()):
             sub.delta(seq, text)
 
+    async def _feed(self) -> None:
+        last = 0.0
+        while not self.closing.is_set():
+            notified = False
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.tick if self.settling else self.keepalive):
+                    await self._due.wait()
+                    notified = True
+            self._due.clear()
+            if not self.subscribers:
+                self.notified.clear()
+                self.settling.clear()
+                continue
+            if not notified and not self.settling:
+                self.notified.update(self.subscribers)  # the safety net
+            # Rounds at most 50 a second: a storm of commits costs the feed a bounded number of queries.
+            await asyncio.sleep(max(0.0, last + 0.02 - time.monotonic()))
+            last = time.monotonic()
+            try:
+                await self._round()
+            except (psycopg.Error, OSError) as e:
+                log.warning("events: cannot read the changes (%s); trying again", e)
+                await asyncio.sleep(1.0)
+                self._due.set()
 
-@dataclasses.dataclass(frozen=True)
-class Event:
-    position: Position
-    kind: str
-    data: dict[str, Any]
-
-
-@dataclasses.dataclass(frozen=True)
-class Batch:
-    events: list[Event]
-    settling: bool
-    """Rows changed by transactions newer than one still running: read again shortly."""
-    terminal: bool
-    status: str
+    async def _round(self) -> None:
+        horizon = await self.feed.horizon()
+        if horizon is None:  # a writer between taking its position and saying so: a moment more
+            self._due.set()
+            return
+        horizon = self.horizon = max(self.horizon, horizon)  # as in catch_up: fixed before the read
+        for run_id in [r for r in self.settling if r not in self.subscribers]:
+            del self.settling[run_id]
+        due = {r for r in self.notified if r in self.subscribers}
+        due |= {r for r, read_at in self.settling.items() if horizon > read_at}
+        self.notified.clear()
+        for run_id in due:
+            self.settling.pop(run_id, None)
+        # The streams of each run now, and the oldest position among them: what the read starts from.
+        targets = {r: list(self.subscribers[r]) for r in due}
+        after = {r: min(s.seen for s in subs) for r, subs in targets.items()}
+        try:
+            rows = await self.feed.read({r: max(a[0], 0) for r, a in after.items()})
+        except BaseException:
+            self.notified |= due
+            raise
+        for run_id, subs in targets.items():
+            found = rows.get(run_id)
+            if found is None:  # the run is gone (pruned)
+                for sub in subs:
+                    sub.gone = True
+                    sub.wake.set()
+                continue
+            batch = changes(found, after[run_id], horizon)
+            if batch.settling:
+                self.settling[run_id] = horizon
+            for sub in subs:
+                sub.offer(batch)
+        self.rounds += 1
 
 
 def event_id(position: Position) -> str:
@@ -170,7 +302,8 @@ def event_id(position: Position) -> str:
 
 
 EVENT_ID = re.compile(r"([0-9]{1,18})\.([0-2])\.([0-9]{1,10})")
-"""What `event_id` makes: a transaction id (below 10^18, as PostgreSQL's are for ages), a kind, a seq."""
+"""What `event_id` makes: a position (below 10^18; positions continue the transaction ids that were used
+before migration 0013, so ids from before it stay valid), a kind, a seq."""
 
 
 def parse_event_id(text: str) -> Position:
@@ -180,72 +313,36 @@ def parse_event_id(text: str) -> Position:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else START
 
 
-async def read_changes(store: RunStore, run_id: uuid.UUID, after: Position) -> Batch | None:
-    """The run's rows changed after `after`, in order; None if there is no such run.
-
-    One repeatable-read snapshot for the horizon and the rows, so they agree. A decision (run_decision)
+def changes(rows: RunRows, after: Position, horizon: int) -> Batch:
+    """The events of a run's rows after `after` and below `horizon`, in order. A decision (run_decision)
     counts as a change of its tool call's timeline row and of the run (its pending count)."""
-    since = str(max(after[0], 0))
-    async with store.pool.connection() as conn, conn.transaction():
-        await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-        cur = conn.cursor(row_factory=dict_row)
-        await cur.execute("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS horizon")
-        horizon_row = await cur.fetchone()
-        assert horizon_row is not None
-        horizon: int = horizon_row["horizon"]
-        await cur.execute(
-            f"SELECT {RUN_COLUMNS}, coalesce(r.event_xid, '0')::text::bigint AS event_xid FROM run r WHERE r.id = %s",
-            (run_id,),
-        )
-        run_row = await cur.fetchone()
-        if run_row is None:
-            return None
-        await cur.execute(
-            f"""SELECT {DECISION_COLUMNS}, position, coalesce(event_xid, '0')::text::bigint AS event_xid
-                FROM run_decision WHERE run_id = %s ORDER BY since, position""",
-            (run_id,),
-        )
-        decision_rows = await cur.fetchall()
-        calls: dict[str, list[tuple[PendingCall, int, int]]] = {}
-        for row in decision_rows:
-            xid, position = row.pop("event_xid"), row.pop("position")
-            calls.setdefault(row["tool_use_id"], []).append((_pending(row), xid, position))
-        touched = [use for use, found in calls.items() if max(x for _, x, _ in found) >= after[0]]
-        await cur.execute(
-            f"""SELECT {TIMELINE_COLUMNS}, coalesce(event_xid, '0')::text::bigint AS event_xid FROM run_step
-                WHERE run_id = %s AND (coalesce(event_xid, '0') >= %s::text::xid8 OR tool_use_id = ANY(%s))
-                ORDER BY seq""",
-            (run_id, since, touched),
-        )
-        step_rows = await cur.fetchall()
     events: list[Event] = []
     settling = False
 
-    def add(xid: int, kind: str, rank: int, seq: int, model: BaseModel) -> None:
+    def add(position: int, kind: str, rank: int, seq: int, model: BaseModel) -> None:
         nonlocal settling
-        if xid >= horizon:
+        if position >= horizon:
             settling = True
-        elif (xid, rank, seq) > after:
-            events.append(Event((xid, rank, seq), kind, model.model_dump(mode="json", by_alias=True)))
+        elif (position, rank, seq) > after:
+            events.append(Event((position, rank, seq), kind, model.model_dump(mode="json", by_alias=True)))
 
-    decision_xids = [x for found in calls.values() for _, x, _ in found]
-    for row in step_rows:
-        xid = row.pop("event_xid")
-        step = _step(row)
+    calls = dict(rows.decisions)
+    for position, step in rows.steps:
         decided = calls.pop(step.tool_use_id, []) if step.kind is StepKind.TOOL and step.tool_use_id else []
-        xid = max([xid, *(x for _, x, _ in decided)])
-        add(xid, "step", STEP, step.seq, TimelineStep.of(step).model_copy(
-            update={"decisions": [DecisionView.of(c) for c, _, _ in decided]}))
+        position = max([position, *(d.position for d in decided)])
+        add(position, "step", STEP, step.seq, TimelineStep.of(step).model_copy(
+            update={"decisions": [DecisionView.of(d.call) for d in decided]}))
     # Calls waiting for a person with no step yet (an approval not given): rows without a seq, placed
     # by their position in the model's turn.
-    for use, found in calls.items():
-        if use in touched:
-            waiting = TimelineStep.waiting(found[-1][0], [c for c, _, _ in found])
-            add(max(x for _, x, _ in found), "step", WAITING, found[-1][2], waiting)
-    run = _run({k: v for k, v in run_row.items() if k != "event_xid"})
-    add(max([run_row["event_xid"], *decision_xids]), "run", RUN, 0, RunView.of(run))
+    for found in calls.values():
+        position = max(d.position for d in found)
+        if position >= after[0]:
+            waiting = TimelineStep.waiting(found[-1].call, [d.call for d in found])
+            add(position, "step", WAITING, found[-1].place, waiting)
+    every_decision = [d.position for found in rows.decisions.values() for d in found]
+    add(max([rows.position, *every_decision]), "run", RUN, 0, RunView.of(rows.run))
     events.sort(key=lambda e: e.position)
-    return Batch(events, settling, run.status.terminal and not settling, run.status.value)
+    return Batch(events, settling, rows.run.status.terminal and not settling, rows.run.status.value)
 
 
 def _sse(kind: str, position: Position, data: Any) -> bytes:
@@ -254,51 +351,35 @@ def _sse(kind: str, position: Position, data: Any) -> bytes:
 
 async def stream_events(hub: EventHub, run_id: uuid.UUID, after: Position, first: Batch) -> AsyncIterator[bytes]:
     position = after
-    batch: Batch | None = first
     last_sent = time.monotonic()
-    with hub.subscribe(run_id) as sub:
-        # Subscribed before the next read, so no change between the two goes unheard.
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(5):
-                await hub.listening.wait()
+    with hub.subscribe(run_id, first, after) as sub:
         while not hub.closing.is_set():
-            if batch is not None:
-                for event in batch.events:
-                    position = event.position
-                    yield _sse(event.kind, position, event.data)
-                    last_sent = time.monotonic()
-                if batch.terminal:
-                    yield _sse("end", position, {"status": batch.status})
-                    return
-            for seq, text in sub.deltas:
+            # The text that came first goes first (it was published before the step that holds it was
+            # written); gathered into one event per model call, it never keeps the events waiting long.
+            deltas = sub.take_deltas()
+            for seq, text in deltas:
                 yield _sse("delta", position, {"seq": seq, "text": text})
                 last_sent = time.monotonic()
-            sub.deltas.clear()
-            quiet = time.monotonic() - last_sent
-            wait = 0.05 if batch is not None and batch.settling else max(0.0, hub.keepalive - quiet)
+            events = sub.take_events()
+            for event in events:
+                position = event.position
+                yield _sse(event.kind, position, event.data)
+                last_sent = time.monotonic()
+            if sub.ended is not None and not sub.events:
+                yield _sse("end", position, {"status": sub.ended})
+                return
+            if sub.gone:
+                return  # the run is gone
+            if deltas or events:
+                continue
             sub.wake.clear()
-            if not sub.changed and not sub.deltas:
+            if not sub.events and not sub.deltas and sub.ended is None and not sub.gone:
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(wait):
+                    async with asyncio.timeout(max(0.0, hub.keepalive - (time.monotonic() - last_sent))):
                         await sub.wake.wait()
             if time.monotonic() - last_sent >= hub.keepalive:
                 yield b": keep-alive\n\n"
                 last_sent = time.monotonic()
-                sub.changed = True  # the safety net: re-read as if notified
-            if sub.changed or (batch is not None and batch.settling):
-                sub.changed = False
-                try:
-                    batch = await read_changes(hub.store, run_id, position)
-                except (psycopg.Error, OSError) as e:
-                    log.warning("events: cannot read run %s (%s); trying again", run_id, e)
-                    sub.changed = True
-                    batch = None
-                    await asyncio.sleep(1.0)
-                    continue
-                if batch is None:
-                    return  # the run is gone
-            else:
-                batch = None
 
 
 def events_router(store: RunStore, hub: EventHub, secured: bool) -> APIRouter:
@@ -331,7 +412,7 @@ def events_router(store: RunStore, hub: EventHub, secured: bool) -> APIRouter:
         client that connects late gets the stored steps first, then live ones. A comment line
         (`: keep-alive`) comes after 15 s of silence. Scope: `read`."""
         after = parse_event_id(last_event_id) if last_event_id else START
-        first = await read_changes(store, run_id, after)
+        first = await hub.catch_up(run_id, after)
         if first is None:
             raise ApiError(404, f"no run with id {run_id}")
         return StreamingResponse(

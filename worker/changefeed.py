@@ -29,7 +29,7 @@ RUNS = f"""SELECT {RUN_COLUMNS}, coalesce(r.event_xid, '0')::text::bigint AS eve
     FROM run r WHERE r.id = ANY(%(ids)s)"""
 
 DECISIONS = f"""SELECT {DECISION_COLUMNS}, position, coalesce(event_xid, '0')::text::bigint AS event_xid
-    FROM run_decision WHERE run_id = ANY(%(ids)s) ORDER BY run_id, since, position"""
+    FROM run_decision WHERE run_id = ANY(%(ids)s) ORDER BY run_id, since, position, attempt"""
 
 # A run's steps changed at or after its own `since`, and the steps of calls decided since (a decision
 # changes its call's timeline row); `a` pairs each run with its `since`.

@@ -9,6 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from agentrun.worker import groupcommit
 from agentrun.worker.groupcommit import GroupCommit
 from agentrun.worker.llm.scripted import TurnBasedLlm
 from agentrun.worker.records import RunStatus
@@ -116,13 +117,29 @@ async def test_a_writer_that_stops_waiting_before_its_batch_leaves_sends_nothing
 
 
 async def test_many_runs_in_flight_survive_connection_cuts_on_the_batched_path(
-    store: RunStore, db: psycopg.AsyncConnection[Any]
+    store: RunStore, db: psycopg.AsyncConnection[Any], database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Twenty runs write together while every connection is cut, three times: each tool call runs once
-    (the outcome of a batch lost with its connection is found again by the write ids), every run
+    """Twenty runs write together while every connection is cut, three times, each cut landing while a
+    batch of several writes is on the server (held there by row locks the test takes): each tool call
+    runs once (a batch lost with its connection is sent again and found by its write ids), every run
     succeeds, and each model step's tokens are counted once."""
     executions: dict[str, int] = {}
     cut_now = asyncio.Event()
+    in_flight: list[int] = []  # the sizes of the batches on the wire now
+    lost: list[int] = []  # the sizes of the batches whose connection broke under them
+    real_together = groupcommit._together
+
+    async def watched(conn: psycopg.AsyncConnection[Any], batch: list[Any]) -> Any:
+        in_flight.append(len(batch))
+        try:
+            return await real_together(conn, batch)
+        except psycopg.OperationalError:
+            lost.append(len(batch))
+            raise
+        finally:
+            in_flight.remove(len(batch))
+
+    monkeypatch.setattr(groupcommit, "_together", watched)
 
     @tool(name="noop", idempotent=False)
     async def noop(args: dict[str, Any], ctx: ToolContext) -> str:
@@ -132,11 +149,28 @@ async def test_many_runs_in_flight_survive_connection_cuts_on_the_batched_path(
 
     runs = [(await store.create(new_run()))[0].id for _ in range(20)]
     w = worker(store, TurnBasedLlm(3), [noop], concurrency=20)
-    async with serving(w):
-        for _ in range(3):
+    async with serving(w), await psycopg.AsyncConnection.connect(database_url) as locker:
+        for cut in range(3):
             await asyncio.wait_for(cut_now.wait(), 60)
             cut_now.clear()
-            await cut_every_connection(db)
+            # Hold every run row: the next batch's fenced writes wait for them on the server, uncommitted.
+            await locker.execute("SELECT id FROM run WHERE id = ANY(%s) FOR UPDATE", (runs,))
+
+            async def a_batch_waits_on_the_server() -> bool:
+                if not any(n > 1 for n in in_flight):
+                    return False
+                cur = await db.execute(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock' AND state = 'active'")
+                return int((await cur.fetchone())[0]) > 0  # type: ignore[index]
+
+            await eventually(a_batch_waits_on_the_server, 60, f"a batch of several writes in flight (cut {cut + 1})")
+            await db.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid NOT IN (pg_backend_pid(), %s)", (locker.info.backend_pid,))
+            await locker.rollback()
+            await eventually(lambda: _true(len(lost) > cut and any(n > 1 for n in lost)), 30,
+                             f"the cut batch to fail (cut {cut + 1})")
 
         async def all_finished() -> bool:
             return all(r is not None and r.status.terminal for r in await store.get_many(runs))
@@ -149,7 +183,11 @@ async def test_many_runs_in_flight_survive_connection_cuts_on_the_batched_path(
     model_steps, tokens = await cur.fetchone()  # type: ignore[misc]
     assert model_steps == 20 * 4
     assert sum(r.tokens_used for r in after) == tokens
-    assert store.writes.stats.largest > 1
+    assert max(lost) > 1  # a cut hit a batch of several writes in flight, not only lone writes or idle ones
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def test_shared_writes_sent_again_find_their_first_copy(store: RunStore) -> None:

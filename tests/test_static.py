@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,7 +14,12 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def _missing(module: str) -> bool:
-    return importlib.util.find_spec(module) is None
+    """Not installed; under CI=true (.ci/run sets it) a missing checker is an error, not a skip."""
+    if importlib.util.find_spec(module) is None:
+        if os.environ.get("CI") == "true":
+            raise RuntimeError(f"CI=true: {module} is not installed (pip install -e '.[test]')")
+        return True
+    return False
 
 
 @pytest.mark.skipif(_missing("mypy"), reason="mypy is not installed: pip install -e '.[test]'")

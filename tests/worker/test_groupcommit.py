@@ -16,7 +16,7 @@ from agentrun.worker.records import RunStatus
 from agentrun.worker.store import LeaseLost, RunStore
 from agentrun.worker.tools import ToolContext, tool
 from tests.helpers import eventually, new_run, worker
-from tests.worker.test_hardening import cut_every_connection, serving
+from tests.worker.test_hardening import serving
 
 
 def _checkpoint(store: RunStore, run_id: uuid.UUID, worker: str, input_tokens: int = 10) -> Any:
@@ -120,57 +120,54 @@ async def test_many_runs_in_flight_survive_connection_cuts_on_the_batched_path(
     store: RunStore, db: psycopg.AsyncConnection[Any], database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Twenty runs write together while every connection is cut, three times, each cut landing while a
-    batch of several writes is on the server (held there by row locks the test takes): each tool call
-    runs once (a batch lost with its connection is sent again and found by its write ids), every run
-    succeeds, and each model step's tokens are counted once."""
+    batch of several writes is on the server (held there by row locks on its runs, taken as it leaves):
+    each tool call runs once (a batch lost with its connection is sent again and found by its write
+    ids), every run succeeds, and each model step's tokens are counted once."""
     executions: dict[str, int] = {}
-    cut_now = asyncio.Event()
-    in_flight: list[int] = []  # the sizes of the batches on the wire now
+    armed = asyncio.Event()  # the next batch of several writes is to be held on the server
+    held = asyncio.Event()  # ...and now is: its runs' rows are locked and it is being sent
     lost: list[int] = []  # the sizes of the batches whose connection broke under them
     real_together = groupcommit._together
+    locker = await psycopg.AsyncConnection.connect(database_url)
 
     async def watched(conn: psycopg.AsyncConnection[Any], batch: list[Any]) -> Any:
-        in_flight.append(len(batch))
+        if armed.is_set() and len(batch) > 1:
+            armed.clear()
+            await locker.execute("SELECT id FROM run WHERE id = ANY(%s) FOR UPDATE", ([w.run_id for w in batch],))
+            held.set()
         try:
             return await real_together(conn, batch)
         except psycopg.OperationalError:
             lost.append(len(batch))
             raise
-        finally:
-            in_flight.remove(len(batch))
 
     monkeypatch.setattr(groupcommit, "_together", watched)
 
     @tool(name="noop", idempotent=False)
     async def noop(args: dict[str, Any], ctx: ToolContext) -> str:
         executions[ctx.tool_use_id + str(ctx.run_id)] = executions.get(ctx.tool_use_id + str(ctx.run_id), 0) + 1
-        cut_now.set()
         return "ok"
+
+    async def a_batch_waits_on_the_server() -> bool:
+        cur = await db.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND state = 'active'")
+        return held.is_set() and int((await cur.fetchone())[0]) > 0  # type: ignore[index]
 
     runs = [(await store.create(new_run()))[0].id for _ in range(20)]
     w = worker(store, TurnBasedLlm(3), [noop], concurrency=20)
-    async with serving(w), await psycopg.AsyncConnection.connect(database_url) as locker:
+    async with serving(w), locker:
         for cut in range(3):
-            await asyncio.wait_for(cut_now.wait(), 60)
-            cut_now.clear()
-            # Hold every run row: the next batch's fenced writes wait for them on the server, uncommitted.
-            await locker.execute("SELECT id FROM run WHERE id = ANY(%s) FOR UPDATE", (runs,))
-
-            async def a_batch_waits_on_the_server() -> bool:
-                if not any(n > 1 for n in in_flight):
-                    return False
-                cur = await db.execute(
-                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event_type = 'Lock' AND state = 'active'")
-                return int((await cur.fetchone())[0]) > 0  # type: ignore[index]
-
-            await eventually(a_batch_waits_on_the_server, 60, f"a batch of several writes in flight (cut {cut + 1})")
+            held.clear()
+            armed.set()
+            await eventually(a_batch_waits_on_the_server, 60, f"a batch of several writes held (cut {cut + 1})")
+            before = len(lost)
             await db.execute(
                 "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() "
                 "AND pid NOT IN (pg_backend_pid(), %s)", (locker.info.backend_pid,))
             await locker.rollback()
-            await eventually(lambda: _true(len(lost) > cut and any(n > 1 for n in lost)), 30,
-                             f"the cut batch to fail (cut {cut + 1})")
+            await eventually(lambda before=before: _true(any(n > 1 for n in lost[before:])), 30,
+                             f"the held batch to fail with its connection (cut {cut + 1})")
 
         async def all_finished() -> bool:
             return all(r is not None and r.status.terminal for r in await store.get_many(runs))

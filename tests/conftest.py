@@ -26,6 +26,20 @@ from agentrun.worker.store import RunStore
 TEMPLATE = "agentrun_template"
 
 
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """mypy --strict takes over a minute cold: started now, it runs beside the suite (tests/test_static.py)."""
+    if any(item.nodeid.endswith("test_static.py::test_packages_pass_mypy_strict") for item in session.items):
+        from tests import test_static
+
+        test_static.start_mypy()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests import test_static
+
+    test_static.stop_mypy()
+
+
 def _docker_answers() -> bool:
     try:
         import docker

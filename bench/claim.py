@@ -128,6 +128,15 @@ async def bench(url: str, queued: int, claimers: int, claims_each: int) -> dict[
     return {"small": small, "large": large, "plan": await explain(url)}
 
 
+def missed_targets(ratio: float, doubles: int, consistent: bool) -> list[str]:
+    """What of B5's target was missed (none: met). The target, as the docstring states it: the p99 at the
+    deep queue within 2 × the shallow one's, no double claims, and the claims recorded equal to the claims
+    made; the printed verdict is this one, not the ratio's alone."""
+    checks = (("p99 ratio above 2", ratio > 2.0), (f"{doubles} double claims", doubles != 0),
+              ("claims recorded differ from claims made", not consistent))
+    return [why for why, bad in checks if bad]
+
+
 def main() -> None:
     p = _pg.parser(__doc__.splitlines()[0])
     p.add_argument("--queued", type=int, default=100_000)
@@ -143,17 +152,21 @@ def main() -> None:
     doubles = small["double_claims"] + large["double_claims"]
     # Run by run, every claim the claimers saw succeed is counted once in run.claims, and no other.
     consistent = all(x["runs_with_mismatched_claims"] == 0 for x in (small, large))
+    missed = missed_targets(ratio, doubles, consistent)
+    met = not missed
     figures = {"p99_small_ms": small["p99_ms"], "p99_large_ms": large["p99_ms"], "p99_ratio": round(ratio, 3),
                "target_ratio": 2.0, "double_claims": doubles, "claims_consistent": consistent,
-               "uses_claim_index": uses_index, "met": ratio <= 2.0 and doubles == 0 and consistent,
+               "uses_claim_index": uses_index, "met": met,
                "small": small, "large": large, **env}
     print(f"B5 claim: {args.claimers} claimers × {args.claims_each} claims, each run handed back at once")
     for x in (small, large):
         print(f"  {x['queued']:>7} queued: p50 {x['p50_ms']} ms, p99 {x['p99_ms']} ms, max {x['max_ms']} ms, "
               f"{x['claims_per_s']} claims/s, double claims {x['double_claims']}")
-    print(f"  p99 ratio {ratio:.2f} (target ≤ 2: {'met' if ratio <= 2 else 'MISSED'}); "
+    print(f"  p99 ratio {ratio:.2f} (≤ 2 wanted); double claims {doubles} (0 wanted); "
           f"claims recorded = claims made, run by run: {consistent}; "
           f"claim plan uses run_claim_priority_idx: {uses_index}")
+    print(f"  target (p99 ratio ≤ 2, no double claims, claims consistent): "
+          f"{'met' if met else 'MISSED: ' + '; '.join(missed)}")
     print("  plan: " + r["plan"].replace("\n", "\n        "))
     _pg.emit(figures)
 

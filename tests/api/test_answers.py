@@ -206,16 +206,25 @@ async def test_forks_that_cannot_be(store: RunStore, toolbox: ToolBox, settings:
 
 
 async def test_concurrent_forks_are_independent(store: RunStore, toolbox: ToolBox, settings: Any, metrics: Any) -> None:
-    llm = ScriptedLlm().then_text("a").then_text("b").then_text("c")
+    """Two forks of one run at its first step, made at once: each runs the tool and the model itself."""
+    llm = (ScriptedLlm().then_tool_use("t_1", "lookup", {"q": "acme"}, 10, 5).then_text("a")
+           .then_text("b").then_text("c"))
     async with api(store, toolbox, settings, metrics) as client, running(worker(store, llm, toolbox)):
         source = await submit(client)
         await status_is(client, source, "SUCCEEDED")
-        forks = await asyncio.gather(*(client.post("/api/runs", json={"input": "again", "continueFrom": source})
+        forks = await asyncio.gather(*(client.post("/api/runs", json={"forkFrom": {"runId": source, "seq": 1}})
                                        for _ in range(2)))
+        assert [f.status_code for f in forks] == [201, 201], [f.text for f in forks]
         ids = [f.json()["id"] for f in forks]
-        for run_id in ids:
-            await status_is(client, run_id, "SUCCEEDED")
+        runs = [await status_is(client, run_id, "SUCCEEDED") for run_id in ids]
+        timelines = [(await client.get(f"/api/runs/{run_id}/timeline")).json() for run_id in ids]
+        source_timeline = (await client.get(f"/api/runs/{source}/timeline")).json()
     assert len(set(ids)) == 2
+    assert all(r["parentRunId"] == source and r["forkedAtSeq"] == 1 for r in runs)
+    assert sorted(r["output"] for r in runs) == ["b", "c"]  # each fork made its own model call
+    for timeline in timelines:
+        assert [(r["kind"], r["inherited"]) for r in timeline] == [("MODEL", True), ("TOOL", False), ("MODEL", False)]
+    assert [(r["kind"], r["inherited"]) for r in source_timeline] == [("MODEL", False), ("TOOL", False), ("MODEL", False)]
 
 
 def _text_blocks(texts: list[str]) -> Any:

@@ -51,6 +51,21 @@ async def driving(store: RunStore, toolbox: ToolBox, model: FakeAnthropic) -> As
         await llm.aclose()
 
 
+class HoldsTheAnswer(RunStore):
+    """Holds the final answer's checkpoint until `release` is set (30 s at most): the run cannot end, and
+    its stream cannot close, before the test has seen a streamed fragment of that answer."""
+
+    def __init__(self, pool: Any, release: asyncio.Event) -> None:
+        super().__init__(pool)
+        self.release = release
+
+    async def checkpoint_model(self, *a: Any, **kw: Any) -> Any:
+        if "Summary of lookup" in str(kw.get("response", "")):
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.release.wait(), 30)
+        return await super().checkpoint_model(*a, **kw)
+
+
 def steps_by_seq(stream: Stream) -> dict[int, list[str]]:
     seen: dict[int, list[str]] = {}
     for step in stream.of("step"):
@@ -63,7 +78,11 @@ async def test_a_run_streams_its_steps_model_text_and_end(
 ) -> None:
     async with httpx.AsyncClient(base_url=server_url) as http:
         run_id = (await http.post("/api/runs", json=BODY)).json()["id"]
-        async with streaming(http, f"/api/runs/{run_id}/events") as stream, driving(store, toolbox, model):
+        seen_a_fragment = asyncio.Event()
+        held = HoldsTheAnswer(store.pool, seen_a_fragment)
+        async with streaming(http, f"/api/runs/{run_id}/events") as stream, driving(held, toolbox, model):
+            await stream.until(lambda s: any(d["seq"] == 3 for d in s.of("delta")), what="a fragment of the answer")
+            seen_a_fragment.set()
             await stream.until(lambda s: s.ended, what="the end")
         assert stream.status == 200
         assert all(e.id for e in stream.events), "every event has an id"
@@ -74,8 +93,8 @@ async def test_a_run_streams_its_steps_model_text_and_end(
         assert set(seen) == {1, 2, 3} and all(states[-1] == "DONE" for states in seen.values())
         assert stream.of("step")[0]["kind"] == "MODEL"
         # The model's final answer, streamed in fragments as it was written. Deltas are best effort (not
-        # stored; one whose notification is late on a loaded machine may miss a stream that has ended): what
-        # arrived is the start of the answer, in order.
+        # stored; one whose notification is late may miss a stream that has ended, so the answer's checkpoint
+        # was held until one arrived): what arrived is the start of the answer, in order.
         answer = "".join(d["text"] for d in stream.of("delta") if d["seq"] == 3)
         assert answer and "Summary of lookup: found x".startswith(answer)
         assert len([d for d in stream.of("delta") if d["seq"] == 3]) >= 1

@@ -28,6 +28,13 @@ async def test_pickup_measures_each_sample(database_url: str) -> None:
     assert figures["samples"] == 3
 
 
+def test_claim_verdict_is_the_whole_target_not_the_p99_alone() -> None:
+    assert claim.missed_targets(0.9, 0, True) == []
+    assert claim.missed_targets(2.5, 0, True) == ["p99 ratio above 2"]
+    assert claim.missed_targets(0.9, 3, True) == ["3 double claims"]  # a fast p99 with double claims is missed
+    assert claim.missed_targets(0.9, 0, False) == ["claims recorded differ from claims made"]
+
+
 async def test_claim_counts_no_double_claims(database_url: str) -> None:
     figures = await claim.measure(database_url, queued=50, claimers=3, claims_each=10)
     assert figures["double_claims"] == 0 and figures["runs_with_mismatched_claims"] == 0

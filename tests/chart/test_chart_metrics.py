@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from agentrun.worker.llm.fake_server import FakeAnthropic
 from agentrun.worker.metrics import METRIC_NAMES
@@ -150,6 +151,13 @@ async def test_a_live_worker_exposes_every_series_the_dashboard_and_alerts_query
     queries = [("dashboard", q) for q in dashboard_queries()] + [("alert", q) for q in rule_queries(render)]
     missing = {(where, name) for where, q in queries for name in names_in_queries([q]) if name not in exposed}
     assert missing == set(), f"queried but not exposed by a live worker; it exposes {sorted(exposed)}"
+    # The other way: every metric the worker exports is in METRIC_NAMES, the list the dashboard-or-alerts
+    # test checks, so a metric added to the code and left off that list fails here, not silently.
+    exported = {f.name + ("_total" if f.type == "counter" else "")
+                for f in text_string_to_metric_families(page.text)
+                if f.name.startswith("agentrun_") and not f.name.endswith("_created")}  # _created: a counter's start
+    assert exported - set(METRIC_NAMES) == set(), "exported by the worker but not in METRIC_NAMES"
+    assert set(METRIC_NAMES) - exported == set(), "in METRIC_NAMES but not exported by the worker"
 
 
 def test_series_in_exposition_names_what_a_query_can_select() -> None:

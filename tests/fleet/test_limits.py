@@ -90,7 +90,9 @@ async def fleet(database_url: str, base_url: str, limits: dict[str, Any], tmp_pa
         procs.append(await asyncio.create_subprocess_exec(
             sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", f"fleet-{i}", "--port", str(port),
             "--host", "127.0.0.1", "--concurrency", str(concurrency), "--poll-interval", "0.2",
-            "--max-tokens", str(MAX_TOKENS), "--no-migrate", env=env, stdout=log, stderr=log,
+            "--max-tokens", str(MAX_TOKENS), "--no-migrate",
+            # Nothing here checks a drain: runs still waiting on a limit are handed back at once on stop.
+            "--shutdown-grace", "1", env=env, stdout=log, stderr=log,
         ))
     try:
         for port, proc in zip(ports, procs, strict=True):

@@ -85,8 +85,7 @@ async def test_prune_batches_report_each_batch(store: RunStore, db: psycopg.Asyn
 
 
 async def test_a_forked_from_run_is_kept_while_its_child_is(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
-    """With a parent link on run (issue 13's parent_run_id), a parent goes only after its children."""
-    await db.execute("ALTER TABLE run ADD COLUMN IF NOT EXISTS parent_run_id UUID REFERENCES run (id)")
+    """With the migrated parent link on run (parent_run_id, 0008), a parent goes only after its children."""
     parent = await _run(store, db, "SUCCEEDED", 50)
     child = await _run(store, db, "SUCCEEDED", 5)  # recent: kept, and so is its parent
     await db.execute("UPDATE run SET parent_run_id = %s WHERE id = %s", (parent, child))
@@ -195,9 +194,7 @@ async def test_worker_process_prunes_with_retention_days(store: RunStore, db: ps
 
 
 async def test_decisions_are_pruned_with_their_runs(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
-    """Issue 13's run_decision (here its essentials) goes with its run, once that table exists."""
-    await db.execute("""CREATE TABLE IF NOT EXISTS run_decision (
-        run_id UUID NOT NULL REFERENCES run (id), tool_use_id TEXT NOT NULL, PRIMARY KEY (run_id, tool_use_id))""")
+    """The migrated run_decision table (0008, not a stand-in made here) goes with its run."""
     old = await _run(store, db, "SUCCEEDED", 40, steps=1)
     waiting = await _run(store, db, "RUNNING", None, steps=1)
     for run_id in (old, waiting):

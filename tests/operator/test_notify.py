@@ -13,15 +13,15 @@ from agentrun.worker.store import RunStore
 from tests.helpers import eventually, new_run
 
 
-async def _notes(conn: psycopg.AsyncConnection[Any], timeout: float = 0.3) -> list[str]:
-    """Everything delivered within `timeout`: a NOTIFY reaches a listener only after commit."""
+async def _notes_until(conn: psycopg.AsyncConnection[Any], last: str, count: int, timeout: float = 30) -> list[str]:
+    """Every notification up to the `count`th carrying `last`. Notifications arrive in commit order, so one
+    sent by an earlier commit would be here before that one: no time window to size for the machine."""
     got: list[str] = []
-    try:
-        async with asyncio.timeout(timeout):
-            async for note in conn.notifies():
-                got.append(note.payload)
-    except TimeoutError:
-        pass
+    async with asyncio.timeout(timeout):
+        async for note in conn.notifies():
+            got.append(note.payload)
+            if got.count(last) == count:
+                break
     return got
 
 
@@ -31,8 +31,8 @@ async def test_only_linked_runs_notify(database_url: str, store: RunStore) -> No
         plain, _ = await store.create(new_run("api run"))
         linked, _ = await store.create(new_run("k8s run", id=uuid.uuid4(), k8s_namespace="ns", k8s_name="a"))
         await store.cancel(plain.id)
-        await store.cancel(linked.id)
-        notes = await _notes(conn)
+        await store.cancel(linked.id)  # the last commit: the plain run's, had they notified, came before it
+        notes = await _notes_until(conn, str(linked.id), 2)
     assert notes == [str(linked.id), str(linked.id)]  # insert, then the cancel
 
 

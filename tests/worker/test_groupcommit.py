@@ -9,13 +9,14 @@ from typing import Any
 import psycopg
 import pytest
 
+from agentrun.worker import groupcommit
 from agentrun.worker.groupcommit import GroupCommit
 from agentrun.worker.llm.scripted import TurnBasedLlm
 from agentrun.worker.records import RunStatus
 from agentrun.worker.store import LeaseLost, RunStore
 from agentrun.worker.tools import ToolContext, tool
 from tests.helpers import eventually, new_run, worker
-from tests.worker.test_hardening import cut_every_connection, serving
+from tests.worker.test_hardening import serving
 
 
 def _checkpoint(store: RunStore, run_id: uuid.UUID, worker: str, input_tokens: int = 10) -> Any:
@@ -116,27 +117,57 @@ async def test_a_writer_that_stops_waiting_before_its_batch_leaves_sends_nothing
 
 
 async def test_many_runs_in_flight_survive_connection_cuts_on_the_batched_path(
-    store: RunStore, db: psycopg.AsyncConnection[Any]
+    store: RunStore, db: psycopg.AsyncConnection[Any], database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Twenty runs write together while every connection is cut, three times: each tool call runs once
-    (the outcome of a batch lost with its connection is found again by the write ids), every run
-    succeeds, and each model step's tokens are counted once."""
+    """Twenty runs write together while every connection is cut, three times, each cut landing while a
+    batch of several writes is on the server (held there by row locks on its runs, taken as it leaves):
+    each tool call runs once (a batch lost with its connection is sent again and found by its write
+    ids), every run succeeds, and each model step's tokens are counted once."""
     executions: dict[str, int] = {}
-    cut_now = asyncio.Event()
+    armed = asyncio.Event()  # the next batch of several writes is to be held on the server
+    held = asyncio.Event()  # ...and now is: its runs' rows are locked and it is being sent
+    lost: list[int] = []  # the sizes of the batches whose connection broke under them
+    real_together = groupcommit._together
+    locker = await psycopg.AsyncConnection.connect(database_url)
+
+    async def watched(conn: psycopg.AsyncConnection[Any], batch: list[Any]) -> Any:
+        if armed.is_set() and len(batch) > 1:
+            armed.clear()
+            await locker.execute("SELECT id FROM run WHERE id = ANY(%s) FOR UPDATE", ([w.run_id for w in batch],))
+            held.set()
+        try:
+            return await real_together(conn, batch)
+        except psycopg.OperationalError:
+            lost.append(len(batch))
+            raise
+
+    monkeypatch.setattr(groupcommit, "_together", watched)
 
     @tool(name="noop", idempotent=False)
     async def noop(args: dict[str, Any], ctx: ToolContext) -> str:
         executions[ctx.tool_use_id + str(ctx.run_id)] = executions.get(ctx.tool_use_id + str(ctx.run_id), 0) + 1
-        cut_now.set()
         return "ok"
+
+    async def a_batch_waits_on_the_server() -> bool:
+        cur = await db.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND state = 'active'")
+        return held.is_set() and int((await cur.fetchone())[0]) > 0  # type: ignore[index]
 
     runs = [(await store.create(new_run()))[0].id for _ in range(20)]
     w = worker(store, TurnBasedLlm(3), [noop], concurrency=20)
-    async with serving(w):
-        for _ in range(3):
-            await asyncio.wait_for(cut_now.wait(), 60)
-            cut_now.clear()
-            await cut_every_connection(db)
+    async with serving(w), locker:
+        for cut in range(3):
+            held.clear()
+            armed.set()
+            await eventually(a_batch_waits_on_the_server, 60, f"a batch of several writes held (cut {cut + 1})")
+            before = len(lost)
+            await db.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid NOT IN (pg_backend_pid(), %s)", (locker.info.backend_pid,))
+            await locker.rollback()
+            await eventually(lambda before=before: _true(any(n > 1 for n in lost[before:])), 30,
+                             f"the held batch to fail with its connection (cut {cut + 1})")
 
         async def all_finished() -> bool:
             return all(r is not None and r.status.terminal for r in await store.get_many(runs))
@@ -149,7 +180,11 @@ async def test_many_runs_in_flight_survive_connection_cuts_on_the_batched_path(
     model_steps, tokens = await cur.fetchone()  # type: ignore[misc]
     assert model_steps == 20 * 4
     assert sum(r.tokens_used for r in after) == tokens
-    assert store.writes.stats.largest > 1
+    assert max(lost) > 1  # a cut hit a batch of several writes in flight, not only lone writes or idle ones
+
+
+async def _true(value: bool) -> bool:
+    return value
 
 
 async def test_shared_writes_sent_again_find_their_first_copy(store: RunStore) -> None:

@@ -178,15 +178,16 @@ async def test_a_reconnect_slower_than_the_grace_hands_no_run_over_while_the_poo
     assert after.crashes == 0
 
 
-async def test_a_killed_workers_run_moves_within_a_tenth_of_the_lease(
+async def test_a_killed_workers_run_moves_long_before_its_lease_lapses(
     store: RunStore, database_url: str, db: psycopg.AsyncConnection[Any]
 ) -> None:
     """A dead worker's session ends with it and never comes back: its run is taken long before the
-    lease lapses (the figure, 3 s of a 30 s lease, is measured by bench/failover.py)."""
+    lease lapses: here under 20 s of a 120 s lease, a bound a loaded machine keeps (the figure on a quiet
+    one, about 3 s of a 30 s lease, is measured by bench/failover.py)."""
     run, _ = await store.create(new_run())
     dead = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
     await dead.execute("SELECT pg_advisory_lock(%s, hashtext('worker-gone'))", (LIVENESS_LOCK_CLASS,))
-    assert await store.claim("worker-gone", 30.0)
+    assert await store.claim("worker-gone", 120.0)
     b = worker(store, ScriptedLlm().then_text("done", 10, 5), [], name="worker-B", poll=1.0)
     async with serving(b):
         await dead.close()  # SIGKILL: PostgreSQL ends the session and frees the lock
@@ -196,10 +197,10 @@ async def test_a_killed_workers_run_moves_within_a_tenth_of_the_lease(
     assert after.status is RunStatus.SUCCEEDED
     assert await lease_holders(db, run.id) == ["worker-gone", "worker-B"]
     assert after.crashes == 1
-    assert moved < 20  # far less than the 30 s lease: the liveness lock, not the lease, moved it
+    assert moved < 20  # far less than the 120 s lease: the liveness lock, not the lease, moved it
 
 
-async def test_the_presence_connection_reconnects_within_a_second(
+async def test_the_presence_connection_reconnects_long_before_the_next_poll(
     store: RunStore, db: psycopg.AsyncConnection[Any]
 ) -> None:
     a = worker(store, ScriptedLlm(), [], name="worker-A", poll=60.0)
@@ -210,7 +211,8 @@ async def test_the_presence_connection_reconnects_within_a_second(
         await eventually(lambda: _true(not a.presence.ready.is_set()), 20, "worker-A to notice the cut")
         await eventually(lambda: _true(a.presence.ready.is_set()), 20, "worker-A's presence to come back")
         back_after = time.monotonic() - cut_at
-    # Sub-second reconnect delays (jittered, 0.02–0.2 s), plus the probe that notices a silent cut.
+    # Sub-second reconnect delays (jittered, 0.02–0.2 s), plus the probe that notices a silent cut: well
+    # under 10 s even on a loaded machine, and far from the 60 s poll.
     assert back_after < 10
 
 
@@ -362,7 +364,8 @@ async def test_cancel_interrupts_a_long_tool_and_records_it_cancelled(store: Run
         return "too late"
 
     run, _ = await store.create(new_run())
-    async with serving(worker(store, ScriptedLlm().then_tool_use("toolu_1", "slow", {}), [slow])):
+    # A 300 s lease renews every 100 s: only the cancel notification can end the run within the bound.
+    async with serving(worker(store, ScriptedLlm().then_tool_use("toolu_1", "slow", {}), [slow], lease=300.0)):
         await asyncio.wait_for(started.wait(), 30)
         t0 = time.monotonic()
         await store.cancel(run.id)
@@ -371,7 +374,7 @@ async def test_cancel_interrupts_a_long_tool_and_records_it_cancelled(store: Run
     assert after.status is RunStatus.CANCELLED
     steps = await store.steps(run.id)
     assert steps[-1].status is StepStatus.ERROR and steps[-1].response == "cancelled"
-    assert took < 15  # by notification, not after the 30 s tool nor a 10 s heartbeat
+    assert took < 15  # by notification, not after the 30 s tool nor the 100 s heartbeat
 
 
 class SlowModel:

@@ -175,6 +175,10 @@ async def test_a_failed_model_call_and_its_retries(store: RunStore) -> None:
         ("retry", {"http.response.status_code": 529, "error.type": "529"}),
         ("exception", chat.events[2].attributes),
     ]
+    # The recorded exception is the final 400, not whatever the span happened to hold.
+    exception = dict(chat.events[2].attributes or {})
+    assert str(exception["exception.type"]).endswith("LlmError"), exception
+    assert exception["exception.message"] == "model error 400: bad", exception
     assert chat.status.status_code is StatusCode.ERROR and (chat.attributes or {})["error.type"] == "400"
     root = t.named("invoke_agent")[0]
     assert root.status.status_code is StatusCode.ERROR

@@ -32,8 +32,8 @@ GRANT SELECT ON schema_migration TO agentrun_runtime;
 -- Fleet-wide model limits (worker/llm/limits.py): one row per limit, reserved and freed by workers.
 GRANT SELECT, INSERT, UPDATE ON model_limit TO agentrun_runtime;
 -- Live events (migration 0013): each transaction that changes a run, step or decision takes a position
--- from this sequence (USAGE), and the events API reads how far it has gone (SELECT).
-GRANT USAGE, SELECT ON SEQUENCE agentrun_event_position TO agentrun_runtime;
+-- from the sequence agentrun_event_position, which the migration grants to PUBLIC (a role made before
+-- the upgrade goes on writing steps); nothing to grant here.
 
 -- [retention] only if workers prune by themselves (--retention-days, chart value retention.days), as
 -- agentrun_owner: the runtime role may then delete finished runs with their steps and lease history.

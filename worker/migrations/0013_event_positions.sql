@@ -31,6 +31,10 @@ CREATE SEQUENCE agentrun_event_position AS bigint CACHE 1;
 -- Above every transaction id handed out so far, so positions only grow across the upgrade and a client
 -- resuming with an id from before it misses nothing.
 SELECT setval('agentrun_event_position', pg_snapshot_xmax(pg_current_snapshot())::text::bigint);
+-- Every role that writes runs takes positions, the runtime role of docs/database-role.sql included, and
+-- one set up before this migration has no grant on a sequence that did not exist: without this, its
+-- first step write after the upgrade would fail. A position says nothing about any run.
+GRANT USAGE, SELECT ON SEQUENCE agentrun_event_position TO PUBLIC;
 
 CREATE OR REPLACE FUNCTION agentrun_event_mark() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE

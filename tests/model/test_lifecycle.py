@@ -1,0 +1,542 @@
+"""The run lifecycle as a model a machine explores (issue 24, item 9).
+
+A Hypothesis state machine drives the public operations (submit, with and without approvals; decide,
+every kind; cancel; fork; continue; a deadline passed) over the HTTP API in process, and drives runs
+with the real RunStore, RunDriver and LeaseKeeper against real PostgreSQL, one drive at a time: a drive
+claims the next claimable run and takes it as far as it goes (to its end, a park, a handback) or until a
+crash injected at a chosen point of a step (the model call, inside a tool, right after a tool start or a
+tool finish is written, right before a model checkpoint). A crashed worker's lease is expired by an
+UPDATE, never waited out; a deadline is passed by moving `deadline_at`. No wall-clock sleep anywhere.
+
+After every step the invariants are checked against the tools' own log of what they executed:
+- a non-idempotent call executes at most once per authorisation: its first execution (none if it
+  needs approval), then one per `approve` or `retry` taken on it; a call a fork or continuation
+  inherited while in doubt (or decided `fail`) has no first execution of its own in the child;
+- a call that needs approval never executes before one;
+- no two executions of one call (one idempotency key) overlap in time;
+- tokens and cost are counted once: a run's counters are the sums of its own model steps;
+- every run is terminal, WAITING with a pending entry, or QUEUED/claimable (no worker is live between
+  steps, so none may hold a lease);
+- status, the API's pending list, the store's decisions and the timeline agree.
+
+AGENTRUN_MODEL_SKIP=1,7 (for developing the model only) leaves out the scenarios of the known bugs of
+issue 24 (item 1: a retried call interrupted again; item 7: a fork or continuation of a run with a call
+in doubt), to show that the rest of the model holds on a main that still has them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import os
+import uuid
+from collections import Counter
+from decimal import Decimal
+from typing import Any
+
+import httpx
+import psycopg
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from agentrun.worker.api.app import create_app
+from agentrun.worker.db import open_pool
+from agentrun.worker.engine import DriverSettings, RunDriver
+from agentrun.worker.lease import LeaseKeeper
+from agentrun.worker.llm.types import LlmError, LlmRequest, LlmResponse, Usage
+from agentrun.worker.metrics import Metrics
+from agentrun.worker.pricing import PriceTable
+from agentrun.worker.records import DecisionKind, RunStatus, StepKind, StepStatus
+from agentrun.worker.replay import load_content
+from agentrun.worker.settings import WorkerSettings
+from agentrun.worker.store import RunStore
+from agentrun.worker.tools import ToolBox, ToolContext, tool
+from tests.helpers import MODEL, SimulatedCrash
+
+# For developing the model only: "1", "7" or "1,7" leaves out the scenario of that known bug of issue 24.
+SKIPPED = set(os.environ.get("AGENTRUN_MODEL_SKIP", "").split(","))
+
+LEASE = 30.0
+NOT_IDEMPOTENT = {"pay", "wire"}
+NEEDS_APPROVAL = {"wire"}  # by the tool's own declaration; a run may ask approval for more
+
+# What a drive may be made to do, and where a crash may hit it. "release": the worker is told to stop
+# after its next checkpoint and hands the run back; "outage": the model call fails retryably, past the
+# client's retries, and the run is handed back with a backoff.
+FAULTS = [None, "in_tool", "after_start", "after_finish", "before_checkpoint", "model", "release", "outage"]
+TOOL_POINTS = {"in_tool", "after_start"}
+# The strategies lean towards what finds the most (a crash inside a tool, a retry of a call in doubt):
+# a uniform choice would spend most examples on faults that hit nothing, in a budget of a few dozen.
+FAULT = st.one_of(st.just("in_tool"), st.sampled_from(FAULTS))
+
+# Plans: the turns the scripted model takes, `;` between turns, `,` between the calls of one turn.
+PLANS = ["pay", "wire", "lookup", "pay,lookup", "lookup;pay"]
+APPROVALS = [None, ["pay"], ["lookup"]]
+PLAN = st.one_of(st.just("pay"), st.sampled_from(PLANS))
+
+
+@dataclasses.dataclass
+class Execution:
+    tool: str
+    run_id: uuid.UUID
+    tool_use_id: str
+    start: int
+    end: int | None = None
+
+
+class World:
+    """What one example's tools, model and store hooks share: the execution log and the armed fault."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.executions: list[Execution] = []
+        self.clock = itertools.count(1)  # a logical clock: every start and end of an execution ticks it
+        self.ids = itertools.count(1)
+        self.fault: str | None = None
+        self.nth = 0
+        self.fired = False
+        self.stopping: asyncio.Event | None = None
+        self.spare_call: set[str] = set()  # tool_use ids whose faults are left out (AGENTRUN_MODEL_SKIP)
+        self.current_call: str | None = None
+
+    def arm(self, fault: str | None, nth: int) -> None:
+        self.fault, self.nth, self.fired = fault, nth, False
+
+    def fire(self, point: str) -> bool:
+        """Whether the armed fault hits now, at `point` (the nth time the point is reached)."""
+        if self.fired or self.fault != point:
+            return False
+        if point in TOOL_POINTS and self.current_call in self.spare_call:
+            return False
+        if self.nth > 0:
+            self.nth -= 1
+            return False
+        self.fired = True
+        return True
+
+
+WORLD = World()
+
+
+async def _execute(name: str, ctx: ToolContext) -> str:
+    e = Execution(name, ctx.run_id, ctx.tool_use_id, next(WORLD.clock))
+    WORLD.executions.append(e)
+    WORLD.current_call = ctx.tool_use_id
+    await asyncio.sleep(0)
+    e.end = next(WORLD.clock)
+    if WORLD.fire("in_tool"):
+        raise SimulatedCrash()  # the side effect happened; the worker died before it could say so
+    return f"{name} done"
+
+
+@tool(name="pay", description="Pays an invoice; cannot honour an idempotency key.", idempotent=False)
+async def pay(args: dict[str, Any], ctx: ToolContext) -> str:
+    return await _execute("pay", ctx)
+
+
+@tool(name="lookup", description="Looks a thing up; safe to repeat.")
+async def lookup(args: dict[str, Any], ctx: ToolContext) -> str:
+    return await _execute("lookup", ctx)
+
+
+@tool(name="wire", description="Wires money; needs a person's approval.", idempotent=False, requires_approval=True)
+async def wire(args: dict[str, Any], ctx: ToolContext) -> str:
+    return await _execute("wire", ctx)
+
+
+class FaultyStore(RunStore):
+    """The real store, with crashes at the points of a step around its writes."""
+
+    async def checkpoint_model(self, *args: Any, **kwargs: Any) -> Any:
+        if WORLD.fire("before_checkpoint"):
+            raise SimulatedCrash()  # the model answered (and billed); the worker died before writing it
+        done = await super().checkpoint_model(*args, **kwargs)
+        if WORLD.fire("release") and WORLD.stopping is not None:
+            WORLD.stopping.set()
+        return done
+
+    async def start_tool(self, *args: Any, **kwargs: Any) -> Any:
+        WORLD.current_call = kwargs["tool_use_id"]
+        done = await super().start_tool(*args, **kwargs)
+        if WORLD.fire("after_start"):
+            raise SimulatedCrash()
+        return done
+
+    async def finish_tool(self, *args: Any, **kwargs: Any) -> Any:
+        done = await super().finish_tool(*args, **kwargs)
+        if WORLD.fire("after_finish"):
+            raise SimulatedCrash()
+        return done
+
+
+def _plan(request: LlmRequest) -> tuple[list[list[str]], int]:
+    """The plan of the newest user message that gives one, and the assistant turns taken since."""
+    plan: list[list[str]] = []
+    done = 0
+    for message in request.messages:
+        content = message["content"]
+        if message["role"] == "user" and isinstance(content, str) and content.startswith("PLAN "):
+            plan = [turn.split(",") for turn in content.removeprefix("PLAN ").split(";")]
+            done = 0
+        elif message["role"] == "assistant":
+            done += 1
+    return plan, done
+
+
+class PlanModel:
+    """A scripted model that follows the plan in the conversation; every answer's calls get new ids, so
+    a call's tool_use id names it across a run and the forks and continuations that inherit it."""
+
+    async def send(self, request: LlmRequest) -> LlmResponse:
+        if WORLD.fire("model"):
+            raise SimulatedCrash()
+        if WORLD.fire("outage"):
+            raise LlmError(529, None, "overloaded (the model API is down past the client's retries)")
+        await asyncio.sleep(0)
+        plan, done = _plan(request)
+        usage = Usage(10, 5)
+        if done >= len(plan):
+            return LlmResponse([{"type": "text", "text": f"done after {done} turns"}], "end_turn", usage)
+        blocks = [{"type": "tool_use", "id": f"{name}-{next(WORLD.ids)}", "name": name, "input": {"turn": done}}
+                  for name in plan[done]]
+        return LlmResponse(blocks, "tool_use", usage)
+
+
+@dataclasses.dataclass
+class Known:
+    """What the model knows of a run it made."""
+
+    approvals: tuple[str, ...] = ()
+    inherited_doubt: frozenset[str] = frozenset()  # calls in doubt (or failed) in the parent when forked
+
+
+class Harness:
+    """One database, pool, store and API for the whole test, in one event loop; emptied per example."""
+
+    def __init__(self, database_url: str) -> None:
+        self.url = database_url
+        self.runner = asyncio.Runner()
+        self.pool = self.runner.run(open_pool(database_url, max_size=10))
+        self.store = FaultyStore(self.pool)
+        self.toolbox = ToolBox([pay, lookup, wire])
+        self.prices = PriceTable.load()
+        settings_ = WorkerSettings(database_url="unused", worker_id="api", default_model=MODEL)
+        app = create_app(self.store, self.toolbox, settings_, Metrics(count_runs=self.store.count_by_status))
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
+                                        base_url="http://agentrun.test")
+        self.db = self.runner.run(psycopg.AsyncConnection.connect(database_url, autocommit=True))
+
+    def run(self, coro: Any) -> Any:
+        return self.runner.run(coro)
+
+    def close(self) -> None:
+        self.run(self.client.aclose())
+        self.run(self.db.close())
+        self.run(self.pool.close())
+        self.runner.close()
+
+
+class Lifecycle(RuleBasedStateMachine):
+    harness: Harness
+
+    def __init__(self) -> None:
+        super().__init__()
+        WORLD.reset()
+        self.h = self.harness
+        self.h.run(self.h.db.execute("TRUNCATE run, worker_suspect CASCADE"))
+        self.runs: dict[uuid.UUID, Known] = {}
+        self.authorised: Counter[tuple[uuid.UUID, str]] = Counter()  # (run, call) → approve/retry taken
+        self.approved: set[tuple[uuid.UUID, str]] = set()
+        self.workers = itertools.count(1)
+        self.seen: dict[uuid.UUID, Any] = {}  # the runs as the last check saw them, for the preconditions
+
+    def _where(self, test: Any) -> list[uuid.UUID]:
+        """The runs the last check saw that pass `test`, in the order they were made (not by id, which is
+        random: the same choices must pick the same run when Hypothesis replays an example)."""
+        return [i for i in self.runs if i in self.seen and test(self.seen[i])]
+
+    def _any(self, *statuses: RunStatus) -> bool:
+        return any(r.status in statuses for r in self.seen.values())
+
+    # -- operations ------------------------------------------------------------------------------
+
+    async def _api(self, method: str, path: str, body: Any = None) -> httpx.Response:
+        r = await self.h.client.request(method, path, json=body)
+        assert r.status_code < 500, f"{method} {path}: {r.status_code} {r.text}"
+        return r
+
+    def _submit(self, plan: str, approvals: list[str] | None) -> None:
+        body: dict[str, Any] = {"input": f"PLAN {plan}", "tokenBudget": 100_000, "timeoutSeconds": 300}
+        if approvals is not None:
+            body["requireApproval"] = approvals
+        r = self.h.run(self._api("POST", "/api/runs", body))
+        assert r.status_code == 201, r.text
+        self.runs[uuid.UUID(r.json()["id"])] = Known(tuple(approvals or ()))
+
+    @initialize(plan=PLAN, approvals=st.sampled_from(APPROVALS))
+    def first(self, plan: str, approvals: list[str] | None) -> None:
+        self._submit(plan, approvals)
+
+    @precondition(lambda self: not self._where(lambda r: not r.status.terminal))  # more come by forks
+    @rule(plan=PLAN, approvals=st.sampled_from(APPROVALS))
+    def submit(self, plan: str, approvals: list[str] | None) -> None:
+        self._submit(plan, approvals)
+
+    @precondition(lambda self: self._any(RunStatus.QUEUED, RunStatus.RUNNING))
+    @rule(fault=FAULT, nth=st.one_of(st.just(0), st.integers(0, 2)), resume=st.one_of(st.just(True), st.booleans()))
+    def work(self, fault: str | None, nth: int, resume: bool) -> None:
+        """A worker claims the next claimable run and drives it until it ends, parks, is handed back, or
+        the armed fault (at the nth time its point is reached) crashes it; with `resume`, a healthy worker
+        then claims the next claimable run (the one left behind, if no other is older) and drives it."""
+        if self.h.run(self._work(fault, nth)) and resume:
+            self.h.run(self._work(None, 0))
+
+    async def _work(self, fault: str | None, nth: int) -> bool:
+        """Whether the armed fault crashed the worker."""
+        store, db = self.h.store, self.h.db
+        # Time passes: a run handed back with a backoff is due now (set to a time of its own, so that the
+        # claim order stays the same when Hypothesis replays an example).
+        await db.execute(
+            "UPDATE run SET run_at = created_at WHERE status IN ('QUEUED', 'RUNNING') AND run_at > now()"
+        )
+        name = f"worker-{next(self.workers)}"
+        if "1" in SKIPPED:  # item 1: a retried call interrupted again
+            cur = await db.execute("SELECT tool_use_id FROM run_decision WHERE decision = 'retry'")
+            WORLD.spare_call = {row[0] for row in await cur.fetchall()}
+        WORLD.arm(fault, nth)
+        WORLD.stopping = stopping = asyncio.Event()
+        keeper = LeaseKeeper(store, name, LEASE)
+        driver = RunDriver(DriverSettings(name, LEASE), store, PlanModel(), self.h.toolbox, self.h.prices, keeper,
+                           stopping)
+        claimed = await store.claim(name, LEASE)
+        if claimed is None:
+            return False
+        try:
+            await driver.drive(claimed.run, claimed.progress, fresh=claimed.fresh)
+        except SimulatedCrash:
+            # The worker is dead; its lease runs out (here at once) and the run is anyone's to take.
+            await db.execute(
+                "UPDATE run SET locked_until = now() - interval '1 second' WHERE locked_by = %s AND status = 'RUNNING'",
+                (name,),
+            )
+            return True
+        finally:
+            WORLD.stopping = None
+        return False
+
+    @precondition(lambda self: self._any(RunStatus.WAITING))
+    @rule(data=st.data())
+    def decide(self, data: st.DataObject) -> None:
+        """A person decides one of the calls pending now, any fitting decision."""
+        pending = self.h.run(self._all_pending())
+        if not pending:
+            return
+        run_id, call = data.draw(st.sampled_from(pending), label="call")
+        choices = ["approve", "deny"] if call["kind"] == "approval" else ["retry", "record", "fail"]
+        decision = data.draw(st.one_of(st.just(choices[0]), st.sampled_from(choices)), label="decision")
+        body: dict[str, Any] = {"decision": decision}
+        if decision == "record":
+            body["output"] = "recorded by a person"
+        r = self.h.run(self._api("POST", f"/api/runs/{run_id}/pending/{call['toolUseId']}", body))
+        assert r.status_code == 200, r.text
+        if decision in ("approve", "retry"):
+            self.authorised[(run_id, call["toolUseId"])] += 1
+        if decision == "approve":
+            self.approved.add((run_id, call["toolUseId"]))
+
+    async def _all_pending(self) -> list[tuple[uuid.UUID, dict[str, Any]]]:
+        found = []
+        for run_id in self.runs:
+            r = await self._api("GET", f"/api/runs/{run_id}/pending")
+            found.extend((run_id, call) for call in r.json())
+        return found
+
+    @precondition(lambda self: bool(self._where(lambda r: not r.status.terminal)))
+    @rule(data=st.data(), how=st.sampled_from(["cancel", "deadline"]))
+    def stop(self, data: st.DataObject, how: str) -> None:
+        """Someone cancels a run, or its deadline passes (the housekeeping then ends it if it waits; its
+        next claim does if it is due)."""
+        run_id = data.draw(st.sampled_from(self._where(lambda r: not r.status.terminal)), label="run")
+        if how == "deadline":
+            self.h.run(self.h.db.execute("UPDATE run SET deadline_at = now() - interval '1 second' WHERE id = %s",
+                                         (run_id,)))
+            self.h.run(self.h.store.expire_waiting())
+            return
+        r = self.h.run(self._api("POST", f"/api/runs/{run_id}/cancel"))
+        run = self.h.run(self.h.store.get(run_id))
+        assert r.status_code == 202 or (r.status_code == 409 and run.status.terminal), r.text
+        if r.status_code == 202:  # no worker drives it between steps: it ends at once, or at its next claim
+            assert run.status in (RunStatus.CANCELLED, RunStatus.RUNNING), run
+
+    @precondition(lambda self: any(r.steps for r in self.seen.values()))
+    @rule(data=st.data(), back=st.integers(0, 3))
+    def fork(self, data: st.DataObject, back: int) -> None:
+        """Fork a run at its last step, or a few before."""
+        run_id = data.draw(st.sampled_from(self._where(lambda r: r.steps > 0)), label="run")
+        run = self.h.run(self.h.store.get(run_id))
+        if run.steps == 0:
+            return
+        doubt = self.h.run(self._in_doubt(run_id))
+        if "7" in SKIPPED and doubt:  # item 7: a fork that inherits a call in doubt
+            return
+        seq = max(1, run.steps - back)
+        r = self.h.run(self._api("POST", "/api/runs", {"forkFrom": {"runId": str(run_id), "seq": seq}}))
+        if r.status_code == 409:  # refused: allowed only for a fork that would inherit a call in doubt
+            assert doubt, f"fork of {run_id} at {seq} refused with nothing in doubt: {r.text}"
+            assert any(call in r.text for call in doubt), f"the refusal names no call in doubt: {r.text}"
+            return
+        assert r.status_code == 201, r.text
+        self.runs[uuid.UUID(r.json()["id"])] = Known(self.runs[run_id].approvals, doubt)
+
+    async def _in_doubt(self, run_id: uuid.UUID) -> frozenset[str]:
+        """The run's non-idempotent calls whose outcome nobody knows: started and never finished, in doubt
+        and undecided, or decided `fail`; and what it inherited in doubt and has not settled."""
+        steps = await self.h.store.timeline(run_id)
+        finished = {s.tool_use_id for s in steps if s.kind is StepKind.TOOL and s.status is not StepStatus.STARTED}
+        doubt = {s.tool_use_id for s in steps if s.kind is StepKind.TOOL and s.status is StepStatus.STARTED
+                 and s.tool_name in NOT_IDEMPOTENT}
+        for d in await self.h.store.decisions(run_id):
+            if d.kind is DecisionKind.IN_DOUBT and (d.decision is None or d.decision.value == "fail"):
+                doubt.add(d.tool_use_id)
+        doubt |= self.runs[run_id].inherited_doubt
+        return frozenset(c for c in doubt if c is not None and c not in finished)
+
+    @precondition(lambda self: self._any(RunStatus.SUCCEEDED))
+    @rule(data=st.data(), plan=st.sampled_from(PLANS))
+    def continue_(self, data: st.DataObject, plan: str) -> None:
+        """Continue a SUCCEEDED run with a new user message."""
+        run_id = data.draw(st.sampled_from(self._where(lambda r: r.status is RunStatus.SUCCEEDED)), label="run")
+        doubt = self.h.run(self._in_doubt(run_id))
+        if "7" in SKIPPED and doubt:
+            return
+        r = self.h.run(self._api("POST", "/api/runs", {"continueFrom": str(run_id), "input": f"PLAN {plan}"}))
+        if r.status_code == 409:
+            assert doubt, f"continuation of {run_id} refused with nothing in doubt: {r.text}"
+            return
+        assert r.status_code == 201, r.text
+        self.runs[uuid.UUID(r.json()["id"])] = Known(self.runs[run_id].approvals, doubt)
+
+    # -- invariants ------------------------------------------------------------------------------
+
+    async def _runs(self) -> dict[uuid.UUID, Any]:
+        return {r.id: r for r in await self.h.store.get_many(list(self.runs))}
+
+    def _needs_approval(self, run_id: uuid.UUID, tool_name: str) -> bool:
+        approvals = self.runs[run_id].approvals
+        return tool_name in NEEDS_APPROVAL or tool_name in approvals or "*" in approvals
+
+    @invariant()
+    def executions_are_authorised(self) -> None:
+        done: Counter[tuple[uuid.UUID, str]] = Counter((e.run_id, e.tool_use_id) for e in WORLD.executions)
+        for e in WORLD.executions:
+            key = (e.run_id, e.tool_use_id)
+            if self._needs_approval(e.run_id, e.tool) and e.tool_use_id not in self.runs[e.run_id].inherited_doubt:
+                assert key in self.approved, f"{e.tool} {e.tool_use_id} of run {e.run_id} ran without approval"
+            if e.tool not in NOT_IDEMPOTENT:
+                continue
+            if e.tool_use_id in self.runs[e.run_id].inherited_doubt:
+                assert done[key] <= self.authorised[key], (
+                    f"{e.tool} {e.tool_use_id} was in doubt when run {e.run_id} was forked or continued from its "
+                    f"parent, and ran in the child {done[key]} times on {self.authorised[key]} decisions"
+                )
+            first = 0 if self._needs_approval(e.run_id, e.tool) else 1
+            assert done[key] <= first + self.authorised[key], (
+                f"{e.tool} {e.tool_use_id} of run {e.run_id} ran {done[key]} times on its first execution "
+                f"({first}) and {self.authorised[key]} approve/retry decisions"
+            )
+
+    @invariant()
+    def executions_never_overlap(self) -> None:
+        by_key: dict[str, list[Execution]] = {}
+        for e in WORLD.executions:
+            by_key.setdefault(e.tool_use_id, []).append(e)
+        for key, runs in by_key.items():
+            for a, b in itertools.pairwise(sorted(runs, key=lambda e: e.start)):
+                assert a.end is not None and a.end < b.start, f"two executions of {key} overlap: {a} {b}"
+
+    @invariant()
+    def runs_agree(self) -> None:
+        self.h.run(self._check_runs())
+
+    async def _check_runs(self) -> None:
+        store = self.h.store
+        runs = self.seen = await self._runs()
+        cur = await self.h.db.execute("SELECT now()")
+        row = await cur.fetchone()
+        assert row is not None
+        now = row[0]
+        for run_id, run in runs.items():
+            steps = await store.steps(run_id)
+            where = f"run {run_id} ({run.status.value})"
+            assert [s.seq for s in steps] == list(range(1, len(steps) + 1)) and run.steps == len(steps), where
+            own = [s for s in steps if s.kind is StepKind.MODEL and not s.inherited]
+            tokens = sum(s.input_tokens + s.output_tokens + s.cache_creation_input_tokens + s.cache_read_input_tokens
+                         for s in own)
+            assert run.tokens_used == tokens, f"{where}: tokens_used {run.tokens_used}, its model steps {tokens}"
+            cost = sum((s.cost_usd or Decimal(0) for s in own), Decimal(0))
+            assert run.cost_usd == cost, f"{where}: cost_usd {run.cost_usd}, its model steps {cost}"
+
+            owed = _owed(steps)
+            started = {s.tool_use_id for s in steps if s.kind is StepKind.TOOL and s.status is StepStatus.STARTED}
+            pending = (await self._api("GET", f"/api/runs/{run_id}/pending")).json()
+            undecided = [d for d in await store.decisions(run_id) if d.decision is None]
+            if run.status is RunStatus.WAITING:
+                assert pending, f"{where} with nothing pending"
+                assert run.pending == len(pending) == len(undecided), f"{where}: {run.pending} {pending} {undecided}"
+                assert {p["toolUseId"] for p in pending} == {d.tool_use_id for d in undecided}, where
+                for p in pending:
+                    assert p["toolUseId"] in owed, f"{where}: pending {p} is not a call the run owes ({owed})"
+                    if p["kind"] == "approval":
+                        assert p["toolUseId"] not in started, f"{where}: {p} waits for approval but has started"
+            else:
+                assert pending == [] and run.pending == 0, f"{where}: pending {pending}"
+            if run.status is RunStatus.SUCCEEDED:
+                assert not owed and not started, f"{where} owes {owed}, started {started}"
+            elif run.status is RunStatus.RUNNING:  # no worker is live between steps: the lease must be free
+                assert run.locked_until is not None and run.locked_until < now, f"{where} held by {run.locked_by}"
+            else:
+                assert run.status in (RunStatus.QUEUED, RunStatus.WAITING) or run.status.terminal, where
+            if run.status is RunStatus.QUEUED:
+                assert run.locked_by is None or run.locked_until is None or run.locked_until < now, where
+
+
+def _owed(steps: list[Any]) -> set[str]:
+    """The calls of the newest model turn that have no finished tool step."""
+    owed: set[str] = set()
+    for s in steps:
+        if s.kind is StepKind.MODEL:
+            content = load_content(s.response or "[]")
+            owed = {b["id"] for b in content if isinstance(b, dict) and b.get("type") == "tool_use"}
+            if s.stop_reason != "tool_use":
+                owed = set()
+        elif s.kind is StepKind.USER:
+            owed = set()
+        elif s.status is not StepStatus.STARTED:
+            owed.discard(s.tool_use_id)
+    return owed
+
+
+def test_lifecycle_model(database_url: str) -> None:
+    """60 examples of up to 12 steps, the same ones every time (derandomized, no example database): about
+    20 s when every invariant holds. When one breaks, Hypothesis shrinks the example to a minimal one,
+    which takes minutes (each example replays against the database)."""
+    harness = Harness(database_url)
+    try:
+        machine = type("LifecycleModel", (Lifecycle,), {"harness": harness})
+        run_state_machine_as_test(machine, settings=settings(
+            derandomize=True, database=None, deadline=None, max_examples=60,
+            stateful_step_count=12, suppress_health_check=list(HealthCheck),
+        ))
+    finally:
+        harness.close()

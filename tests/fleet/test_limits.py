@@ -285,3 +285,38 @@ async def _renewed_past(store: RunStore, ids: list[uuid.UUID], then: Any) -> boo
 def test_estimate_is_size_plus_max_tokens() -> None:
     request = LlmRequest(model=MODEL, max_tokens=100, messages=[{"role": "user", "content": "x" * 300}])
     assert 200 <= estimate_tokens(request) <= 220
+
+
+async def test_a_pause_refills_nothing_so_the_first_requests_after_it_go_at_the_tightened_rate(
+    pool: AsyncConnectionPool[Any],
+) -> None:
+    """A 429 empties the buckets and pauses the limit for its `retry-after`; the buckets fill again from the
+    pause's end, not from the 429. (They filled during the pause, so every call waiting out a long
+    `retry-after` went at once when it ended: 12 requests in 1.8 s at a tightened 5 a second.)"""
+    limiter = Limiter(ModelLimits.parse({MODEL: {"requestsPerMinute": 600}}), pool)
+    await limiter.acquire(MODEL, 1)  # makes the row
+    async with pool.connection() as conn:  # tightened 10 s ago (5 a second), a pause that ended 0.2 s ago
+        await conn.execute(
+            """UPDATE model_limit SET factor = 0.5, tight_until = now() + interval '1 minute', requests = 0,
+                   tokens = 0, refilled_at = now() - interval '10 seconds',
+                   paused_until = now() - interval '200 milliseconds'
+               WHERE key = %s""", (MODEL,))
+        await conn.commit()
+    taken = 0
+    while taken < 10:
+        async with pool.connection() as conn:
+            cur = await conn.execute("SELECT requests FROM model_limit WHERE key = %s", (MODEL,))
+            before = (await cur.fetchone())[0]  # type: ignore[index]
+        grant = await asyncio.wait_for(limiter.acquire(MODEL, 1), 30)
+        assert grant is not None
+        taken += 1
+        async with pool.connection() as conn:
+            cur = await conn.execute(
+                "SELECT requests, extract(epoch FROM now() - paused_until)::float8 FROM model_limit WHERE key = %s",
+                (MODEL,))
+            left, since_pause = (await cur.fetchone())  # type: ignore[misc]
+        # What the bucket held is at most what 5 a second refilled since the pause ended, never 10 s worth.
+        assert before <= 5 * since_pause + 1, (taken, before, since_pause)
+        assert left <= 5 * since_pause, (taken, left, since_pause)
+        if since_pause > 1.5:
+            break

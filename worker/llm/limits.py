@@ -147,7 +147,10 @@ state AS (
          WHERE v::float8 > extract(epoch FROM cur.t)) AS live,
         CASE WHEN %(conc)s::int IS NULL THEN NULL ELSE greatest(1, floor(%(conc)s * f))::int END AS conc_max,
         %(rpm)s::float8 * f AS rpm_max, %(tpm)s::float8 * f AS tpm_max,
-        extract(epoch FROM cur.t - cur.refilled_at) AS elapsed
+        -- A pause refills nothing: the buckets fill again from its end, so the first requests after a 429's
+        -- `retry-after` go at the tightened rate, not all at once from what the pause let pile up.
+        extract(epoch FROM cur.t - greatest(cur.refilled_at, least(coalesce(cur.paused_until, cur.t), cur.t)))
+            AS elapsed
     FROM cur),
 level AS (
     SELECT state.*,

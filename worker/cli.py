@@ -158,20 +158,14 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     The HTTP server comes first and nothing ever blocks it: through a database outage at start the
     process is alive and not ready, and picks up work as soon as the database answers, without a restart.
     """
-    import psycopg
-    import psycopg_pool
-
-    from agentrun.worker.api.app import create_app, create_starting_app
+    # What reads the settings first, the rest once they are good: a worker that refuses its config exits
+    # without importing the web server, the database driver, or (factory, mcp) a provider's SDK.
     from agentrun.worker.api.identities import Identities, IdentityFileError
-    from agentrun.worker.api.server import AppSlot, HttpServer
-    from agentrun.worker.db import Readiness, open_pool, wait_until_usable
     from agentrun.worker.llm.factory import llm_from_env, load_providers
     from agentrun.worker.mcp import McpConfigError, McpServers
     from agentrun.worker.metrics import Metrics
     from agentrun.worker.observer import Observer, Observers
     from agentrun.worker.pricing import PriceTable
-    from agentrun.worker.runner import Worker
-    from agentrun.worker.store import RunStore
     from agentrun.worker.tools import ToolBox, ToolThreads, load_tool_modules
     from agentrun.worker.tracing import tracer_from_env
 
@@ -218,6 +212,15 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
         identities = Identities(settings.api_token, settings.api_tokens_file)
     except IdentityFileError as e:
         raise SystemExit(f"agentrun: {e}") from None
+
+    import psycopg
+    import psycopg_pool
+
+    from agentrun.worker.api.app import create_app, create_starting_app
+    from agentrun.worker.api.server import AppSlot, HttpServer
+    from agentrun.worker.db import Readiness, open_pool, wait_until_usable
+    from agentrun.worker.runner import Worker
+    from agentrun.worker.store import RunStore
 
     stopping = asyncio.Event()
     worker: Worker | None = None

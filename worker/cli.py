@@ -99,6 +99,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         retention_interval=_env_positive_float("AGENTRUN_RETENTION_INTERVAL_SECONDS")
         or WorkerSettings.retention_interval,
         model_limits_file=os.environ.get("AGENTRUN_MODEL_LIMITS") or None,
+        database_retry_max=_env_positive_float("AGENTRUN_DATABASE_RETRY_MAX_SECONDS")
+        or WorkerSettings.database_retry_max,
     )
     from agentrun.worker.presence import DuplicateWorker
 
@@ -158,20 +160,14 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     The HTTP server comes first and nothing ever blocks it: through a database outage at start the
     process is alive and not ready, and picks up work as soon as the database answers, without a restart.
     """
-    import psycopg
-    import psycopg_pool
-
-    from agentrun.worker.api.app import create_app, create_starting_app
+    # What reads the settings first, the rest once they are good: a worker that refuses its config exits
+    # without importing the web server, the database driver, or (factory, mcp) a provider's SDK.
     from agentrun.worker.api.identities import Identities, IdentityFileError
-    from agentrun.worker.api.server import AppSlot, HttpServer
-    from agentrun.worker.db import Readiness, open_pool, wait_until_usable
     from agentrun.worker.llm.factory import llm_from_env, load_providers
     from agentrun.worker.mcp import McpConfigError, McpServers
     from agentrun.worker.metrics import Metrics
     from agentrun.worker.observer import Observer, Observers
     from agentrun.worker.pricing import PriceTable
-    from agentrun.worker.runner import Worker
-    from agentrun.worker.store import RunStore
     from agentrun.worker.tools import ToolBox, ToolThreads, load_tool_modules
     from agentrun.worker.tracing import tracer_from_env
 
@@ -219,6 +215,15 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     except IdentityFileError as e:
         raise SystemExit(f"agentrun: {e}") from None
 
+    import psycopg
+    import psycopg_pool
+
+    from agentrun.worker.api.app import create_app, create_starting_app
+    from agentrun.worker.api.server import AppSlot, HttpServer
+    from agentrun.worker.db import Backoff, Readiness, open_pool, wait_until_usable
+    from agentrun.worker.runner import Worker
+    from agentrun.worker.store import RunStore
+
     stopping = asyncio.Event()
     worker: Worker | None = None
 
@@ -243,7 +248,8 @@ async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> 
     retention: asyncio.Task[None] | None = None
     mcp.start()  # in the background: a server that does not answer costs its own tools, not readiness
     try:
-        while await wait_until_usable(settings.database_url, readiness, stopping, migrate_first=migrate_first):
+        while await wait_until_usable(settings.database_url, readiness, stopping, migrate_first=migrate_first,
+                                      backoff=Backoff(cap=settings.database_retry_max)):
             try:
                 pool = await open_pool(settings.database_url, max_size=settings.pool_max)
             except psycopg_pool.PoolTimeout as e:  # gone again between the check and the pool
@@ -687,7 +693,8 @@ def build_parser() -> argparse.ArgumentParser:
         "OTLP/HTTP, off unless set; the other standard OTEL_* variables apply) and "
         "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT (record prompts and outputs in spans, default false); "
         "AGENTRUN_RETENTION_DAYS, AGENTRUN_RETENTION_INTERVAL_SECONDS (pruning, default every 600 s); "
-        "AGENTRUN_MODEL_LIMITS (YAML or JSON file of fleet-wide model limits).",
+        "AGENTRUN_MODEL_LIMITS (YAML or JSON file of fleet-wide model limits); "
+        "AGENTRUN_DATABASE_RETRY_MAX_SECONDS (longest wait between attempts to reach the database, default 5).",
     )
     _add_database(p)
     identity = p.add_mutually_exclusive_group()

@@ -124,6 +124,7 @@ class RunsClient:
         it changes status (a tool step is seen STARTED, then DONE) and `on_text(seq, text)` with model text
         as it streams; returns the finished run. A dropped stream is resumed (Last-Event-ID) after
         `interval` seconds, up to `reconnects` times in a row."""
+        run_id = _run_id(run_id)  # a bad id is said at once, not retried as if the server were away
         seen: dict[int, str] = {}
         last: str | None = None
         failures = 0

@@ -67,8 +67,9 @@ class Backoff:
     base: float = 0.25
     """The first wait: a database that is merely slow to start is found within a second."""
     cap: float = 5.0
-    """The longest wait: a worker notices a recovered database within seconds, and a fleet of workers
-    retrying against a down one costs it one connection attempt per worker every few seconds."""
+    """The longest wait (AGENTRUN_DATABASE_RETRY_MAX_SECONDS): a worker notices a recovered database within
+    seconds, and a fleet of workers retrying against a down one costs it one connection attempt per worker
+    every few seconds."""
 
     def delay(self, attempt: int, rng: random.Random) -> float:
         return rng.uniform(0.5, 1.0) * min(self.cap, self.base * 2.0 ** min(attempt, 30))

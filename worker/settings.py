@@ -124,6 +124,10 @@ class WorkerSettings:
     model_limits_file: str | None = None
     """YAML or JSON file of fleet-wide model limits (AGENTRUN_MODEL_LIMITS); None: no limits."""
 
+    database_retry_max: float = 5.0
+    """Longest wait, in seconds, between two attempts to reach an unusable database at start
+    (AGENTRUN_DATABASE_RETRY_MAX_SECONDS; the waits double from a quarter second up to it)."""
+
     pool_size: int = 10
     """Database connections. Steps hold a connection only while they write, so a few serve many runs."""
 

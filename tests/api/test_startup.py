@@ -96,7 +96,9 @@ class WorkerProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "agentrun.worker.cli", "worker", "--port", str(self.port),
                  "--host", "127.0.0.1", "--poll-interval", "0.2", *args],
-                env={**os.environ, "AGENTRUN_DATABASE_URL": url, "AGENTRUN_LOG_LEVEL": "INFO", **(env or {})},
+                # Retries at most half a second apart: each step below waits on the worker noticing a change.
+                env={**os.environ, "AGENTRUN_DATABASE_URL": url, "AGENTRUN_LOG_LEVEL": "INFO",
+                     "AGENTRUN_DATABASE_RETRY_MAX_SECONDS": "0.5", **(env or {})},
                 stdout=out, stderr=subprocess.STDOUT, cwd=REPO,
             )
 
@@ -304,3 +306,13 @@ def test_backoff_is_jittered_and_capped() -> None:
     assert all(0.125 <= d <= 0.25 for d in delays[0])
     assert all(2.5 <= d <= 5.0 for row in delays[5:] for d in row)  # capped, even after many attempts
     assert len({round(d, 6) for d in delays[30]}) > 40  # jittered: a fleet does not retry in step
+
+
+def test_a_bad_database_retry_setting_is_refused_at_start() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "agentrun.worker.cli", "worker", "--database-url", "postgresql://agentrun@127.0.0.1:9/x"],
+        env={**os.environ, "AGENTRUN_DATABASE_RETRY_MAX_SECONDS": "0"}, capture_output=True, text=True, timeout=60,
+        cwd=REPO,
+    )
+    assert done.returncode == 1, done
+    assert done.stderr.strip() == "agentrun: AGENTRUN_DATABASE_RETRY_MAX_SECONDS must be a positive number, got '0'"

@@ -17,13 +17,23 @@ import datetime
 import email.utils
 import math
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import anthropic
 import httpx2
 import orjson
 
-from agentrun.worker.llm.types import Block, LlmError, LlmRequest, LlmResponse, Message, Usage, sane_retry_after
+from agentrun.worker.llm.types import (
+    HTTP_CLIENTS,
+    Block,
+    HttpClient,
+    LlmError,
+    LlmRequest,
+    LlmResponse,
+    Message,
+    Usage,
+    sane_retry_after,
+)
 from agentrun.worker.replay import exact_json
 
 EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
@@ -31,8 +41,6 @@ MAX_ERROR_CHARS = 500
 """Foreign error bodies (an HTML page from a proxy, say) are cut to this length before they reach a run's
 `error` column or a log line."""
 
-HttpClient = Literal["aiohttp", "httpx"]
-HTTP_CLIENTS: tuple[HttpClient, ...] = ("aiohttp", "httpx")
 JSON_HEADERS = {"Content-Type": "application/json"}
 
 # The status an `error` event in a stream stands for (the stream itself began with a 200), by its type,

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from agentrun.worker.llm.anthropic_client import AnthropicClient, _truncate
 from agentrun.worker.llm.types import LlmError, LlmRequest, LlmResponse
+
+if TYPE_CHECKING:  # the SDK is imported by the provider that uses it, not by the router that names them
+    from agentrun.worker.llm.anthropic_client import AnthropicClient
 
 NOT_CONFIGURED = 400
 """The status of a provider that cannot be reached as configured (no region, no project, no SDK): like a
@@ -52,4 +55,6 @@ class Credentialed:
 
 
 def failure(status: int, provider: str, what: str, e: Exception) -> LlmError:
+    from agentrun.worker.llm.anthropic_client import _truncate
+
     return LlmError(status, None, _truncate(f"{provider}: {what}: {type(e).__name__}: {e}"))

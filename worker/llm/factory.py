@@ -8,16 +8,18 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
-from agentrun.worker.llm.anthropic_client import HTTP_CLIENTS, AnthropicClient, HttpClient
 from agentrun.worker.llm.cloud import ProviderUnavailable
 from agentrun.worker.llm.limits import Limited, Limiter
 from agentrun.worker.llm.providers import ANTHROPIC, BEDROCK, VERTEX, Endpoint, Providers, split
 from agentrun.worker.llm.retry import Retrying
 from agentrun.worker.llm.router import Factory, ProviderRouter
 from agentrun.worker.llm.timeout import TimeLimited
-from agentrun.worker.llm.types import LlmClient
+from agentrun.worker.llm.types import HTTP_CLIENTS, HttpClient, LlmClient
 
 if TYPE_CHECKING:
+    # The SDKs (anthropic, openai, boto3, google-auth) are imported when their provider is built, so a
+    # bad setting, --help and an API-only process (--concurrency 0) never import them.
+    from agentrun.worker.llm.anthropic_client import AnthropicClient
     from agentrun.worker.settings import WorkerSettings
 
 log = logging.getLogger(__name__)
@@ -142,6 +144,8 @@ def build_router(
     def anthropic_api() -> AnthropicClient:
         if api_key is None and base_url is None:
             raise ProviderUnavailable(NO_MODEL_API)
+        from agentrun.worker.llm.anthropic_client import AnthropicClient
+
         return AnthropicClient(
             api_key=api_key, base_url=base_url, http_timeout=http_timeout, http_client=llm.http_client
         )

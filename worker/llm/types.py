@@ -5,13 +5,18 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 # Messages API JSON (content blocks, messages, tool definitions) travels as plain dicts: it is stored
 # verbatim in run_step and replayed verbatim, so the engine never needs to understand more of it than
 # `type`, `id`, `name` and `input` of a tool_use block.
 Block = dict[str, Any]
 Message = dict[str, Any]
+
+HttpClient = Literal["aiohttp", "httpx"]
+"""The Anthropic SDK's transports (AGENTRUN_LLM_HTTP_CLIENT); here, not in anthropic_client, so that a bad
+setting is refused without importing the SDK."""
+HTTP_CLIENTS: tuple[HttpClient, ...] = ("aiohttp", "httpx")
 
 RETRYABLE_4XX = frozenset({408, 409, 429})
 """The client errors worth another attempt, as the Anthropic SDK has them: a request timeout (408), a lock

@@ -5,8 +5,22 @@ rules as Python tools: `idempotent` decides what happens after a crash, `require
 call waits for a person.
 """
 
-from agentrun.worker.mcp.client import McpServer
+from typing import TYPE_CHECKING
+
 from agentrun.worker.mcp.config import McpConfigError, ServerConfig, load_servers
 from agentrun.worker.mcp.fleet import McpServers
 
+if TYPE_CHECKING:
+    from agentrun.worker.mcp.client import McpServer
+
 __all__ = ["McpConfigError", "McpServer", "McpServers", "ServerConfig", "load_servers"]
+
+
+def __getattr__(name: str) -> object:
+    # The MCP SDK (about a second to import) only when a session is made: a worker without MCP servers,
+    # and one that refuses its config, never imports it.
+    if name == "McpServer":
+        from agentrun.worker.mcp.client import McpServer
+
+        return McpServer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -6,9 +6,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
-from agentrun.worker.mcp.client import Backoff, McpServer
 from agentrun.worker.mcp.config import McpConfigError, ServerConfig, load_servers
+
+if TYPE_CHECKING:
+    from agentrun.worker.mcp.client import Backoff, McpServer
 
 
 class McpServers:
@@ -17,7 +20,12 @@ class McpServers:
     def __init__(self, configs: Iterable[ServerConfig], python_tools: Iterable[str] = (),
                  backoff: Backoff | None = None) -> None:
         names = frozenset(python_tools)
-        self.servers = [McpServer(c, backoff, names) for c in configs]
+        configs = list(configs)
+        self.servers: list[McpServer] = []
+        if configs:  # the MCP SDK is imported only by a worker that has servers
+            from agentrun.worker.mcp.client import McpServer
+
+            self.servers = [McpServer(c, backoff, names) for c in configs]
         for server in self.servers:
             if clash := sorted(n for n in names if n.startswith(server.config.prefix)):
                 raise McpConfigError(f"Python tool {clash[0]} has the prefix of MCP server {server.config.name} "

@@ -23,13 +23,12 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from agentrun.worker import migrate
-from agentrun.worker.llm.types import LlmClient
-from agentrun.worker.pricing import PriceTable
-from agentrun.worker.records import NewRun
-from agentrun.worker.runner import Worker
+from agentrun.worker.core.pricing import PriceTable
+from agentrun.worker.core.records import NewRun
+from agentrun.worker.core.types import LlmClient
+from agentrun.worker.runtime.runner import Worker
 from agentrun.worker.settings import WorkerSettings
-from agentrun.worker.store import RunStore
+from agentrun.worker.store import RunStore, migrate
 from agentrun.worker.tools import Tool, ToolBox, ToolContext, tool
 
 # pgserver's platformdirs warns on every start when XDG_RUNTIME_DIR is unset; it says nothing useful here.

@@ -15,9 +15,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentrun.worker.db import open_pool  # noqa: E402
-from agentrun.worker.groupcommit import GroupCommit  # noqa: E402
 from agentrun.worker.store import RunStore  # noqa: E402
+from agentrun.worker.store.groupcommit import GroupCommit  # noqa: E402
+from agentrun.worker.store.pool import open_pool  # noqa: E402
 from bench import _pg  # noqa: E402
 
 

@@ -35,11 +35,10 @@ import orjson
 import psycopg
 from psycopg.rows import dict_row
 
-from agentrun.worker import migrate
-from agentrun.worker.db import open_pool
-from agentrun.worker.llm.fake_server import FakeAnthropic, ScriptResponder
-from agentrun.worker.records import NewRun
-from agentrun.worker.store import RunStore
+from agentrun.worker.core.records import NewRun
+from agentrun.worker.store import RunStore, migrate
+from agentrun.worker.store.pool import open_pool
+from agentrun.worker.testing.fake_server import FakeAnthropic, ScriptResponder
 from bench.chaos_tools import EXEC_TABLE
 from bench.fault_proxy import FaultPlan, ProxyThread
 from bench.local_postgres import LocalPostgres

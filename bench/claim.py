@@ -22,9 +22,9 @@ from psycopg_pool import AsyncConnectionPool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentrun.worker.db import open_pool  # noqa: E402
-from agentrun.worker.presence import Presence  # noqa: E402
+from agentrun.worker.runtime.presence import Presence  # noqa: E402
 from agentrun.worker.store import RunStore  # noqa: E402
+from agentrun.worker.store.pool import open_pool  # noqa: E402
 from bench import _pg  # noqa: E402
 
 REQUEUE = """UPDATE run SET status = 'QUEUED', locked_by = NULL, locked_until = NULL, run_at = now()

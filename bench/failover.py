@@ -58,7 +58,7 @@ def scenario(
             import asyncio
 
             async def create() -> Any:
-                from agentrun.worker.db import open_pool
+                from agentrun.worker.store.pool import open_pool
 
                 pool = await open_pool(url, max_size=1)
                 try:

@@ -21,8 +21,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentrun.worker.db import open_pool  # noqa: E402
 from agentrun.worker.store import RunStore  # noqa: E402
+from agentrun.worker.store.pool import open_pool  # noqa: E402
 from bench import _pg  # noqa: E402
 from bench.memory import SlowLlm, load_serving_modules, rss_mb  # noqa: E402
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentrun.worker.db import open_pool  # noqa: E402
-from agentrun.worker.llm.scripted import TurnBasedLlm  # noqa: E402
-from agentrun.worker.llm.types import LlmRequest, LlmResponse  # noqa: E402
+from agentrun.worker.core.types import LlmRequest, LlmResponse  # noqa: E402
 from agentrun.worker.store import RunStore  # noqa: E402
+from agentrun.worker.store.pool import open_pool  # noqa: E402
+from agentrun.worker.testing.scripted import TurnBasedLlm  # noqa: E402
 from bench import _pg  # noqa: E402
 
 

@@ -26,8 +26,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from agentrun.worker.db import open_pool  # noqa: E402
 from agentrun.worker.store import RunStore  # noqa: E402
+from agentrun.worker.store.pool import open_pool  # noqa: E402
 from bench import _pg  # noqa: E402
 
 TARGET_CPU_MS = 1.0
@@ -52,7 +52,7 @@ def _free_port() -> int:
 
 async def _serve_model(port: int, turns_tool: str) -> None:
 
-    from agentrun.worker.llm.fake_server import FakeAnthropic, ScriptResponder, serve_until_signalled
+    from agentrun.worker.testing.fake_server import FakeAnthropic, ScriptResponder, serve_until_signalled
 
     server = FakeAnthropic(ScriptResponder(tool=turns_tool), port=port, record=False)
     await serve_until_signalled(server, "{server.base_url}")
@@ -86,8 +86,8 @@ def model_server() -> Iterator[str]:
 async def client_cost(base_url: str, calls: int, concurrency: int, streaming: bool,
                       transport: str = "aiohttp") -> dict[str, Any]:
     """CPU per `AnthropicClient.send` in this process, `calls` one-tool-turn requests, `concurrency` at once."""
+    from agentrun.worker.core.types import LlmRequest
     from agentrun.worker.llm.anthropic_client import AnthropicClient
-    from agentrun.worker.llm.types import LlmRequest
 
     client = AnthropicClient(api_key="bench-local-key", base_url=base_url, http_client=transport)  # type: ignore[arg-type]
     tools = [{"name": "noop", "description": "Does nothing.", "input_schema": {"type": "object"}}]

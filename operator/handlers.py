@@ -21,8 +21,8 @@ from agentrun.operator.mapping import GROUP, PLURAL, VERSION, Ref
 from agentrun.operator.notify import listen
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.status import StatusSync
-from agentrun.worker.pricing import PriceTable
-from agentrun.worker.records import Decision, Run
+from agentrun.worker.core.pricing import PriceTable
+from agentrun.worker.core.records import Decision, Run
 from agentrun.worker.store import DecideOutcome, RunStore
 
 log = logging.getLogger("agentrun.operator")
@@ -139,8 +139,8 @@ class Operator:
     async def connect(self, migrate_first: bool) -> None:
         """Reach the database, migrate it (or wait until it is migrated), then open the pool; retried with
         jittered backoff for as long as it takes: an outage at start is waited out, never an exit."""
-        from agentrun.worker import migrate
-        from agentrun.worker.db import open_pool
+        from agentrun.worker.store import migrate
+        from agentrun.worker.store.pool import open_pool
 
         url = self.settings.database_url
         delay = 0.5
@@ -175,7 +175,7 @@ class Operator:
 
     async def readiness(self, kopf_ready: Any) -> str | None:
         """None when ready: the database answers and is migrated, and kopf is watching."""
-        from agentrun.worker import migrate
+        from agentrun.worker.store import migrate
 
         if self.store_ is None:
             return self.problem

@@ -12,11 +12,11 @@ from typing import Any, TypedDict
 
 import orjson
 
-from agentrun.worker.answer import schema_problem
-from agentrun.worker.pricing import PriceTable, cost_budget_problem
-from agentrun.worker.records import NewRun, PendingCall, Run, RunStatus
-from agentrun.worker.text import unstorable
-from agentrun.worker.tracing.context import TRACEPARENT_ANNOTATION, checked_traceparent
+from agentrun.worker.core.answer import schema_problem
+from agentrun.worker.core.pricing import PriceTable, cost_budget_problem
+from agentrun.worker.core.records import NewRun, PendingCall, Run, RunStatus
+from agentrun.worker.core.text import unstorable
+from agentrun.worker.obs.tracing.context import TRACEPARENT_ANNOTATION, checked_traceparent
 
 GROUP = "agentrun.dev"
 VERSION = "v1alpha1"

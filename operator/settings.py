@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from agentrun.worker.pricing import PriceTable
+from agentrun.worker.core.pricing import PriceTable
 
 
 @dataclasses.dataclass(frozen=True)

@@ -22,7 +22,7 @@ from agentrun.operator import mapping
 from agentrun.operator.kube import KubeApi, KubeError
 from agentrun.operator.mapping import Ref
 from agentrun.operator.settings import OperatorSettings
-from agentrun.worker.records import Run, RunStatus
+from agentrun.worker.core.records import Run, RunStatus
 from agentrun.worker.store import RunStore
 
 log = logging.getLogger("agentrun.operator.status")

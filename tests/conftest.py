@@ -19,9 +19,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
-from agentrun.worker import migrate
-from agentrun.worker.db import open_pool
-from agentrun.worker.store import RunStore
+from agentrun.worker.store import RunStore, migrate
+from agentrun.worker.store.pool import open_pool
 
 TEMPLATE = "agentrun_template"
 

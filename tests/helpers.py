@@ -8,11 +8,11 @@ from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any
 
-from agentrun.worker.llm.types import LlmClient
-from agentrun.worker.observer import Observer
-from agentrun.worker.pricing import PriceTable
-from agentrun.worker.records import NewRun
-from agentrun.worker.runner import Worker
+from agentrun.worker.core.observer import Observer
+from agentrun.worker.core.pricing import PriceTable
+from agentrun.worker.core.records import NewRun
+from agentrun.worker.core.types import LlmClient
+from agentrun.worker.runtime.runner import Worker
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import Tool, ToolBox
@@ -66,6 +66,6 @@ def dec(x: str) -> Decimal:
 def http_app(store: RunStore) -> Any:
     """The worker's HTTP app over `store`, for tests that only need its health endpoints."""
     from agentrun.worker.api.app import create_app
-    from agentrun.worker.metrics import Metrics
+    from agentrun.worker.obs.metrics import Metrics
 
     return create_app(store, ToolBox(), WorkerSettings(database_url="unused"), Metrics())

@@ -10,11 +10,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 PURE = [
-    "agentrun.worker.records",
-    "agentrun.worker.replay",
-    "agentrun.worker.guard",
-    "agentrun.worker.pricing",
-    "agentrun.worker.llm.types",
+    "agentrun.worker.core.records",
+    "agentrun.worker.core.replay",
+    "agentrun.worker.core.guard",
+    "agentrun.worker.core.pricing",
+    "agentrun.worker.core.types",
 ]
 IO = ["psycopg", "psycopg_pool", "anthropic", "httpx", "aiohttp", "kopf", "kubernetes", "fastapi", "uvicorn"]
 
@@ -28,7 +28,7 @@ def test_pure_core_imports_no_io_library() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     loaded = set(json.loads(out.stdout))
     assert not {m for m in loaded if m.split(".")[0] in IO}, "the pure core pulled in an I/O library"
-    assert not {"agentrun.worker.store", "agentrun.worker.engine"} & loaded
+    assert not {"agentrun.worker.store", "agentrun.worker.runtime.engine"} & loaded
 
 
 def test_operator_folder_does_not_shadow_the_standard_library() -> None:

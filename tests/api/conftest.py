@@ -15,7 +15,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from agentrun.worker.api.app import create_app
-from agentrun.worker.metrics import Metrics
+from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox, ToolContext, tool

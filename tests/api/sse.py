@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import orjson
 
-from agentrun.worker.client import ServerEvent, SseParser
+from agentrun.worker.cli.client import ServerEvent, SseParser
 
 
 class Stream:

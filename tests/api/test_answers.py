@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from agentrun.worker.llm.scripted import ScriptedLlm
-from agentrun.worker.llm.types import LlmError
-from agentrun.worker.runner import Worker
+from agentrun.worker.core.types import LlmError
+from agentrun.worker.runtime.runner import Worker
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox
 from tests.api.conftest import make_app, serving
 from tests.api.test_decisions import running, status_is, submit
@@ -228,6 +228,6 @@ async def test_concurrent_forks_are_independent(store: RunStore, toolbox: ToolBo
 
 
 def _text_blocks(texts: list[str]) -> Any:
-    from agentrun.worker.llm.types import LlmResponse, Usage
+    from agentrun.worker.core.types import LlmResponse, Usage
 
     return LlmResponse([{"type": "text", "text": t} for t in texts], "end_turn", Usage(10, 5))

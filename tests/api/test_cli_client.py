@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from agentrun.worker import cli
-from agentrun.worker.llm.scripted import TurnBasedLlm
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.scripted import TurnBasedLlm
 from agentrun.worker.tools import ToolBox
 from tests.helpers import worker
 
@@ -109,7 +109,7 @@ async def test_errors_print_the_servers_message(
 
 async def test_token_from_the_environment(store: RunStore, toolbox: ToolBox, capsys: pytest.CaptureFixture[str],
                                           monkeypatch: pytest.MonkeyPatch) -> None:
-    from agentrun.worker.metrics import Metrics
+    from agentrun.worker.obs.metrics import Metrics
     from agentrun.worker.settings import WorkerSettings
     from tests.api.conftest import make_app, serving
 

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from agentrun.worker import cli
-from agentrun.worker.client import terminal_safe
+from agentrun.worker.cli.client import terminal_safe
 from tests.api.conftest import serving
 from tests.api.test_cli_client import agentrun
 

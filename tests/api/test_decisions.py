@@ -14,10 +14,10 @@ import psycopg
 import pytest
 from fastapi import FastAPI
 
-from agentrun.worker.llm.scripted import ScriptedLlm
-from agentrun.worker.records import RunStatus
-from agentrun.worker.runner import Worker
+from agentrun.worker.core.records import RunStatus
+from agentrun.worker.runtime.runner import Worker
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import Tool, ToolBox, ToolContext, tool
 from tests.api.conftest import make_app, serving
 from tests.helpers import SimulatedCrash, eventually, worker

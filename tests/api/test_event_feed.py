@@ -20,8 +20,8 @@ from fastapi import FastAPI
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from agentrun.worker.client import ServerEvent, SseParser
-from agentrun.worker.deltas import DELTA_CHANNEL
+from agentrun.worker.cli.client import ServerEvent, SseParser
+from agentrun.worker.runtime.deltas import DELTA_CHANNEL
 from agentrun.worker.store import RunStore
 from tests.api.conftest import serving
 from tests.api.sse import Stream, streaming
@@ -373,7 +373,7 @@ async def test_positions_keep_growing_across_the_upgrade_so_older_event_ids_stil
     """A database that ran 0010's trigger (positions were transaction ids) and then takes 0013: every new
     position is above every old one, so a client resuming with an id from before the upgrade misses
     nothing and gets nothing twice."""
-    from agentrun.worker import migrate
+    from agentrun.worker.store import migrate
 
     async with other_database(postgres_url) as url:
         every = migrate.available()

@@ -19,10 +19,10 @@ import pytest
 from fastapi import FastAPI
 
 from agentrun.worker.llm.anthropic_client import AnthropicClient
-from agentrun.worker.llm.fake_server import AgentResponder, FakeAnthropic
-from agentrun.worker.metrics import Metrics
+from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.fake_server import AgentResponder, FakeAnthropic
 from agentrun.worker.tools import ToolBox
 from tests.api.conftest import make_app, serving
 from tests.api.sse import Stream, streaming

@@ -32,11 +32,11 @@ from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from agentrun.worker.api.app import create_app
-from agentrun.worker.db import open_pool
-from agentrun.worker.llm.scripted import TurnBasedLlm
-from agentrun.worker.metrics import Metrics
+from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
+from agentrun.worker.store.pool import open_pool
+from agentrun.worker.testing.scripted import TurnBasedLlm
 from agentrun.worker.tools import ToolBox
 from tests.api.conftest import broken, lookup, noop
 from tests.conftest import TEMPLATE

@@ -16,8 +16,8 @@ import pytest
 
 from agentrun.worker.api.app import create_app
 from agentrun.worker.api.identities import Identities, IdentityFileError, Scope, new_token
-from agentrun.worker.metrics import Metrics
-from agentrun.worker.records import RunStatus
+from agentrun.worker.core.records import RunStatus
+from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox

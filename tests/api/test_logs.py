@@ -9,9 +9,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from agentrun.worker import logs
-from agentrun.worker.llm.scripted import ScriptedLlm
+from agentrun.worker.obs import logs
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox
 from tests.helpers import new_run, worker
 

@@ -8,10 +8,10 @@ import httpx
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentrun.worker.llm.scripted import ScriptedLlm
-from agentrun.worker.llm.types import LlmError, LlmResponse, Usage
-from agentrun.worker.metrics import METRIC_NAMES, Metrics
+from agentrun.worker.core.types import LlmError, LlmResponse, Usage
+from agentrun.worker.obs.metrics import METRIC_NAMES, Metrics
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox
 from tests.helpers import MODEL, new_run, worker
 

@@ -12,11 +12,11 @@ import psycopg
 import pytest
 from fastapi import FastAPI
 
-from agentrun.worker.llm.scripted import ScriptedLlm
-from agentrun.worker.metrics import Metrics
-from agentrun.worker.records import RunStatus
+from agentrun.worker.core.records import RunStatus
+from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox
 from tests.api.conftest import asgi_client, make_app
 from tests.helpers import MODEL, new_run, worker
@@ -217,7 +217,7 @@ async def test_cancel_unknown_and_malformed(client: httpx.AsyncClient) -> None:
 
 
 async def test_timeline_and_step_of_a_finished_run(client: httpx.AsyncClient, store: RunStore, toolbox: ToolBox) -> None:
-    from agentrun.worker.llm.scripted import ScriptedLlm
+    from agentrun.worker.testing.scripted import ScriptedLlm
     from tests.helpers import worker
 
     created = await submit(client, tools=["lookup"])

@@ -21,8 +21,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from agentrun.worker import migrate
-from agentrun.worker.llm.fake_server import FakeAnthropic
+from agentrun.worker.store import migrate
+from agentrun.worker.testing.fake_server import FakeAnthropic
 from tests.helpers import MODEL, eventually
 
 REPO = Path(__file__).resolve().parents[2]
@@ -299,7 +299,7 @@ async def test_sigterm_while_waiting_for_the_database_exits_cleanly(
 def test_backoff_is_jittered_and_capped() -> None:
     import random
 
-    from agentrun.worker.db import Backoff
+    from agentrun.worker.store.pool import Backoff
 
     backoff, rng = Backoff(base=0.25, cap=5.0), random.Random(7)
     delays = [[backoff.delay(attempt, rng) for _ in range(50)] for attempt in range(40)]

@@ -11,7 +11,7 @@ import pytest
 
 from agentrun.worker import cli
 from agentrun.worker.api.app import create_app
-from agentrun.worker.metrics import Metrics
+from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox

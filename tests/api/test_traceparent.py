@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from agentrun.worker.tracing.context import TRACEPARENT_PATTERN
+from agentrun.worker.obs.tracing.context import TRACEPARENT_PATTERN
 
 RUN = {"input": "trace me", "tokenBudget": 50_000, "timeoutSeconds": 300}
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

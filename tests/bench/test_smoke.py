@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from agentrun.worker.records import Progress
+from agentrun.worker.core.records import Progress
 from agentrun.worker.store import Claim, RunStore
 from bench import claim, long_run, memory, pickup, throughput
 

@@ -9,7 +9,7 @@ from typing import Any
 import yaml
 
 from agentrun.worker.cli import _with_mcp_tools
-from agentrun.worker.mcp.config import Approval, parse_servers
+from agentrun.worker.tools.mcp.config import Approval, parse_servers
 from tests.chart.conftest import find
 
 Render = Callable[..., list[dict[str, Any]]]

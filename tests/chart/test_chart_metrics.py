@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from agentrun.worker.llm.fake_server import FakeAnthropic
-from agentrun.worker.metrics import METRIC_NAMES
-from agentrun.worker.records import RunStatus
+from agentrun.worker.core.records import RunStatus
+from agentrun.worker.obs.metrics import METRIC_NAMES
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.fake_server import FakeAnthropic
 from tests.chart.conftest import CHART, CI_VALUES, ROOT, Manifest, find
 from tests.chart.metric_names import names_in_queries, series_in_exposition
 from tests.helpers import eventually, new_run

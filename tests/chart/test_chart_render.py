@@ -11,7 +11,7 @@ from typing import Any
 import kubernetes_validate
 import pytest
 
-from agentrun.worker.pricing import PriceTable
+from agentrun.worker.core.pricing import PriceTable
 from tests.chart.conftest import CHART, CI_VALUES, NAMESPACE, Manifest, find, kinds, run_helm
 
 KUBERNETES_VERSION = "1.33"

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrun.worker.tracing import tracer_from_env
+from agentrun.worker.obs.tracing import tracer_from_env
 from tests.chart.conftest import CHART, NAMESPACE, Manifest, find, run_helm
 
 

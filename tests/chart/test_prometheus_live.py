@@ -18,13 +18,13 @@ import pytest
 import yaml
 
 from agentrun.worker.api.app import create_app
+from agentrun.worker.core.types import LlmError, LlmResponse, Usage
 from agentrun.worker.llm.limits import Limited, Limiter, ModelLimits
 from agentrun.worker.llm.retry import Retrying
-from agentrun.worker.llm.scripted import ScriptedLlm
-from agentrun.worker.llm.types import LlmError, LlmResponse, Usage
-from agentrun.worker.metrics import Metrics
+from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox
 from tests.api.conftest import broken, lookup, noop, serving
 from tests.chart.conftest import NAMESPACE, Manifest

@@ -21,11 +21,11 @@ import pytest
 from aiohttp import web
 from psycopg_pool import AsyncConnectionPool
 
-from agentrun.worker.llm.fake_server import FakeAnthropic, Json, Reply
+from agentrun.worker.core.records import RunStatus
+from agentrun.worker.core.types import LlmRequest, LlmResponse, Usage
 from agentrun.worker.llm.limits import Limited, Limiter, ModelLimits, estimate_tokens
-from agentrun.worker.llm.types import LlmRequest, LlmResponse, Usage
-from agentrun.worker.records import RunStatus
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.fake_server import FakeAnthropic, Json, Reply
 from tests.helpers import MODEL, eventually, new_run, worker
 
 MAX_TOKENS = 100

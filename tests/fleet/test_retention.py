@@ -15,10 +15,9 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from agentrun.worker import retention
-from agentrun.worker.metrics import Metrics
-from agentrun.worker.records import RunStatus
-from agentrun.worker.store import RunStore
+from agentrun.worker.core.records import RunStatus
+from agentrun.worker.obs.metrics import Metrics
+from agentrun.worker.store import RunStore, retention
 from tests.helpers import eventually, new_run
 
 DAY = datetime.timedelta(days=1)

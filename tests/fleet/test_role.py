@@ -12,9 +12,9 @@ import pytest
 from psycopg import errors, sql
 from psycopg.conninfo import make_conninfo
 
-from agentrun.worker import migrate, retention
-from agentrun.worker.db import open_pool
 from agentrun.worker.llm.limits import Limiter, ModelLimits
+from agentrun.worker.store import migrate, retention
+from agentrun.worker.store.pool import open_pool
 from tests.worker.test_database_role import roles, run_section, sections  # noqa: F401  (roles: a fixture)
 
 

@@ -14,9 +14,9 @@ import pytest
 
 from agentrun.operator.mapping import InvalidSpec
 from agentrun.operator.mapping import new_run as spec_run
-from agentrun.worker.llm.scripted import ScriptedLlm
-from agentrun.worker.records import RunStatus
+from agentrun.worker.core.records import RunStatus
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm
 from tests.helpers import eventually, new_run, worker
 
 RUN = {"input": "go", "tokenBudget": 1000, "timeoutSeconds": 60}

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from agentrun.worker.llm.anthropic_client import AnthropicClient
-from agentrun.worker.llm.fake_server import FakeAnthropic
+from agentrun.worker.testing.fake_server import FakeAnthropic
 
 TOOLS: list[dict[str, Any]] = [
     {

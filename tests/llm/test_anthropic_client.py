@@ -9,9 +9,9 @@ import socket
 
 import pytest
 
+from agentrun.worker.core.types import MAX_RETRY_AFTER, LlmError, LlmRequest
 from agentrun.worker.llm.anthropic_client import AnthropicClient, retry_after, should_retry, with_message_breakpoints
-from agentrun.worker.llm.fake_server import FakeAnthropic, Reply, usage_of
-from agentrun.worker.llm.types import MAX_RETRY_AFTER, LlmError, LlmRequest
+from agentrun.worker.testing.fake_server import FakeAnthropic, Reply, usage_of
 from tests.llm.conftest import TOOLS
 
 MODEL = "claude-sonnet-4-5"

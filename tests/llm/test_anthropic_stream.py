@@ -9,9 +9,9 @@ import orjson
 import pytest
 from aiohttp import web
 
+from agentrun.worker.core.types import LlmError, LlmRequest
 from agentrun.worker.llm.anthropic_client import AnthropicClient, HttpClient
-from agentrun.worker.llm.fake_server import FakeAnthropic, Reply, usage_of
-from agentrun.worker.llm.types import LlmError, LlmRequest
+from agentrun.worker.testing.fake_server import FakeAnthropic, Reply, usage_of
 from tests.llm.conftest import TOOLS
 
 MODEL = "claude-sonnet-4-5"

@@ -11,13 +11,13 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from agentrun.worker.core.types import LlmError, LlmRequest
 from agentrun.worker.llm.bedrock import bedrock_client
 from agentrun.worker.llm.cloud import Credentialed, ProviderUnavailable
 from agentrun.worker.llm.factory import LlmSettings, build_router
-from agentrun.worker.llm.fake_server import FakeAnthropic, Reply
 from agentrun.worker.llm.router import ProviderRouter
-from agentrun.worker.llm.types import LlmError, LlmRequest
 from agentrun.worker.llm.vertex import vertex_client
+from agentrun.worker.testing.fake_server import FakeAnthropic, Reply
 from tests.llm.conftest import TOOLS
 
 EPHEMERAL = {"type": "ephemeral"}

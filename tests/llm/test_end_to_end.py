@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
+from agentrun.worker.core.records import RunStatus, StepKind
 from agentrun.worker.llm.anthropic_client import AnthropicClient
-from agentrun.worker.llm.fake_server import FakeAnthropic, Reply, usage_of
 from agentrun.worker.llm.retry import Retrying
 from agentrun.worker.llm.timeout import TimeLimited
-from agentrun.worker.records import RunStatus, StepKind
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.fake_server import FakeAnthropic, Reply, usage_of
 from agentrun.worker.tools import ToolContext, tool
 from tests.helpers import new_run, worker
 from tests.llm.conftest import RecordingSleeper

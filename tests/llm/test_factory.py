@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from agentrun.worker.core.types import LlmRequest
 from agentrun.worker.llm.factory import LlmSettings, llm_from_env
-from agentrun.worker.llm.fake_server import FakeAnthropic
 from agentrun.worker.llm.retry import Retrying
 from agentrun.worker.llm.timeout import TimeLimited
-from agentrun.worker.llm.types import LlmRequest
 from agentrun.worker.settings import WorkerSettings
+from agentrun.worker.testing.fake_server import FakeAnthropic
 
 SETTINGS = WorkerSettings(database_url="unused")
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import yaml
 
-from agentrun.worker.llm.fake_openai_server import ChatAgentResponder, check_chat
+from agentrun.worker.core.types import LlmRequest
 from agentrun.worker.llm.openai_client import OpenAiClient
-from agentrun.worker.llm.types import LlmRequest
+from agentrun.worker.testing.fake_openai_server import ChatAgentResponder, check_chat
 from tests.llm.conftest import TOOLS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def test_agent_mode_asks_for_parallel_calls_then_summarises() -> None:
 
 async def test_it_runs_alone_for_the_demo(tmp_path: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agentrun.worker.llm.fake_openai_server", "--port", "0", "--parallel", "2",
+        sys.executable, "-m", "agentrun.worker.testing.fake_openai_server", "--port", "0", "--parallel", "2",
         stdout=subprocess.PIPE,
     )
     try:

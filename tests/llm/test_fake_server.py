@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from agentrun.worker.core.types import LlmError, LlmRequest
 from agentrun.worker.llm.anthropic_client import AnthropicClient
-from agentrun.worker.llm.fake_server import AgentResponder, FakeAnthropic, Reply, check_request
-from agentrun.worker.llm.types import LlmError, LlmRequest
+from agentrun.worker.testing.fake_server import AgentResponder, FakeAnthropic, Reply, check_request
 from tests.llm.conftest import TOOLS
 
 USE = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "list_tickets", "input": {}}]}
@@ -85,7 +85,7 @@ async def test_scripted_replies_come_first_then_the_responder(fake: FakeAnthropi
 
 async def test_it_runs_as_a_subprocess() -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agentrun.worker.llm.fake_server", "--port", "0", "--tool", "list_tickets",
+        sys.executable, "-m", "agentrun.worker.testing.fake_server", "--port", "0", "--tool", "list_tickets",
         stdout=subprocess.PIPE,
     )
     try:

@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 
-from agentrun.worker.llm.fake_openai_server import (
+from agentrun.worker.core.types import LlmError, LlmRequest, Usage
+from agentrun.worker.llm.openai_client import OpenAiClient
+from agentrun.worker.testing.fake_openai_server import (
     FakeOpenAi,
     bad_request,
     completion,
@@ -17,9 +19,7 @@ from agentrun.worker.llm.fake_openai_server import (
     rate_limited,
     usage_of,
 )
-from agentrun.worker.llm.fake_server import Reply
-from agentrun.worker.llm.openai_client import OpenAiClient
-from agentrun.worker.llm.types import LlmError, LlmRequest, Usage
+from agentrun.worker.testing.fake_server import Reply
 from tests.llm.conftest import TOOLS
 
 

@@ -10,14 +10,14 @@ from typing import Any
 import psycopg
 import pytest
 
+from agentrun.worker.core.pricing import PriceTable
+from agentrun.worker.core.records import RunStatus, StepKind
 from agentrun.worker.llm.factory import LlmSettings, build_router
-from agentrun.worker.llm.fake_openai_server import ChatAgentResponder, FakeOpenAi, bad_request, rate_limited
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.llm.retry import Retrying
 from agentrun.worker.llm.timeout import TimeLimited
-from agentrun.worker.pricing import PriceTable
-from agentrun.worker.records import RunStatus, StepKind
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.fake_openai_server import ChatAgentResponder, FakeOpenAi, bad_request, rate_limited
 from agentrun.worker.tools import ToolContext, tool
 from tests.helpers import SimulatedCrash, new_run, worker
 from tests.llm.conftest import RecordingSleeper

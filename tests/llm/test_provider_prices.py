@@ -6,8 +6,8 @@ from decimal import Decimal
 
 import pytest
 
-from agentrun.worker.llm.types import Usage
-from agentrun.worker.pricing import PriceTable
+from agentrun.worker.core.pricing import PriceTable
+from agentrun.worker.core.types import Usage
 
 TABLE = PriceTable.load()
 

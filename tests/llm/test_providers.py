@@ -9,13 +9,13 @@ import httpx
 import pytest
 
 from agentrun.worker.api.app import create_app
+from agentrun.worker.core.types import LlmError, LlmRequest
 from agentrun.worker.llm.factory import LlmSettings, build_router, llm_from_env
-from agentrun.worker.llm.fake_openai_server import FakeOpenAi
 from agentrun.worker.llm.providers import Endpoint, Model, Providers, split
-from agentrun.worker.llm.types import LlmError, LlmRequest
-from agentrun.worker.metrics import Metrics
+from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.fake_openai_server import FakeOpenAi
 from agentrun.worker.tools import ToolBox
 
 FILE = """
@@ -207,8 +207,8 @@ def test_a_declared_endpoint_without_its_key_is_warned_about_at_start(
 
 
 def test_provider_credentials_are_redacted_from_logs(tmp_path: Path) -> None:
-    from agentrun.worker import logs
     from agentrun.worker.llm.providers import key_variables
+    from agentrun.worker.obs import logs
 
     path = tmp_path / "providers.yaml"
     path.write_text(FILE)

@@ -6,12 +6,12 @@ import random
 
 import pytest
 
+from agentrun.worker.core.types import MAX_RETRY_AFTER, LlmError, LlmRequest
 from agentrun.worker.llm.anthropic_client import AnthropicClient
-from agentrun.worker.llm.fake_server import FakeAnthropic, Reply
 from agentrun.worker.llm.retry import Retrying, backoff
-from agentrun.worker.llm.scripted import ScriptedLlm
 from agentrun.worker.llm.timeout import TimeLimited
-from agentrun.worker.llm.types import MAX_RETRY_AFTER, LlmError, LlmRequest
+from agentrun.worker.testing.fake_server import FakeAnthropic, Reply
+from agentrun.worker.testing.scripted import ScriptedLlm
 from tests.llm.conftest import RecordingSleeper
 
 REQUEST = LlmRequest("claude-sonnet-4-5", 256, [{"role": "user", "content": "hello"}])

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
+from agentrun.worker.core.types import LlmError, LlmRequest
 from agentrun.worker.llm.anthropic_client import AnthropicClient
-from agentrun.worker.llm.fake_server import FakeAnthropic, Reply
 from agentrun.worker.llm.timeout import TimeLimited
-from agentrun.worker.llm.types import LlmError, LlmRequest
+from agentrun.worker.testing.fake_server import FakeAnthropic, Reply
 
 REQUEST = LlmRequest("claude-sonnet-4-5", 256, [{"role": "user", "content": "hello"}])
 

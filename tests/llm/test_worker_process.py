@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import psycopg
 
-from agentrun.worker.llm.fake_openai_server import ChatAgentResponder, FakeOpenAi
+from agentrun.worker.testing.fake_openai_server import ChatAgentResponder, FakeOpenAi
 from bench.chaos_tools import EXEC_TABLE
 
 REPO = Path(__file__).resolve().parents[2]

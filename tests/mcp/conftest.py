@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from agentrun.worker.mcp import McpServers
-from agentrun.worker.mcp.client import Backoff
-from agentrun.worker.mcp.config import parse_servers
+from agentrun.worker.tools.mcp import McpServers
+from agentrun.worker.tools.mcp.client import Backoff
+from agentrun.worker.tools.mcp.config import parse_servers
 from tests.helpers import eventually
 from tests.mcp.server import HttpServer
 

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import yaml
 
-from agentrun.worker.metrics import Metrics
+from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox, ToolContext, tool

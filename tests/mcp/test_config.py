@@ -14,12 +14,12 @@ from typing import Any
 import mcp_types as types
 import pytest
 
-from agentrun.worker.mcp import McpConfigError, McpServers, load_servers
-from agentrun.worker.mcp.config import Approval, parse_servers, secret_variables
-from agentrun.worker.mcp.results import TOOL_NAME, exposed_name, idempotent, requires_approval, tool_result
-from agentrun.worker.records import Step, StepKind, StepStatus
-from agentrun.worker.replay import BLOCKS_MARK, Conversation, dump_content
+from agentrun.worker.core.records import Step, StepKind, StepStatus
+from agentrun.worker.core.replay import BLOCKS_MARK, Conversation, dump_content
 from agentrun.worker.tools import ToolBox, ToolContext, ToolResult, tool
+from agentrun.worker.tools.mcp import McpConfigError, McpServers, load_servers
+from agentrun.worker.tools.mcp.config import Approval, parse_servers, secret_variables
+from agentrun.worker.tools.mcp.results import TOOL_NAME, exposed_name, idempotent, requires_approval, tool_result
 from tests.mcp.conftest import REPO
 
 

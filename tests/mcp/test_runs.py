@@ -12,12 +12,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from agentrun.worker.llm.scripted import ScriptedLlm
-from agentrun.worker.mcp import McpServer
-from agentrun.worker.records import RunStatus, StepStatus
-from agentrun.worker.replay import BLOCKS_MARK, Conversation
+from agentrun.worker.core.records import RunStatus, StepStatus
+from agentrun.worker.core.replay import BLOCKS_MARK, Conversation
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import Tool, ToolBox, ToolContext, ToolResult, ToolSource
+from agentrun.worker.tools.mcp import McpServer
 from tests.helpers import SimulatedCrash, eventually, new_run, worker
 from tests.mcp.conftest import sessions, stdio_server
 from tests.mcp.server import PNG, HttpServer

@@ -49,16 +49,16 @@ from hypothesis.stateful import (
 )
 
 from agentrun.worker.api.app import create_app
-from agentrun.worker.db import open_pool
-from agentrun.worker.engine import DriverSettings, RunDriver
-from agentrun.worker.lease import LeaseKeeper
-from agentrun.worker.llm.types import LlmError, LlmRequest, LlmResponse, Usage
-from agentrun.worker.metrics import Metrics
-from agentrun.worker.pricing import PriceTable
-from agentrun.worker.records import DecisionKind, RunStatus, StepKind, StepStatus
-from agentrun.worker.replay import load_content
+from agentrun.worker.core.pricing import PriceTable
+from agentrun.worker.core.records import DecisionKind, RunStatus, StepKind, StepStatus
+from agentrun.worker.core.replay import load_content
+from agentrun.worker.core.types import LlmError, LlmRequest, LlmResponse, Usage
+from agentrun.worker.obs.metrics import Metrics
+from agentrun.worker.runtime.engine import DriverSettings, RunDriver
+from agentrun.worker.runtime.lease import LeaseKeeper
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
+from agentrun.worker.store.pool import open_pool
 from agentrun.worker.tools import ToolBox, ToolContext, tool
 from tests.helpers import MODEL, SimulatedCrash
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from agentrun.worker.llm.scripted import ScriptedLlm
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolContext, tool
 from tests.helpers import SimulatedCrash, eventually, worker
 from tests.operator.conftest import Cluster, uid_of

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from agentrun.operator import mapping
-from agentrun.worker.records import RunStatus
+from agentrun.worker.core.records import RunStatus
 from agentrun.worker.store import RunStore
 from tests.helpers import eventually
 from tests.operator.conftest import NAMESPACE, PATH, Cluster, uid_of

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrun.worker.llm.scripted import ScriptedLlm
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm
 from tests.helpers import eventually, worker
 from tests.operator.conftest import Cluster, uid_of
 

@@ -10,7 +10,7 @@ from decimal import Decimal
 import pytest
 
 from agentrun.operator import mapping
-from agentrun.worker.records import Run, RunStatus
+from agentrun.worker.core.records import Run, RunStatus
 
 UID = "6f1c0a52-1111-2222-3333-444455556666"
 NOW = datetime.datetime(2025, 1, 2, 3, 4, 5, tzinfo=datetime.UTC)
@@ -133,7 +133,7 @@ def test_ttl_expiry() -> None:
 
 
 def test_a_cost_budget_needs_a_priced_model() -> None:
-    from agentrun.worker.pricing import PriceTable, cost_budget_problem
+    from agentrun.worker.core.pricing import PriceTable, cost_budget_problem
 
     prices = PriceTable.load()
     assert cost_budget_problem(prices, "claude-imaginary-9", Decimal("1")) is not None
@@ -147,7 +147,7 @@ def test_a_cost_budget_needs_a_priced_model() -> None:
 def test_a_call_in_doubt_again_is_a_new_decision_required_event() -> None:
     """A retried call interrupted again asks again: its second question has the same toolUseId, and the
     AgentRun may never have shown the run in between (both looks saw Waiting)."""
-    from agentrun.worker.records import DecisionKind, PendingCall
+    from agentrun.worker.core.records import DecisionKind, PendingCall
 
     def waiting(attempt: int) -> dict[str, object]:
         call = PendingCall(uuid.UUID(UID), "t_pay", DecisionKind.IN_DOUBT, "pay", "{}", NOW, attempt=attempt)

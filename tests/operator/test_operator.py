@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from agentrun.worker.llm.scripted import ScriptedLlm
-from agentrun.worker.records import RunStatus
+from agentrun.worker.core.records import RunStatus
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm
 from tests.helpers import eventually, worker
 from tests.operator.conftest import Cluster, assert_events_precede_their_phase, uid_of
 

@@ -9,8 +9,8 @@ import httpx
 import kmock
 from kmock._internal import enums, rendering
 
-from agentrun.worker.llm.scripted import ScriptedLlm
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm
 from tests.helpers import eventually, worker
 from tests.operator.conftest import Cluster, assert_events_precede_their_phase, operator_running, settings_for, uid_of
 from tests.operator.emulator import ApiServer

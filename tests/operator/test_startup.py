@@ -16,8 +16,8 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from agentrun.worker.db import open_pool
 from agentrun.worker.store import RunStore
+from agentrun.worker.store.pool import open_pool
 from tests.helpers import eventually
 from tests.operator.conftest import Cluster, operator_running, settings_for, uid_of
 

@@ -22,10 +22,10 @@ from fastapi import FastAPI
 
 from agentrun.worker.api.app import create_app
 from agentrun.worker.llm.anthropic_client import AnthropicClient
-from agentrun.worker.llm.fake_server import AgentResponder, FakeAnthropic, Reply
-from agentrun.worker.metrics import Metrics
+from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.fake_server import AgentResponder, FakeAnthropic, Reply
 from agentrun.worker.tools import ToolBox, ToolContext, tool
 from tests.api.conftest import serving
 from tests.helpers import MODEL, worker

@@ -15,11 +15,10 @@ import pytest
 from psycopg import errors, sql
 from psycopg.conninfo import make_conninfo
 
-from agentrun.worker import migrate
-from agentrun.worker.db import open_pool
-from agentrun.worker.llm.scripted import ScriptedLlm
-from agentrun.worker.records import RunStatus
-from agentrun.worker.store import RunStore
+from agentrun.worker.core.records import RunStatus
+from agentrun.worker.store import RunStore, migrate
+from agentrun.worker.store.pool import open_pool
+from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolContext, tool
 from tests.helpers import http_app, new_run, worker
 

@@ -17,13 +17,13 @@ import pytest
 from psycopg import errors, sql
 from psycopg.conninfo import make_conninfo
 
-from agentrun.worker import cli, migrate
+from agentrun.worker import cli
 from agentrun.worker.api.app import create_app
-from agentrun.worker.db import open_pool
-from agentrun.worker.metrics import Metrics
-from agentrun.worker.records import RunStatus
+from agentrun.worker.core.records import RunStatus
+from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
-from agentrun.worker.store import RunStore
+from agentrun.worker.store import RunStore, migrate
+from agentrun.worker.store.pool import open_pool
 from agentrun.worker.tools import ToolBox
 from tests.api.conftest import serving
 from tests.helpers import MODEL

@@ -17,17 +17,16 @@ import httpx
 import psycopg
 import pytest
 
-from agentrun.worker import migrate
-from agentrun.worker.db import open_pool
+from agentrun.worker.core.records import Run, RunStatus, StepStatus
 from agentrun.worker.llm.anthropic_client import AnthropicClient
 from agentrun.worker.llm.factory import LlmSettings, build_llm
-from agentrun.worker.llm.fake_server import FakeAnthropic, Reply
 from agentrun.worker.llm.retry import Retrying
-from agentrun.worker.llm.scripted import ScriptedLlm
 from agentrun.worker.llm.timeout import TimeLimited
-from agentrun.worker.records import Run, RunStatus, StepStatus
-from agentrun.worker.runner import Worker
-from agentrun.worker.store import LIVENESS_LOCK_CLASS, RunStore
+from agentrun.worker.runtime.runner import Worker
+from agentrun.worker.store import LIVENESS_LOCK_CLASS, RunStore, migrate
+from agentrun.worker.store.pool import open_pool
+from agentrun.worker.testing.fake_server import FakeAnthropic, Reply
+from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolContext, tool
 from bench.local_postgres import LocalPostgres
 from tests.helpers import eventually, http_app, new_run, worker

@@ -13,15 +13,15 @@ import psycopg
 import pytest
 from psycopg.conninfo import make_conninfo
 
-from agentrun.worker.db import open_pool
-from agentrun.worker.engine import DriverSettings, RunDriver
-from agentrun.worker.groupcommit import GroupCommit, transient
-from agentrun.worker.lease import LeaseKeeper
-from agentrun.worker.llm.scripted import ScriptedLlm
-from agentrun.worker.llm.types import LlmRequest, LlmResponse
-from agentrun.worker.pricing import PriceTable
-from agentrun.worker.records import DecisionKind, Progress, RunStatus, StepKind
+from agentrun.worker.core.pricing import PriceTable
+from agentrun.worker.core.records import DecisionKind, Progress, RunStatus, StepKind
+from agentrun.worker.core.types import LlmRequest, LlmResponse
+from agentrun.worker.runtime.engine import DriverSettings, RunDriver
+from agentrun.worker.runtime.lease import LeaseKeeper
 from agentrun.worker.store import LeaseLost, RunStore
+from agentrun.worker.store.groupcommit import GroupCommit, transient
+from agentrun.worker.store.pool import open_pool
+from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox, ToolContext, tool
 from tests.helpers import eventually, new_run
 

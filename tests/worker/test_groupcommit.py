@@ -9,11 +9,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from agentrun.worker import groupcommit
-from agentrun.worker.groupcommit import GroupCommit
-from agentrun.worker.llm.scripted import TurnBasedLlm
-from agentrun.worker.records import RunStatus
-from agentrun.worker.store import LeaseLost, RunStore
+from agentrun.worker.core.records import RunStatus
+from agentrun.worker.store import LeaseLost, RunStore, groupcommit
+from agentrun.worker.store.groupcommit import GroupCommit
+from agentrun.worker.testing.scripted import TurnBasedLlm
 from agentrun.worker.tools import ToolContext, tool
 from tests.helpers import eventually, new_run, worker
 from tests.worker.test_hardening import serving

@@ -11,11 +11,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from agentrun.worker.llm.scripted import ScriptedLlm, TurnBasedLlm
-from agentrun.worker.llm.types import LlmError, LlmRequest, LlmResponse, Usage
-from agentrun.worker.metrics import Metrics
-from agentrun.worker.records import RunStatus, StepStatus
+from agentrun.worker.core.records import RunStatus, StepStatus
+from agentrun.worker.core.types import LlmError, LlmRequest, LlmResponse, Usage
+from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm, TurnBasedLlm
 from agentrun.worker.tools import ToolBox, ToolContext, ToolOutcome, ToolThreads, tool
 from tests.helpers import SimulatedCrash, eventually, new_run, worker
 

@@ -17,11 +17,11 @@ import psycopg
 import pytest
 
 from agentrun.worker import cli
-from agentrun.worker.llm.scripted import ScriptedLlm
-from agentrun.worker.llm.types import LlmRequest, LlmResponse
-from agentrun.worker.records import RunStatus, StepStatus
-from agentrun.worker.runner import Worker
+from agentrun.worker.core.records import RunStatus, StepStatus
+from agentrun.worker.core.types import LlmRequest, LlmResponse
+from agentrun.worker.runtime.runner import Worker
 from agentrun.worker.store import LIVENESS_LOCK_CLASS, RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolContext, tool
 from tests.helpers import eventually, new_run, worker
 from tests.worker.test_faults import finished
@@ -264,7 +264,7 @@ async def test_a_worker_that_cannot_renew_gives_up_before_the_lease_lapses(
 
 
 async def test_renewals_are_bounded_in_time(store: RunStore) -> None:
-    from agentrun.worker.lease import LeaseKeeper
+    from agentrun.worker.runtime.lease import LeaseKeeper
 
     keeper = LeaseKeeper(HangingRenewals(store.pool), "worker-A", lease_seconds=3.0)
     keeper.hold(uuid.uuid4(), asyncio.current_task())  # type: ignore[arg-type]

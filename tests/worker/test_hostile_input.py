@@ -10,13 +10,13 @@ from typing import Any
 import psycopg
 import pytest
 
-from agentrun.worker.llm.scripted import ScriptedLlm
-from agentrun.worker.llm.types import LlmError, LlmResponse, Usage
-from agentrun.worker.metrics import Metrics
-from agentrun.worker.observer import UNKNOWN_TOOL
-from agentrun.worker.records import RunStatus, StepKind, StepStatus
-from agentrun.worker.replay import Conversation, load_content
+from agentrun.worker.core.observer import UNKNOWN_TOOL
+from agentrun.worker.core.records import RunStatus, StepKind, StepStatus
+from agentrun.worker.core.replay import Conversation, load_content
+from agentrun.worker.core.types import LlmError, LlmResponse, Usage
+from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolContext, tool
 from tests.helpers import SimulatedCrash, new_run, worker
 

@@ -10,7 +10,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from agentrun.worker import migrate
+from agentrun.worker.store import migrate
 
 
 async def _fresh(postgres_url: str) -> str:

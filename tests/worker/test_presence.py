@@ -9,10 +9,10 @@ import psycopg
 import pytest
 
 from agentrun.worker.cli import build_parser
-from agentrun.worker.llm.scripted import TurnBasedLlm
-from agentrun.worker.presence import DuplicateWorker, Presence
-from agentrun.worker.records import RunStatus
+from agentrun.worker.core.records import RunStatus
+from agentrun.worker.runtime.presence import DuplicateWorker, Presence
 from agentrun.worker.store import LIVENESS_LOCK_CLASS, Claim, RunStore
+from agentrun.worker.testing.scripted import TurnBasedLlm
 from agentrun.worker.tools import ToolContext, tool
 from tests.helpers import eventually, new_run, worker
 

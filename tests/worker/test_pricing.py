@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrun.worker.llm.types import Usage
-from agentrun.worker.pricing import PriceTable
+from agentrun.worker.core.pricing import PriceTable
+from agentrun.worker.core.types import Usage
 from agentrun.worker.settings import WorkerSettings
 
 TABLE = """
@@ -48,7 +48,7 @@ def test_a_newer_model_is_not_priced_as_an_older_one() -> None:
 def test_an_unknown_model_costs_null_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
     prices = PriceTable.from_toml(TABLE)
 
-    with caplog.at_level(logging.WARNING, logger="agentrun.worker.pricing"):
+    with caplog.at_level(logging.WARNING, logger="agentrun.worker.core.pricing"):
         assert prices.cost("claude-imaginary", Usage(10, 10)) is None
         assert prices.cost("claude-imaginary", Usage(10, 10)) is None
 

@@ -9,8 +9,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentrun.worker.records import Step, StepKind, StepStatus
-from agentrun.worker.replay import CORRECTION, Conversation, dump_content
+from agentrun.worker.core.records import Step, StepKind, StepStatus
+from agentrun.worker.core.replay import CORRECTION, Conversation, dump_content
 
 RUN = uuid.uuid4()
 

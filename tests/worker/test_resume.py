@@ -9,9 +9,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from agentrun.worker.llm.scripted import ScriptedLlm, TurnBasedLlm
-from agentrun.worker.records import RunStatus, StepStatus
+from agentrun.worker.core.records import RunStatus, StepStatus
 from agentrun.worker.store import LeaseLost, RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm, TurnBasedLlm
 from agentrun.worker.tools import ToolContext, tool
 from tests.helpers import SimulatedCrash, eventually, new_run, worker
 

@@ -13,9 +13,9 @@ from typing import Any
 import httpx
 import psycopg
 
-from agentrun.worker.llm.scripted import ScriptedLlm
-from agentrun.worker.records import RunStatus
+from agentrun.worker.core.records import RunStatus
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolContext, tool
 from tests.helpers import eventually, new_run, worker
 

@@ -24,9 +24,9 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from agentrun.worker.llm.fake_server import FakeAnthropic, Reply
-from agentrun.worker.records import RunStatus
+from agentrun.worker.core.records import RunStatus
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.fake_server import FakeAnthropic, Reply
 from bench.chaos_tools import EXEC_TABLE
 from tests.helpers import new_run
 

@@ -20,18 +20,18 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from agentrun.worker import logs
+from agentrun.worker.core.observer import Observers
+from agentrun.worker.core.records import RunStatus
+from agentrun.worker.core.types import LlmError, LlmResponse, Usage
 from agentrun.worker.llm.retry import Retrying
-from agentrun.worker.llm.scripted import ScriptedLlm
-from agentrun.worker.llm.types import LlmError, LlmResponse, Usage
-from agentrun.worker.metrics import Metrics
-from agentrun.worker.observer import Observers
-from agentrun.worker.records import RunStatus
+from agentrun.worker.obs import logs
+from agentrun.worker.obs.metrics import Metrics
+from agentrun.worker.obs.tracing import enabled, parse_traceparent, run_trace_id, tracer_from_env
+from agentrun.worker.obs.tracing.context import TRACEPARENT_PATTERN
+from agentrun.worker.obs.tracing.spans import RunTracer, new_provider, provider_and_model
 from agentrun.worker.store import LeaseLost, RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolContext, tool
-from agentrun.worker.tracing import enabled, parse_traceparent, run_trace_id, tracer_from_env
-from agentrun.worker.tracing.context import TRACEPARENT_PATTERN
-from agentrun.worker.tracing.spans import RunTracer, new_provider, provider_and_model
 from tests.helpers import MODEL, SimulatedCrash, new_run, worker
 
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -220,7 +220,7 @@ def json_log() -> Iterator[io.StringIO]:
     handler = logging.StreamHandler(out)
     handler.addFilter(logs.ContextFilter())
     handler.setFormatter(logs.formatter("json", logs.Redactor()))
-    engine = logging.getLogger("agentrun.worker.engine")
+    engine = logging.getLogger("agentrun.worker.runtime.engine")
     engine.addHandler(handler)
     old = engine.level
     engine.setLevel(logging.INFO)
@@ -257,8 +257,8 @@ def test_tracing_is_off_and_unimported_without_the_variables() -> None:
     assert enabled({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://x:4318/v1/traces"})
     assert enabled({"OTEL_TRACES_EXPORTER": "console"})
     # Nothing costs when tracing is off: the worker's modules do not even load the SDK.
-    code = ("import sys, agentrun.worker.runner, agentrun.worker.tracing, agentrun.worker.api.routes, "
-            "agentrun.worker.metrics; print(sorted(m for m in sys.modules if m.startswith('opentelemetry.sdk')))")
+    code = ("import sys, agentrun.worker.runtime.runner, agentrun.worker.obs.tracing, agentrun.worker.api.routes, "
+            "agentrun.worker.obs.metrics; print(sorted(m for m in sys.modules if m.startswith('opentelemetry.sdk')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     assert out.stdout.strip() == "[]"
 
@@ -359,7 +359,7 @@ async def test_a_cancel_is_an_event_on_the_interrupted_step(store: RunStore) -> 
 
 
 async def test_human_decisions_are_events_on_the_run_span(store: RunStore) -> None:
-    from agentrun.worker.records import Decision
+    from agentrun.worker.core.records import Decision
 
     first, second = Traced("worker-A"), Traced("worker-B")
     llm = ScriptedLlm().then_tool_use("toolu_1", "lookup", {"q": "x"}).then_text("done")

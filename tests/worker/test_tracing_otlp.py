@@ -12,11 +12,11 @@ from typing import Any
 import psycopg
 import pytest
 
-from agentrun.worker.llm.scripted import ScriptedLlm
-from agentrun.worker.records import RunStatus
+from agentrun.worker.core.records import RunStatus
+from agentrun.worker.obs.tracing import tracer_from_env
 from agentrun.worker.store import RunStore
+from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolContext, tool
-from agentrun.worker.tracing import tracer_from_env
 from tests.helpers import SimulatedCrash, new_run, worker
 from tests.worker.otlp_receiver import Receiver, receiving
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import httpx
 
-from agentrun.worker.llm.fake_server import FakeAnthropic, Reply
-from agentrun.worker.records import RunStatus
+from agentrun.worker.core.records import RunStatus
+from agentrun.worker.obs.tracing import parse_traceparent
 from agentrun.worker.store import RunStore
-from agentrun.worker.tracing import parse_traceparent
+from agentrun.worker.testing.fake_server import FakeAnthropic, Reply
 from tests.worker.otlp_receiver import receiving
 
 REPO = Path(__file__).resolve().parents[2]

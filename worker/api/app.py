@@ -10,7 +10,6 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from agentrun.worker import migrate
 from agentrun.worker.api import errors
 from agentrun.worker.api.events import EventHub, events_router
 from agentrun.worker.api.guards import BearerAuth, BodyLimit
@@ -19,12 +18,12 @@ from agentrun.worker.api.routes import runs_router
 from agentrun.worker.api.schemas import NOT_NULL, REQUIRED_FIELDS
 from agentrun.worker.api.tools import tools_router
 from agentrun.worker.api.whoami import whoami_router
-from agentrun.worker.db import Readiness, schema_problem
+from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.llm.providers import Providers
-from agentrun.worker.metrics import Metrics
-from agentrun.worker.pricing import PriceTable
+from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
-from agentrun.worker.store import RunStore
+from agentrun.worker.store import RunStore, migrate
+from agentrun.worker.store.pool import Readiness, schema_problem
 from agentrun.worker.tools import ToolBox
 
 DESCRIPTION = """Submit agent runs, follow them step by step, and cancel them.

@@ -2,8 +2,8 @@
 
 Changes travel through PostgreSQL, so any API process can serve any run: triggers (migrations 0010,
 0013) give each changed run, step and decision row a position and notify `agentrun_events` with the run
-id; workers notify `agentrun_delta` with streamed model text (worker/deltas.py). One `EventHub` per
-process LISTENs on one connection and runs one change feed (worker/changefeed.py): for the runs it was
+id; workers notify `agentrun_delta` with streamed model text (worker/runtime/deltas.py). One `EventHub` per
+process LISTENs on one connection and runs one change feed (worker/store/changefeed.py): for the runs it was
 told about it reads, in one query for them all, the rows changed below the horizon (every change below it
 is final), and fans the events out to the streams in memory. A stream's position is the (position, kind,
 seq) of the last row it sent, so a reconnect with `Last-Event-ID` resumes with no gap and no duplicate.
@@ -33,10 +33,10 @@ from agentrun.worker.api.guards import ScopedRoute, access
 from agentrun.worker.api.identities import Scope
 from agentrun.worker.api.routes import ERRORS
 from agentrun.worker.api.schemas import DecisionView, RunView, TimelineStep
-from agentrun.worker.changefeed import ChangeFeed, RunRows
-from agentrun.worker.deltas import DELTA_CHANNEL
-from agentrun.worker.records import StepKind
+from agentrun.worker.core.records import StepKind
+from agentrun.worker.runtime.deltas import DELTA_CHANNEL
 from agentrun.worker.store import RunStore
+from agentrun.worker.store.changefeed import ChangeFeed, RunRows
 
 log = logging.getLogger("agentrun.worker.api.events")
 

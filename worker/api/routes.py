@@ -10,7 +10,6 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
-from agentrun.worker.answer import schema_problem
 from agentrun.worker.api.errors import ApiError, summary
 from agentrun.worker.api.guards import ScopedRoute, access, caller_name
 from agentrun.worker.api.identities import Identities, Scope
@@ -30,14 +29,15 @@ from agentrun.worker.api.schemas import (
     StepDetail,
     TimelineStep,
 )
+from agentrun.worker.core.answer import schema_problem
+from agentrun.worker.core.pricing import PriceTable, cost_budget_problem
+from agentrun.worker.core.records import Decision, NewRun, PendingCall, Run, RunStatus, StepKind
 from agentrun.worker.llm.providers import Providers
-from agentrun.worker.metrics import Metrics
-from agentrun.worker.pricing import PriceTable, cost_budget_problem
-from agentrun.worker.records import Decision, NewRun, PendingCall, Run, RunStatus, StepKind
+from agentrun.worker.obs.metrics import Metrics
+from agentrun.worker.obs.tracing.context import TRACEPARENT_PATTERN, checked_traceparent
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import DecideOutcome, RunStore
 from agentrun.worker.tools import ToolBox
-from agentrun.worker.tracing.context import TRACEPARENT_PATTERN, checked_traceparent
 
 MAX_PAGE = 200
 MAX_IDEMPOTENCY_KEY = 255

@@ -13,8 +13,8 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from agentrun.worker.api.identities import Scope
-from agentrun.worker.records import Decision, DecisionKind, PendingCall, Run, RunStatus, Step, StepKind, StepStatus
-from agentrun.worker.text import unstorable
+from agentrun.worker.core.records import Decision, DecisionKind, PendingCall, Run, RunStatus, Step, StepKind, StepStatus
+from agentrun.worker.core.text import unstorable
 
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 MAX_STEPS = 10_000

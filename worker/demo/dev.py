@@ -60,7 +60,7 @@ async def _model() -> AsyncIterator[str | None]:
     if os.environ.get("ANTHROPIC_API_KEY"):
         yield None
         return
-    from agentrun.worker.llm.fake_server import AgentResponder, FakeAnthropic
+    from agentrun.worker.testing.fake_server import AgentResponder, FakeAnthropic
 
     # Text arrives a few words at a time, so the UI's live view has something to show.
     server = FakeAnthropic(AgentResponder("list_tickets", {"status": "overdue"}, chunk_delay=0.05))
@@ -94,10 +94,10 @@ def _port_free(host: str, port: int) -> bool:
 
 
 async def serve(options: DevOptions) -> int:
-    from agentrun.worker import migrate
     from agentrun.worker.cli import serve_worker
     from agentrun.worker.demo import tickets
     from agentrun.worker.settings import WorkerSettings
+    from agentrun.worker.store import migrate
 
     if not _port_free(options.host, options.port):
         raise RuntimeError(f"port {options.port} on {options.host} is in use (another `agentrun dev`?); "

@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 import psycopg
 
-from agentrun.worker import migrate
 from agentrun.worker.demo import tickets
+from agentrun.worker.store import migrate
 
 QUESTION = "Which acme tickets are overdue?"
 MODEL_LATENCY = 0.8  # seconds the local model takes to answer, so the timeline looks like real life
@@ -150,7 +150,7 @@ async def local_model(options: Options, say: Say) -> AsyncIterator[tuple[str | N
         say.step("model: the real Anthropic API (--live)")
         yield None, None
         return
-    from agentrun.worker.llm.fake_server import AgentResponder, FakeAnthropic
+    from agentrun.worker.testing.fake_server import AgentResponder, FakeAnthropic
 
     agent = AgentResponder("list_tickets", {"status": "overdue"})
     server = FakeAnthropic(lambda body: agent(body).after(MODEL_LATENCY))

@@ -23,7 +23,8 @@ import anthropic
 import httpx2
 import orjson
 
-from agentrun.worker.llm.types import (
+from agentrun.worker.core.replay import exact_json
+from agentrun.worker.core.types import (
     HTTP_CLIENTS,
     Block,
     HttpClient,
@@ -34,7 +35,6 @@ from agentrun.worker.llm.types import (
     Usage,
     sane_retry_after,
 )
-from agentrun.worker.replay import exact_json
 
 EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
 MAX_ERROR_CHARS = 500

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import anthropic
 
+from agentrun.worker.core.types import LlmError
 from agentrun.worker.llm.anthropic_client import AnthropicClient
 from agentrun.worker.llm.cloud import (
     NO_CREDENTIALS,
@@ -21,7 +22,6 @@ from agentrun.worker.llm.cloud import (
     failure,
     require,
 )
-from agentrun.worker.llm.types import LlmError
 
 NAME = "bedrock"
 

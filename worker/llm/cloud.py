@@ -6,7 +6,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from agentrun.worker.llm.types import LlmError, LlmRequest, LlmResponse
+from agentrun.worker.core.types import LlmError, LlmRequest, LlmResponse
 
 if TYPE_CHECKING:  # the SDK is imported by the provider that uses it, not by the router that names them
     from agentrun.worker.llm.anthropic_client import AnthropicClient

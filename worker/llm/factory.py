@@ -8,13 +8,13 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from agentrun.worker.core.types import HTTP_CLIENTS, HttpClient, LlmClient
 from agentrun.worker.llm.cloud import ProviderUnavailable
 from agentrun.worker.llm.limits import Limited, Limiter
 from agentrun.worker.llm.providers import ANTHROPIC, BEDROCK, VERTEX, Endpoint, Providers, split
 from agentrun.worker.llm.retry import Retrying
 from agentrun.worker.llm.router import Factory, ProviderRouter
 from agentrun.worker.llm.timeout import TimeLimited
-from agentrun.worker.llm.types import HTTP_CLIENTS, HttpClient, LlmClient
 
 if TYPE_CHECKING:
     # The SDKs (anthropic, openai, boto3, google-auth) are imported when their provider is built, so a
@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 NO_MODEL_API = (
     "agentrun: no model API configured: set ANTHROPIC_API_KEY for api.anthropic.com, or ANTHROPIC_BASE_URL "
     "for another Messages API endpoint (a proxy, or a local fake: "
-    "`python -m agentrun.worker.llm.fake_server --port 8088` and ANTHROPIC_BASE_URL=http://127.0.0.1:8088)"
+    "`python -m agentrun.worker.testing.fake_server --port 8088` and ANTHROPIC_BASE_URL=http://127.0.0.1:8088)"
 )
 
 

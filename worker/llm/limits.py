@@ -38,7 +38,7 @@ import yaml
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
-from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, LlmResponse
+from agentrun.worker.core.types import LlmClient, LlmError, LlmRequest, LlmResponse
 
 log = logging.getLogger(__name__)
 

@@ -16,8 +16,8 @@ from typing import Any
 
 import openai
 
+from agentrun.worker.core.types import Block, LlmError, LlmRequest, LlmResponse, Message, Usage
 from agentrun.worker.llm.anthropic_client import Clock, _truncate, _utcnow, retry_after
-from agentrun.worker.llm.types import Block, LlmError, LlmRequest, LlmResponse, Message, Usage
 
 Json = dict[str, Any]
 

@@ -11,7 +11,7 @@ import random
 from collections.abc import Callable
 from typing import Protocol
 
-from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, LlmResponse, sane_retry_after
+from agentrun.worker.core.types import LlmClient, LlmError, LlmRequest, LlmResponse, sane_retry_after
 
 log = logging.getLogger(__name__)
 

@@ -6,9 +6,9 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 
+from agentrun.worker.core.types import LlmClient, LlmError, LlmRequest, LlmResponse
 from agentrun.worker.llm.cloud import NOT_CONFIGURED, ProviderUnavailable
 from agentrun.worker.llm.providers import split
-from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, LlmResponse
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agentrun.worker.llm.types import LlmClient, LlmError, LlmRequest, LlmResponse
+from agentrun.worker.core.types import LlmClient, LlmError, LlmRequest, LlmResponse
 
 STEP_TIMEOUT = "step timeout"
 

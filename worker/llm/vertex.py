@@ -13,6 +13,7 @@ from typing import Any
 
 import anthropic
 
+from agentrun.worker.core.types import LlmError
 from agentrun.worker.llm.anthropic_client import AnthropicClient
 from agentrun.worker.llm.cloud import (
     NO_CREDENTIALS,
@@ -22,7 +23,6 @@ from agentrun.worker.llm.cloud import (
     failure,
     require,
 )
-from agentrun.worker.llm.types import LlmError
 
 NAME = "vertex"
 CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"

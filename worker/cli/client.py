@@ -1,0 +1,356 @@
+"""The HTTP client behind `agentrun runs …`: calls the REST API and formats its answers for people."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import unicodedata
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, TextIO
+
+import httpx
+import orjson
+
+from agentrun.worker.core.records import RunStatus
+
+DEFAULT_URL = "http://localhost:8080"
+TERMINAL = frozenset(s.value for s in RunStatus if s.terminal)
+
+
+class ApiError(Exception):
+    """The server refused a request (its message), or no answer came: the request could not be sent, or
+    the server could not be reached (status 0)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{message} (HTTP {status})" if status else message)
+        self.status = status
+        self.message = message
+
+
+class RunsClient:
+    def __init__(self, url: str = DEFAULT_URL, token: str | None = None, timeout: float = 30.0,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        if token is not None and not _header_safe(token):
+            # Never echo the token itself, not even in an encoding error.
+            raise ApiError(0, "the API token (AGENTRUN_API_TOKEN) must be printable ASCII characters")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url.rstrip("/")
+        try:
+            self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
+        except httpx.InvalidURL as e:
+            raise ApiError(0, f"not a usable server URL {_shown(url)}: {e}") from None
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> RunsClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.HTTPError as e:
+            raise ApiError(0, f"cannot reach {self.url}: {e}") from None
+        except (UnicodeError, ValueError, httpx.InvalidURL) as e:  # not encodable as JSON, a header or a URL
+            raise ApiError(0, f"cannot send the request: {e}") from None
+        if r.status_code >= 400:
+            raise ApiError(r.status_code, _error_message(r))
+        try:
+            return r.json()
+        except ValueError:
+            raise ApiError(r.status_code, f"{self.url} answered {method} {path} with something other than JSON; "
+                           "is it an agentrun worker?") from None
+
+    def submit(self, body: Mapping[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        if idempotency_key is not None and not _header_safe(idempotency_key):
+            raise ApiError(0, f"the idempotency key {_shown(idempotency_key)} must be printable ASCII characters")
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._call("POST", "/api/runs", json=dict(body), headers=headers)  # type: ignore[no-any-return]
+
+    def get(self, run_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/api/runs/{_run_id(run_id)}")  # type: ignore[no-any-return]
+
+    def timeline(self, run_id: str) -> list[dict[str, Any]]:
+        return self._call("GET", f"/api/runs/{_run_id(run_id)}/timeline")  # type: ignore[no-any-return]
+
+    def cancel(self, run_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/api/runs/{_run_id(run_id)}/cancel")  # type: ignore[no-any-return]
+
+    def pending(self, run_id: str) -> list[dict[str, Any]]:
+        return self._call("GET", f"/api/runs/{_run_id(run_id)}/pending")  # type: ignore[no-any-return]
+
+    def decide(self, run_id: str, tool_use_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        if not tool_use_id or not tool_use_id.isascii() or not tool_use_id.isprintable() or "/" in tool_use_id:
+            raise ApiError(0, f"tool_use id {_shown(tool_use_id)} must be printable ASCII without '/'")
+        path = f"/api/runs/{_run_id(run_id)}/pending/{urllib.parse.quote(tool_use_id, safe='')}"
+        return self._call("POST", path, json=dict(body))  # type: ignore[no-any-return]
+
+    def list(self, status: str | None = None, limit: int | None = None, after: str | None = None) -> dict[str, Any]:
+        if after is not None:
+            after = _run_id(after, "cursor --after")
+        params = {k: v for k, v in {"status": status, "limit": limit, "after": after}.items() if v is not None}
+        return self._call("GET", "/api/runs", params=params)  # type: ignore[no-any-return]
+
+    def events(self, run_id: str, last_event_id: str | None = None) -> Iterator[ServerEvent]:
+        """The run's server-sent events (GET /api/runs/{id}/events) until the server closes the stream."""
+        path = f"/api/runs/{_run_id(run_id)}/events"
+        headers = {"Accept": "text/event-stream", **({"Last-Event-ID": last_event_id} if last_event_id else {})}
+        try:
+            # No read timeout: the server sends a keep-alive comment every 15 s, and a run may take hours.
+            with self.http.stream("GET", path, headers=headers, timeout=httpx.Timeout(30.0, read=None)) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    raise ApiError(r.status_code, _error_message(r))
+                parser = SseParser()
+                for line in r.iter_lines():
+                    event = parser.feed(line)
+                    if event is not None:
+                        yield event
+        except httpx.HTTPError as e:
+            raise ApiError(0, f"cannot reach {self.url}: {e}") from None
+
+    def watch(
+        self, run_id: str, on_step: Callable[[dict[str, Any]], None], interval: float = 1.0,
+        sleep: Callable[[float], None] = time.sleep, on_text: Callable[[int, str], None] | None = None,
+        reconnects: int = 5,
+    ) -> dict[str, Any]:
+        """Follow the run's events until it ends, calling `on_step` for each step when it appears and when
+        it changes status (a tool step is seen STARTED, then DONE) and `on_text(seq, text)` with model text
+        as it streams; returns the finished run. A dropped stream is resumed (Last-Event-ID) after
+        `interval` seconds, up to `reconnects` times in a row."""
+        run_id = _run_id(run_id)  # a bad id is said at once, not retried as if the server were away
+        seen: dict[int, str] = {}
+        last: str | None = None
+        failures = 0
+        while True:
+            try:
+                for event in self.events(run_id, last):
+                    failures = 0
+                    last = event.id or last
+                    if event.event == "step":
+                        step = event.json()
+                        if seen.get(step["seq"]) != step["status"]:
+                            seen[step["seq"]] = step["status"]
+                            on_step(step)
+                    elif event.event == "delta" and on_text is not None:
+                        delta = event.json()
+                        on_text(int(delta["seq"]), str(delta["text"]))
+                    elif event.event == "end":
+                        return self.get(run_id)
+            except ApiError as e:
+                if e.status != 0 or failures >= reconnects:
+                    raise
+                failures += 1
+            else:
+                failures += 1  # closed without an end: the server is stopping; resume on the next one
+                if failures > reconnects:
+                    raise ApiError(0, f"{self.url} keeps closing the event stream of run {run_id}")
+            sleep(interval)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerEvent:
+    """One server-sent event: its `id`, its type (`event`) and its `data` text."""
+
+    id: str | None
+    event: str
+    data: str
+
+    def json(self) -> Any:
+        try:
+            return orjson.loads(self.data)
+        except orjson.JSONDecodeError:
+            raise ApiError(0, f"a {self.event!r} event whose data is not JSON: {_shown(self.data)}") from None
+
+
+class SseParser:
+    """The text/event-stream format, a line at a time (the WHATWG rules clients follow)."""
+
+    def __init__(self) -> None:
+        self._id: str | None = None
+        self._event = ""
+        self._data: list[str] = []
+
+    def feed(self, line: str) -> ServerEvent | None:
+        if line == "":
+            if not self._data:
+                self._event = ""
+                return None
+            event = ServerEvent(self._id, self._event or "message", "\n".join(self._data))
+            self._event, self._data = "", []
+            return event
+        if line.startswith(":"):
+            return None  # a comment: the keep-alive
+        name, _, value = line.partition(":")
+        value = value[1:] if value.startswith(" ") else value
+        if name == "data":
+            self._data.append(value)
+        elif name == "event":
+            self._event = value
+        elif name == "id" and "\0" not in value:
+            self._id = value
+        return None
+
+
+def _run_id(text: str, what: str = "run id") -> str:
+    """The id as the server spells it. Checked here so that no argument can steer the request elsewhere
+    (`../../metrics`, `?x=1`) or fail to encode (a NUL, bytes that were not UTF-8)."""
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        raise ApiError(0, f"{what} {_shown(text)} is not a valid UUID") from None
+
+
+def _header_safe(value: str) -> bool:
+    return value.isascii() and value.isprintable()
+
+
+def _shown(text: str, limit: int = 60) -> str:
+    """A value quoted for a message: escapes for anything unprintable, cut to `limit` characters."""
+    return repr(text[:limit] + ("…" if len(text) > limit else ""))
+
+
+def _error_message(r: httpx.Response) -> str:
+    try:
+        body = r.json()
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        return str(body["error"])
+    text = r.text.strip()
+    return text[:300] or r.reason_phrase
+
+
+# -- formatting ----------------------------------------------------------------------------------
+
+STEP_COLUMNS: tuple[tuple[str, int], ...] = (
+    ("SEQ", 4), ("KIND", 5), ("TOOL", 16), ("STATUS", 7), ("STOP", 10), ("IN", 7), ("OUT", 7),
+    ("CACHE W/R", 13), ("LATENCY", 9), ("WORKER", 0),
+)
+
+
+def _cells(step: Mapping[str, Any]) -> list[str]:
+    latency = step.get("latencyMs")
+    return [
+        str(step["seq"]), step["kind"], step.get("toolName") or "-", step["status"], step.get("stopReason") or "-",
+        str(step.get("inputTokens", 0)), str(step.get("outputTokens", 0)),
+        f"{step.get('cacheCreationInputTokens', 0)}/{step.get('cacheReadInputTokens', 0)}",
+        f"{latency}ms" if latency is not None else "-", step.get("worker") or "-",
+    ]
+
+
+def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
+    numeric = {0, 5, 6, 7, 8}  # right-aligned so digits line up
+    parts = [c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))]
+    return "  ".join(parts).rstrip()
+
+
+def step_header(widths: Sequence[int] | None = None) -> str:
+    widths = widths or [w for _, w in STEP_COLUMNS]
+    return _line([name for name, _ in STEP_COLUMNS], widths)
+
+
+def step_row(step: Mapping[str, Any], widths: Sequence[int] | None = None) -> str:
+    return _line(_cells(step), widths or [w for _, w in STEP_COLUMNS])
+
+
+def timeline_table(steps: Sequence[Mapping[str, Any]]) -> str:
+    rows = [_cells(s) for s in steps]
+    widths = [max([w, len(name), *(len(r[i]) for r in rows)]) for i, (name, w) in enumerate(STEP_COLUMNS)]
+    widths[-1] = 0
+    return "\n".join([step_header(widths), *(_line(r, widths) for r in rows)])
+
+
+def run_details(run: Mapping[str, Any]) -> str:
+    cost = f"${run['costUsd']:.4f}" + (f" of ${run['costBudgetUsd']:.4f}" if run.get("costBudgetUsd") else "")
+    fields = [
+        ("id", run["id"]), ("status", run["status"]), ("model", run["model"]),
+        ("tokens", f"{run['tokensUsed']} of {run['tokenBudget']}"), ("cost", cost),
+        ("steps", f"{run['steps']} (at most {run['maxSteps']})"), ("timeout", f"{run['timeoutSeconds']}s"),
+        ("tools", ", ".join(run["tools"]) if run.get("tools") is not None else "all"),
+        ("worker", run.get("lockedBy") or "-"), ("created", run["createdAt"]),
+        ("started", run.get("startedAt") or "-"), ("finished", run.get("finishedAt") or "-"),
+        ("priority", str(run.get("priority", 0))), ("claimable", run.get("runAt") or "-"),
+    ]
+    if run.get("createdBy"):
+        fields.append(("created by", run["createdBy"]))
+    if run.get("cancelRequested") and run["status"] not in TERMINAL:
+        fields.append(("cancel", "requested"))
+    if run.get("cancelledBy"):
+        fields.append(("cancelled by", run["cancelledBy"]))
+    if run.get("pending"):
+        fields.append(("pending", f"{run['pending']} decisions (agentrun runs pending {run['id']})"))
+    if run.get("parentRunId"):
+        how = f"forked at step {run['forkedAtSeq']}" if run.get("forkedAtSeq") else "continued"
+        fields.append(("parent", f"{run['parentRunId']} ({how})"))
+    if run.get("error"):
+        fields.append(("error", run["error"]))
+    width = max(len(k) for k, _ in fields)
+    lines = [f"{k.ljust(width)}  {v}" for k, v in fields]
+    lines.append(f"{'input'.ljust(width)}  {run['input']}")
+    if run.get("output") is not None:
+        lines.append(f"{'output'.ljust(width)}  {answer_text(run['output'])}")
+    return "\n".join(lines)
+
+
+def answer_text(output: Any) -> str:
+    """A run's answer for a terminal: its text, or a structured one as JSON."""
+    return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False, indent=2)
+
+
+def pending_table(calls: Sequence[Mapping[str, Any]]) -> str:
+    if not calls:
+        return "nothing pending"
+    header = ["TOOL_USE_ID", "TOOL", "KIND", "ATTEMPT", "SINCE", "INPUT"]
+    rows = [[c["toolUseId"], c["tool"], c["kind"], str(c.get("attempt", 0)), c["since"][:19].replace("T", " "),
+             _shown(json.dumps(c.get("input"), ensure_ascii=False), 60)] for c in calls]
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in [header, *rows])
+
+
+def runs_table(page: Mapping[str, Any]) -> str:
+    header = ["ID", "STATUS", "CREATED", "STEPS", "TOKENS", "COST", "INPUT"]
+    rows = [
+        [r["id"], r["status"], r["createdAt"][:19].replace("T", " "), str(r["steps"]), str(r["tokensUsed"]),
+         f"${r['costUsd']:.4f}", r["inputPreview"].replace("\n", " ")[:60]]
+        for r in page["items"]
+    ]
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) if rows else len(header[i]) for i in range(len(header))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
+    if page.get("next"):
+        lines.append(f"more: --after {page['next']}")
+    return "\n".join(lines)
+
+
+def finished_line(run: Mapping[str, Any]) -> str:
+    why = f" error={run['error']}" if run.get("error") else ""
+    line = f"run {run['id']} {run['status']} tokens={run['tokensUsed']} cost=${run['costUsd']:.4f}{why}"
+    if run.get("output") is not None:
+        line += f"\n{answer_text(run['output'])}"
+    return line
+
+
+# Bidirectional overrides and isolates: they reorder what a terminal shows ("Trojan Source").
+_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def terminal_safe(text: str) -> str:
+    """Text for a person's terminal: control characters (escape sequences among them) and bidi overrides
+    shown as `\\x1b`-style escapes, so run input or a model's output cannot rewrite the screen."""
+    return "".join(
+        c.encode("unicode_escape").decode("ascii")
+        if c in _BIDI or (unicodedata.category(c) in ("Cc", "Cs") and c not in "\n\t") else c
+        for c in text
+    )
+
+
+def emit(out: TextIO, text: str) -> None:
+    out.write(text + "\n")
+    out.flush()

@@ -1,0 +1,530 @@
+"""The driver: takes a claimed run from its last checkpoint to the end, one checkpointed step at a time.
+
+guard ▶ next step (a tool the model asked for, else the model) ▶ checkpoint, until the run finishes or
+the worker must let go of it. Resuming after a crash is the same code path as continuing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import orjson
+import psycopg
+
+from agentrun.worker.core.answer import FINAL_ANSWER, INSTRUCTION, MAX_CORRECTIONS, answer_of, definition, problem
+from agentrun.worker.core.decisions import Execute, Fail, Key, Park, Settle, key_of, next_call
+from agentrun.worker.core.guard import Stop, deadline_passed, final, guard, remaining
+from agentrun.worker.core.observer import NO_NOTES, UNKNOWN_TOOL, NoObserver, Observer, StepNotes
+from agentrun.worker.core.pricing import PriceTable
+from agentrun.worker.core.records import (
+    Decision,
+    DecisionKind,
+    PendingCall,
+    Progress,
+    Run,
+    RunStatus,
+    Step,
+    StepKind,
+    StepStatus,
+)
+from agentrun.worker.core.replay import CORRECTION, Conversation, dump_content
+from agentrun.worker.core.text import clean, clean_json
+from agentrun.worker.core.types import LlmClient, LlmError, LlmRequest, Message, Usage
+from agentrun.worker.obs import logs
+from agentrun.worker.runtime.deltas import DeltaPublisher
+from agentrun.worker.runtime.lease import CancelRequested, LeaseKeeper
+from agentrun.worker.store import LeaseLost, RunStore
+from agentrun.worker.store.groupcommit import transient
+from agentrun.worker.tools import ToolBox, ToolContext
+
+log = logging.getLogger("agentrun.worker.runtime.engine")
+
+T = TypeVar("T")
+
+ANSWER_REMINDER = "You ended without calling final_answer. Call final_answer with your answer now."
+
+
+@dataclasses.dataclass(frozen=True)
+class DriverSettings:
+    worker_id: str
+    lease_seconds: float = 30.0
+    max_tokens: int = 4096
+    """The `max_tokens` of every model request."""
+    max_crash_claims: int = 10
+    """Claims after a holder died mid-step before the run ends FAILED (WorkerSettings.max_crash_claims)."""
+    outage_backoff_base: float = 10.0
+    outage_backoff_cap: float = 300.0
+    """A model step whose every attempt failed on a retryable error (the API is down or overloaded for
+    longer than the client's retries) hands the run back for base × 2^n seconds (n: such failures in a
+    row), capped, the upper half jittered so a fleet does not stampede the API when it recovers."""
+
+
+def outage_backoff(failures: int, base: float, cap: float, rng: random.Random) -> float:
+    """Seconds before a run handed back in a model API outage may be claimed again (equal jitter)."""
+    ceiling: float = min(cap, base * 2.0 ** min(failures, 32))
+    return ceiling / 2 + rng.uniform(0.0, ceiling / 2)
+
+
+def _json(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+def _since_last_assistant(messages: list[Message]) -> list[Message]:
+    i = len(messages)
+    while i > 0 and messages[i - 1]["role"] != "assistant":
+        i -= 1
+    return messages[i:]
+
+
+class RunDriver:
+    def __init__(
+        self,
+        settings: DriverSettings,
+        store: RunStore,
+        llm: LlmClient,
+        tools: ToolBox,
+        prices: PriceTable,
+        keeper: LeaseKeeper,
+        stopping: asyncio.Event | None = None,
+        observer: Observer | None = None,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.llm = llm
+        self.tools = tools
+        self.prices = prices
+        self.keeper = keeper
+        self.stopping = stopping or asyncio.Event()
+        self.observer: Observer = observer or NoObserver()
+        self._rng = random.Random()
+        # What people decided about each run's calls, read once when a call needs a decision, per drive.
+        self._decisions: dict[uuid.UUID, dict[Key, PendingCall]] = {}
+        # Calls in doubt whose reconcile probe could not tell, per drive: asked once, then a person is.
+        self._unsettled: dict[uuid.UUID, set[Key]] = {}
+        self.deltas = DeltaPublisher(store.pool)  # the text of a call in flight, for live watchers only
+
+    @property
+    def me(self) -> str:
+        return self.settings.worker_id
+
+    async def drive(self, run: Run, progress: Progress, *, fresh: bool = False) -> RunStatus | None:
+        """Drive a claimed run until it ends (its final status) or is handed back (None).
+
+        `fresh`: the run was claimed QUEUED with no step (Claim.fresh), so there is no step log to read.
+
+        Raises LeaseLost if another worker took the run; lets database errors and BaseExceptions
+        through, leaving the run to whichever worker claims it next.
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        self.keeper.hold(run.id, task, run.lease_epoch)
+        try:
+            with logs.step_context(run_id=str(run.id)), self.observer.driving(run):
+                return await self._resume(run, progress, fresh)
+        except asyncio.CancelledError:
+            if self.keeper.lost(run.id):
+                task.uncancel()
+                raise LeaseLost(run.id, self.me) from None
+            raise
+        finally:
+            self.keeper.forget(run.id)
+            self._decisions.pop(run.id, None)
+            self._unsettled.pop(run.id, None)
+
+    async def _resume(self, run: Run, progress: Progress, fresh: bool) -> RunStatus | None:
+        if run.crashes >= self.settings.max_crash_claims:
+            return await self._finish(run, Stop(
+                RunStatus.FAILED,
+                f"the run was taken over {run.crashes} times from a worker that died or lost its lease mid-step "
+                f"(at most {self.settings.max_crash_claims}): a step of it may be killing its workers",
+            ))
+        # A queued run with no step yet (most claims, in a busy fleet) has nothing to replay: no read.
+        # Only a claim of a QUEUED run may say so: no holder can be writing to it meanwhile.
+        steps = [] if fresh else await self.store.steps(run.id)
+        conv = Conversation.replay(run.input, steps)
+        if steps:
+            log.info("%s run=%s resumed at seq=%d", self.me, run.id.hex[:8], self._resume_seq(steps))
+        # The deadline interrupts a step in flight, never the finishing write: _loop only decides.
+        try:
+            async with asyncio.timeout(max(remaining(run, progress.db_now), 0)) as deadline:
+                stop = await self._loop(run, progress, conv)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            stop = deadline_passed(run)
+        return None if stop is None else await self._finish(run, stop)
+
+    @staticmethod
+    def _resume_seq(steps: list[Step]) -> int:
+        started = [s.seq for s in steps if s.status is StepStatus.STARTED]
+        return started[0] if started else steps[-1].seq + 1
+
+    async def _loop(self, run: Run, progress: Progress, conv: Conversation) -> Stop | None:
+        """Take steps until the run must end (the reason) or be handed back (None)."""
+        self._decisions.pop(run.id, None)
+        self._unsettled.pop(run.id, None)
+        correction_id = uuid.uuid4()
+        while True:
+            if self.stopping.is_set():
+                self.keeper.drop(run.id)
+                await self._release(run)
+                log.info("%s run=%s released at seq=%d", self.me, run.id.hex[:8], conv.steps)
+                return None
+            if self.keeper.cancel_requested(run.id):
+                return Stop(RunStatus.CANCELLED, "cancel requested")
+            stop = self._decide(run, progress, conv)
+            if stop is not None:
+                return stop
+            if conv.pending:
+                step = await self._owed(run, conv)
+                if isinstance(step, Stop):
+                    return step
+                if step is None:  # parked: people decide now
+                    return None
+                progress = step
+                continue
+            if conv.finished:
+                stop = final(conv.last_stop, self.settings.max_tokens, conv.ignored_tool_uses)
+                if stop.status is not RunStatus.SUCCEEDED:
+                    return stop
+                if run.output_schema is None:
+                    return dataclasses.replace(stop, output=conv.final_text)
+                if conv.rejected_answers >= MAX_CORRECTIONS:
+                    return Stop(RunStatus.FAILED, "the model ended without calling final_answer with an answer "
+                                "that matches outputSchema, after a corrective turn")
+                progress = await self._durably(lambda again: self.store.add_user_step(
+                    run.id, self.me, self.settings.lease_seconds, write_id=correction_id, epoch=run.lease_epoch,
+                    again=again, text=ANSWER_REMINDER, request=CORRECTION,
+                ))
+                conv.apply(Step(run.id, conv.steps + 1, StepKind.USER, StepStatus.DONE, request=CORRECTION,
+                                response=ANSWER_REMINDER))
+            else:
+                try:
+                    # The seq is the database's to give; this is the one it gives unless the lease is lost.
+                    with logs.step_context(step_seq=conv.steps + 1), self.observer.model_call(run) as notes:
+                        progress = await self._model_step(run, conv, notes)
+                except CancelRequested:
+                    return Stop(RunStatus.CANCELLED, "cancel requested")
+                except LlmError as e:
+                    if not e.retryable:
+                        return Stop(RunStatus.FAILED, str(e))
+                    await self._hand_back_in_outage(run, e)
+                    return None
+
+    async def _owed(self, run: Run, conv: Conversation) -> Progress | Stop | None:
+        """Take the next step about the tool calls the run owes: a structured answer, a call that runs, a
+        result recorded without running it, the run's end; or park the run for people (None)."""
+        answer = next((u for u in conv.pending.values() if u.get("name") == FINAL_ANSWER), None)
+        if answer is not None and run.output_schema is not None:
+            return await self._final_answer(run, conv, answer)
+        decided = self._decisions.get(run.id)
+        step = next_call(
+            list(conv.pending.values()), {u: conv.attempts[u] for u in conv.started},
+            in_doubt_if_started=self._not_idempotent,
+            needs_approval=lambda name: self._needs_approval(run, name),
+            decisions=decided or {},
+        )
+        if isinstance(step, Park) and decided is None:  # nothing decided was known: look at what people said
+            known = await self.store.decisions(run.id)
+            self.observer.decisions_read(run, known)
+            self._decisions[run.id] = {key_of(d): d for d in known}
+            return await self._owed(run, conv)
+        if isinstance(step, Park) and decided is not None:
+            try:
+                if await self._reconcile(run, step, decided):  # a probe settled a call: act on its decision
+                    return await self._owed(run, conv)
+            except CancelRequested:
+                return Stop(RunStatus.CANCELLED, "cancel requested")
+        try:
+            with logs.step_context(step_seq=None):
+                if isinstance(step, Execute):
+                    use = step.use
+                    with self.observer.tool_call(run, use["name"], use["id"], use.get("input")) as notes:
+                        return await self._tool_step(run, conv, use, notes)
+                if isinstance(step, Settle):
+                    return await self._settle(run, conv, step.use, step.ok, step.output)
+        except CancelRequested:
+            return Stop(RunStatus.CANCELLED, "cancel requested")
+        if isinstance(step, Fail):
+            return Stop(RunStatus.FAILED, step.reason)
+        assert isinstance(step, Park)
+        self.keeper.drop(run.id)
+        calls = [(use["id"], kind, use["name"], _json(use.get("input")), attempt) for use, kind, attempt in step.calls]
+        await self._durably(lambda again: self.store.park(run.id, self.me, calls, epoch=run.lease_epoch, again=again))
+        self.observer.parked(run, [(tool_use_id, kind, name) for tool_use_id, kind, name, _, _ in calls])
+        log.info(
+            "%s run=%s waiting for %d decisions: %s", self.me, run.id.hex[:8], len(calls),
+            ", ".join(f"{name} {tool_use_id} ({kind.value}{f' after attempt {attempt}' if attempt else ''})"
+                      for tool_use_id, kind, name, _, attempt in calls),
+        )
+        return None
+
+    async def _reconcile(self, run: Run, park: Park, decided: dict[Key, PendingCall]) -> bool:
+        """Ask the reconcile probes of the calls in doubt that have one, before a person is asked: whether
+        the call was done (its result is recorded) or not (it runs again). What a probe found is stored as
+        the decision at that attempt (`decided_by` "reconcile") before it is acted on, so a crash after
+        it neither loses nor repeats it. Returns whether any call was settled so."""
+        settled = False
+        unsettled = self._unsettled.setdefault(run.id, set())
+        for use, kind, attempt in park.calls:
+            key = (use["id"], kind, attempt)
+            if kind is not DecisionKind.IN_DOUBT or key in unsettled:
+                continue
+            name = use["name"]
+            ctx = ToolContext(run.id, use["id"], run.lease_epoch)
+            probe = self.tools.reconcile_probe(name)
+            if probe is None:
+                continue
+            found = await self.keeper.interruptible(run.id, probe(use.get("input"), ctx))
+            if found.done is None:
+                unsettled.add(key)
+                log.info("%s run=%s TOOL %s id=%s in doubt, its reconcile probe cannot tell: %s", self.me,
+                         run.id.hex[:8], name, use["id"], found.output)
+                continue
+            stored = await self._store_probed(run, use, attempt, found.done, found.output)
+            unsettled.add(key)  # probed once per drive, whatever it found
+            decided[key] = stored
+            settled = settled or stored.decision is not None
+        return settled
+
+    async def _store_probed(
+        self, run: Run, use: dict[str, Any], attempt: int, done: bool, output: str
+    ) -> PendingCall:
+        """A probe's answer as the decision on the call at `attempt`: done is `record` (its result), not done
+        is `retry`. Returns the decision stored (one stored before, after a crash, wins)."""
+        decision = Decision.RECORD if done else Decision.RETRY
+        why = f"the tool's reconcile probe found the call {'done' if done else 'not done'}"
+        stored = await self._durably(lambda again: self.store.reconcile(
+            run.id, self.me, self.settings.lease_seconds, epoch=run.lease_epoch, again=again, tool_use_id=use["id"],
+            tool_name=use["name"],
+            input=_json(use.get("input")), attempt=attempt, decision=decision, output=output if done else None,
+            reason=why,
+        ))
+        log.info("%s run=%s TOOL %s id=%s in doubt after attempt %d: %s (%s)", self.me, run.id.hex[:8],
+                 use["name"], use["id"], attempt, why, stored.decision.value if stored.decision else "undecided")
+        return stored
+
+    def _not_idempotent(self, name: str) -> bool:
+        tool = self.tools.get(name)
+        return tool is not None and not tool.idempotent
+
+    def _needs_approval(self, run: Run, name: str) -> bool:
+        tool = self.tools.get(name)
+        return (tool is not None and tool.requires_approval) or run.needs_approval(name)
+
+    async def _final_answer(self, run: Run, conv: Conversation, use: dict[str, Any]) -> Progress | Stop:
+        """The model called final_answer: the run succeeds with that answer if it matches the schema;
+        otherwise the model is told why, once, and the run fails the second time."""
+        assert run.output_schema is not None
+        value = answer_of(run.output_schema, use.get("input"))
+        why = problem(run.output_schema, value)
+        if why is None:
+            await self._settle(run, conv, use, True, "accepted")
+            return Stop(RunStatus.SUCCEEDED, "", output=value)
+        if conv.rejected_answers >= MAX_CORRECTIONS:
+            return Stop(RunStatus.FAILED, f"the answer does not match outputSchema after a corrective turn: {why}")
+        return await self._settle(run, conv, use, False, f"this answer does not match the schema: {why}. "
+                                  "Call final_answer again with an answer that does.")
+
+    async def _settle(self, run: Run, conv: Conversation, use: dict[str, Any], ok: bool, output: str) -> Progress:
+        """Record a call's result without executing it (denied, recorded by a person, an answer checked)."""
+        tool_use_id, name = use["id"], use["name"]
+        write_id = uuid.uuid4()
+        progress = await self._durably(lambda again: self.store.settle_tool(
+            run.id, self.me, self.settings.lease_seconds, write_id=write_id, epoch=run.lease_epoch, again=again,
+            tool_use_id=tool_use_id, tool_name=name, request=_json(use.get("input")), ok=ok, output=output,
+        ))
+        status = StepStatus.DONE if ok else StepStatus.ERROR
+        conv.apply(Step(run.id, conv.steps + 1, StepKind.TOOL, status, tool_name=name, tool_use_id=tool_use_id,
+                        response=output))
+        log.info("%s run=%s TOOL %s id=%s recorded without running: %s", self.me, run.id.hex[:8], name,
+                 tool_use_id, "ok" if ok else "error")
+        return progress
+
+    async def _hand_back_in_outage(self, run: Run, error: LlmError) -> None:
+        """Every attempt of the model step failed, retryably: the API is down or overloaded for longer
+        than the client retries. Failing the run would lose it for an outage; the run is handed back to
+        be tried again later, with backoff, until its deadline (which still ends it TIMED_OUT)."""
+        delay = outage_backoff(
+            run.model_retries, self.settings.outage_backoff_base, self.settings.outage_backoff_cap, self._rng
+        )
+        self.keeper.drop(run.id)
+        await self._release(run, delay)
+        log.warning(
+            "%s run=%s model step failed after its retries (%s); handed back, to be retried in %.0fs",
+            self.me, run.id.hex[:8], error, delay,
+        )
+
+    async def _release(self, run: Run, delay: float | None = None) -> None:
+        """Hand the run back (QUEUED, no holder; claimable after `delay` seconds); LeaseLost if it was not
+        held under this claim any more, so the loss is logged like any other."""
+        if not await self._durably(lambda again: self.store.release(
+            run.id, self.me, delay=delay, epoch=run.lease_epoch, again=again
+        )):
+            raise LeaseLost(run.id, self.me)
+
+    async def _durably(self, write: Callable[[bool], Awaitable[T]]) -> T:
+        """Send a fenced write until its outcome is known.
+
+        A connection that drops after a write was sent leaves its outcome unknown; the write is sent
+        again (`write(True)`), and each write is made so that a second copy finds the first instead
+        of applying twice (store.py: write ids), even while the first is still executing. A statement
+        or lock timeout, a serialization failure or a deadlock rolled the write back: sent again too.
+        It is bounded by the lease: a worker that cannot write for two thirds of it gives the run up
+        (lease.py), which cancels this.
+        """
+        again, delay = False, 0.05
+        while True:
+            try:
+                return await write(again)
+            except psycopg.Error as e:
+                if not transient(e):
+                    raise
+                log.warning("%s write failed (%s); sending it again", self.me, str(e).strip() or type(e).__name__)
+                await asyncio.sleep(self._rng.uniform(delay / 2, delay))
+                again, delay = True, min(delay * 2, 1.0)
+
+    @staticmethod
+    def _decide(run: Run, progress: Progress, conv: Conversation) -> Stop | None:
+        """Why the run ends before its next step: model output it cannot act on, or the guard's reason."""
+        if conv.refused is not None:
+            # The turn is checkpointed (its tokens and cost count); acting on it is what is refused.
+            return Stop(RunStatus.FAILED, f"model output refused: {conv.refused}")
+        model_next = not conv.pending and not conv.finished
+        own_steps = conv.steps - run.inherited_steps  # the step cap counts what this run did, not its parent
+        return guard(run, progress, own_steps, before_model_step=model_next, owed=conv.owed)
+
+    async def _finish(self, run: Run, stop: Stop) -> RunStatus:
+        self.keeper.drop(run.id)
+        tokens = await self._durably(
+            lambda again: self.store.finish(
+                run.id, self.me, stop.status, stop.reason or None, again=again, output=stop.output,
+                epoch=run.lease_epoch,
+            )
+        )
+        self.observer.run_ended(run, stop.status, stop.reason or None)
+        why = f" reason={stop.reason!r}" if stop.reason else ""
+        log.info("%s run=%s %s tokens=%d%s", self.me, run.id.hex[:8], stop.status.value, tokens, why)
+        return stop.status
+
+    async def _model_step(self, run: Run, conv: Conversation, notes: StepNotes = NO_NOTES) -> Progress:
+        request = LlmRequest(
+            model=run.model,
+            max_tokens=self.settings.max_tokens,
+            messages=list(conv.messages),
+            system=run.system if run.output_schema is None else "\n\n".join(filter(None, [run.system, INSTRUCTION])),
+            tools=self.tools.definitions(run.tools) + ([definition(run.output_schema)] if run.output_schema else []),
+            on_text=(deltas := self.deltas.sink(run.id, conv.steps + 1)),
+        )
+        notes.sent(request)
+        t0 = time.perf_counter()
+        try:
+            response = await self.keeper.interruptible(run.id, self.llm.send(request))
+            await deltas.close()
+        except LlmError:
+            self.observer.model_step(run.model, Usage(), None, time.perf_counter() - t0, ok=False)
+            raise
+        finally:
+            deltas.discard()
+        seconds = time.perf_counter() - t0
+        notes.answered(response)
+        latency_ms = round(seconds * 1000)
+        usage = response.usage
+        cost = self.prices.cost(run.model, usage)
+        # The request is summarised, not stored whole: the conversation is the step log itself, and
+        # storing it again with every step would make a run's storage quadratic in its length.
+        summary = {
+            "model": request.model,
+            "max_tokens": request.max_tokens,
+            "system": request.system,
+            "tools": [t["name"] for t in request.tools],
+            "message_count": len(request.messages),
+            "new_messages": _since_last_assistant(request.messages),
+        }
+        # Model output is untrusted text: ids and names in it become column values, where a NUL would
+        # make the checkpoint fail on every worker. Cleaned once, here, so the live conversation and
+        # the replayed one are the same.
+        # Written even when it will be refused (an integer beyond 64 bits, say): its tokens are billed
+        # and the turn is evidence; replay refuses it again.
+        content = dump_content(clean_json(response.content))
+        stop_reason = clean(response.stop_reason) if response.stop_reason is not None else None
+        write_id = uuid.uuid4()
+        seq, progress = await self._durably(lambda again: self.store.checkpoint_model(
+            run.id,
+            self.me,
+            self.settings.lease_seconds,
+            write_id=write_id,
+            epoch=run.lease_epoch,
+            again=again,
+            request=_json(summary),
+            response=content,
+            stop_reason=stop_reason,
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cache_creation_input_tokens=usage.cache_creation_input_tokens,
+            cache_read_input_tokens=usage.cache_read_input_tokens,
+            cost_usd=cost,
+            latency_ms=latency_ms,
+        ))
+        logs.set_context(step_seq=seq)
+        notes.checkpointed(seq)
+        self.observer.model_step(run.model, usage, cost, seconds, ok=True)
+        conv.apply(Step(run.id, seq, StepKind.MODEL, StepStatus.DONE, response=content, stop_reason=stop_reason))
+        log.info(
+            "%s run=%s seq=%d MODEL stop=%s in=%d out=%d latency=%dms",
+            self.me, run.id.hex[:8], seq, stop_reason, usage.input_tokens, usage.output_tokens, latency_ms,
+        )
+        return progress
+
+    async def _tool_step(
+        self, run: Run, conv: Conversation, use: dict[str, Any], notes: StepNotes = NO_NOTES
+    ) -> Progress:
+        tool_use_id, name = use["id"], use["name"]
+        started_id, finished_id = uuid.uuid4(), uuid.uuid4()
+        seq, attempts, _ = await self._durably(lambda again: self.store.start_tool(
+            run.id, self.me, self.settings.lease_seconds, write_id=started_id, epoch=run.lease_epoch, again=again,
+            tool_use_id=tool_use_id, tool_name=name, request=_json(use.get("input")),
+        ))
+        logs.set_context(step_seq=seq)
+        notes.checkpointed(seq, attempts)
+        again = f" (attempt {attempts})" if attempts > 1 else ""
+        log.info("%s run=%s seq=%d TOOL %s id=%s started%s", self.me, run.id.hex[:8], seq, name, tool_use_id, again)
+        t0 = time.perf_counter()
+        try:
+            outcome = await self.keeper.interruptible(
+                run.id, self.tools.execute(name, use.get("input"), ToolContext(run.id, tool_use_id, run.lease_epoch),
+                                           run.tools),
+            )
+        except CancelRequested:
+            await self._durably(lambda again: self.store.finish_tool(
+                run.id, self.me, self.settings.lease_seconds, write_id=finished_id, epoch=run.lease_epoch,
+                again=again, tool_use_id=tool_use_id, ok=False, output="cancelled",
+                latency_ms=round((time.perf_counter() - t0) * 1000),
+            ))
+            self.observer.tool_step(self.tools.label(name, UNKNOWN_TOOL), time.perf_counter() - t0, False)
+            log.info("%s run=%s seq=%d TOOL %s id=%s cancelled", self.me, run.id.hex[:8], seq, name, tool_use_id)
+            raise
+        seconds = time.perf_counter() - t0
+        latency_ms = round(seconds * 1000)
+        progress = await self._durably(lambda again: self.store.finish_tool(
+            run.id, self.me, self.settings.lease_seconds, write_id=finished_id, epoch=run.lease_epoch, again=again,
+            tool_use_id=tool_use_id, ok=outcome.ok, output=outcome.output, latency_ms=latency_ms,
+        ))
+        notes.tool_outcome(outcome.ok, outcome.output)
+        self.observer.tool_step(self.tools.label(name, UNKNOWN_TOOL), seconds, outcome.ok)
+        status = StepStatus.DONE if outcome.ok else StepStatus.ERROR
+        conv.apply(
+            Step(run.id, seq, StepKind.TOOL, status, tool_name=name, tool_use_id=tool_use_id, response=outcome.output)
+        )
+        log.info(
+            "%s run=%s seq=%d TOOL %s id=%s %s %dms",
+            self.me, run.id.hex[:8], seq, name, tool_use_id, "done" if outcome.ok else "error", latency_ms,
+        )
+        return progress

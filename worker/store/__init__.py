@@ -1,0 +1,30 @@
+"""The one door to the database: every SQL statement of the worker, the pool, the migrations.
+
+`RunStore` is the run table's gateway; its neighbours here hold the group commit, the migrations,
+retention, the change feed the events API reads and the fleet-wide model-limit counters.
+"""
+
+from agentrun.worker.store.runs import (
+    DECISION_COLUMNS as DECISION_COLUMNS,
+)
+from agentrun.worker.store.runs import (
+    LIVENESS_LOCK_CLASS as LIVENESS_LOCK_CLASS,
+)
+from agentrun.worker.store.runs import (
+    RUN_COLUMNS as RUN_COLUMNS,
+)
+from agentrun.worker.store.runs import (
+    TIMELINE_COLUMNS as TIMELINE_COLUMNS,
+)
+from agentrun.worker.store.runs import (
+    Claim as Claim,
+)
+from agentrun.worker.store.runs import (
+    DecideOutcome as DecideOutcome,
+)
+from agentrun.worker.store.runs import (
+    LeaseLost as LeaseLost,
+)
+from agentrun.worker.store.runs import (
+    RunStore as RunStore,
+)

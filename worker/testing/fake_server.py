@@ -1,0 +1,505 @@
+"""A small local server speaking the Messages API (`POST /v1/messages`), for tests, the demo and benchmarks.
+
+It serves the same API at Bedrock's and Vertex's paths too, for their SDK clients (`FakeAnthropic`);
+`FakeApi` is the scripted server under it and under the Chat Completions one (fake_openai_server.py).
+
+Point the real SDK at it with ANTHROPIC_BASE_URL. It answers from a queue of scripted replies
+(model turns, or faults such as 429 with retry-after, 529, 500, 400 and slow answers), else from a
+responder: by default a stateless agent that asks for one tool, then summarises its result. It checks
+requests the way the real API does where it matters (tool_result pairing, at most 4 cache breakpoints)
+and logs every JSON body it received. Run it alone with
+`python -m agentrun.worker.testing.fake_server --port 8088`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import json
+import re
+import signal
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Self
+
+from aiohttp import web
+from multidict import CIMultiDict
+
+Json = dict[str, Any]
+MAX_CACHE_BREAKPOINTS = 4
+DISCONNECT = 0  # the status of a reply that drops the connection instead of answering
+
+
+@dataclasses.dataclass(frozen=True)
+class Reply:
+    """One HTTP answer: a status, a JSON body and headers, sent after `delay` seconds.
+
+    A success body may leave out `id` and `model`; the server fills them in from the request.
+    """
+
+    status: int = 200
+    body: Json = dataclasses.field(default_factory=dict)
+    headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    delay: float = 0.0
+    chunk_delay: float = 0.0
+    """When the request asks for a stream: seconds between the text fragments, so a watcher sees it grow."""
+
+    @classmethod
+    def message(cls, content: list[Json], stop_reason: str, usage: Mapping[str, int] | None = None) -> Reply:
+        return cls(body={
+            "type": "message", "role": "assistant", "content": content, "stop_reason": stop_reason,
+            "stop_sequence": None, "usage": {**usage_of(10, 5), **(usage or {})},
+        })
+
+    @classmethod
+    def tool_use(
+        cls, name: str, input: Json | None = None, id: str | None = None, usage: Mapping[str, int] | None = None
+    ) -> Reply:
+        block = {"type": "tool_use", "id": id or f"toolu_{uuid.uuid4().hex[:24]}", "name": name, "input": input or {}}
+        return cls.message([block], "tool_use", usage)
+
+    @classmethod
+    def text(cls, text: str, usage: Mapping[str, int] | None = None) -> Reply:
+        return cls.message([{"type": "text", "text": text}], "end_turn", usage)
+
+    @classmethod
+    def error(cls, status: int, message: str, type: str = "api_error", retry_after: float | None = None) -> Reply:
+        headers = {"retry-after": f"{retry_after:g}"} if retry_after is not None else {}
+        body = {"type": "error", "error": {"type": type, "message": message}}
+        return cls(status=status, body=body, headers=headers)
+
+    @classmethod
+    def rate_limited(cls, retry_after: float | None = None) -> Reply:
+        return cls.error(429, "Number of request tokens has exceeded your rate limit.", "rate_limit_error", retry_after)
+
+    @classmethod
+    def overloaded(cls) -> Reply:
+        return cls.error(529, "Overloaded", "overloaded_error")
+
+    @classmethod
+    def server_error(cls) -> Reply:
+        return cls.error(500, "Internal server error", "api_error")
+
+    @classmethod
+    def bad_request(cls, message: str) -> Reply:
+        return cls.error(400, message, "invalid_request_error")
+
+    @classmethod
+    def disconnect(cls) -> Reply:
+        """No answer at all: the connection is dropped (an I/O error for the client)."""
+        return cls(status=DISCONNECT)
+
+    def after(self, seconds: float) -> Reply:
+        """The same reply, sent `seconds` later (longer than the client's attempt limit, say)."""
+        return dataclasses.replace(self, delay=seconds)
+
+    def streamed_slowly(self, seconds_per_chunk: float) -> Reply:
+        """The same reply whose streamed text fragments come `seconds_per_chunk` apart."""
+        return dataclasses.replace(self, chunk_delay=seconds_per_chunk)
+
+
+def usage_of(input: int, output: int, cache_write: int = 0, cache_read: int = 0) -> dict[str, int]:
+    return {
+        "input_tokens": input, "output_tokens": output,
+        "cache_creation_input_tokens": cache_write, "cache_read_input_tokens": cache_read,
+    }
+
+
+def _tokens(value: Any) -> int:
+    """A rough token count (four characters a token), enough for believable usage numbers."""
+    return max(1, len(json.dumps(value)) // 4)
+
+
+def tool_results(message: Json) -> list[Json]:
+    content = message.get("content")
+    return [b for b in content if b.get("type") == "tool_result"] if isinstance(content, list) else []
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentResponder:
+    """A stateless agent: asks for `tool` until the conversation has a tool_result, then answers with text.
+
+    Stateless, so any number of concurrent runs can share it and a resumed run gets the same answers.
+    Usage counts the conversation before the newest message as read from the cache and the newest
+    message as written to it, as prompt caching with a breakpoint on the newest message would.
+    """
+
+    tool: str = "list_tickets"
+    input: Json = dataclasses.field(default_factory=lambda: {"status": "open"})
+    chunk_delay: float = 0.0
+    """Seconds between streamed text fragments (`agentrun dev` slows them down to be seen arriving)."""
+
+    def __call__(self, body: Json) -> Reply:
+        return self._reply(body).streamed_slowly(self.chunk_delay)
+
+    def _reply(self, body: Json) -> Reply:
+        messages: list[Json] = body.get("messages", [])
+        prefix = [body.get("system"), body.get("tools"), messages[:-1]]
+        cached = _tokens(prefix) if len(messages) > 1 else 0
+        write = _tokens(messages[-1:]) + (0 if cached else _tokens(prefix))
+        results = [r for m in messages if m.get("role") == "user" for r in tool_results(m)]
+        offered = any(t.get("name") == self.tool for t in body.get("tools", []))
+        if not results and offered:
+            turn = sum(1 for m in messages if m.get("role") == "assistant")
+            return Reply.tool_use(
+                self.tool, self.input, id=f"toolu_{turn:02d}_{self.tool}", usage=usage_of(3, 40, write, cached)
+            )
+        if results:
+            text = f"Summary of {self.tool}: {_as_text(results[-1].get('content'))[:300]}"
+        else:
+            text = f"No {self.tool} tool was offered, so here is an answer without it."
+        return Reply.text(text, usage_of(3, _tokens(text), write, cached))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScriptResponder:
+    """A deterministic agent whose plan is written in the run's input, e.g. "chaos run=17 turns=5 parallel=2
+    slow=1": `turns` tool turns, then a text answer. Turns 1, 3, 5… ask for `parallel` tool calls at once,
+    the others for one; the first call of the first `slow` turns asks the tool to sleep `slow_seconds`.
+
+    Stateless (the turn is the number of assistant messages so far), so a resumed run gets the same
+    answers and every request can be attributed to a (run, turn) with `key`. Tool-use ids name both.
+    """
+
+    tool: str = "chaos_step"
+    latency: float = 0.0
+    slow_seconds: float = 1.0
+
+    @staticmethod
+    def plan(body: Json) -> dict[str, str]:
+        messages = body.get("messages") or [{}]
+        return dict(re.findall(r"(\w+)=(\S+)", _as_text(messages[0].get("content"))))
+
+    @classmethod
+    def key(cls, body: Json) -> tuple[str, int]:
+        """(the plan's `run`, the turn) of a request."""
+        turn = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
+        return cls.plan(body).get("run", "?"), turn
+
+    def __call__(self, body: Json) -> Reply:
+        plan = self.plan(body)
+        tag, turn = self.key(body)
+        turns, parallel, slow = (int(plan.get(k, d)) for k, d in (("turns", 3), ("parallel", 1), ("slow", 0)))
+        usage = usage_of(100 + turn, 20)
+        if turn >= turns:
+            return Reply.text(f"run {tag} done after {turns} tool turns", usage).after(self.latency)
+        blocks = []
+        for part in range(parallel if turn % 2 == 1 else 1):
+            args: Json = {"run": tag, "turn": turn, "part": part}
+            if part == 0 and turn < slow:
+                args["sleep"] = self.slow_seconds
+            blocks.append({"type": "tool_use", "id": f"toolu_{tag}_{turn}_{part}", "name": self.tool, "input": args})
+        return Reply.message(blocks, "tool_use", usage).after(self.latency)
+
+
+def _as_text(content: Any) -> str:
+    if isinstance(content, list):
+        return " ".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
+    return str(content or "")
+
+
+def check_request(body: Any) -> str | None:
+    """What the real API would refuse with a 400, for the mistakes a client of it can make; None if fine."""
+    if not isinstance(body, dict):
+        return "request body must be a JSON object"
+    for field in ("model", "max_tokens", "messages"):
+        if field not in body:
+            return f"{field}: Field required"
+    messages = body["messages"]
+    if not isinstance(messages, list) or not messages:
+        return "messages: at least one message is required"
+    if not all(isinstance(m, dict) and m.get("role") in ("user", "assistant") for m in messages):
+        return "messages: each message must be an object with role \"user\" or \"assistant\""
+    if messages[0].get("role") != "user":
+        return "messages: first message must use the \"user\" role"
+    for i, m in enumerate(messages):
+        results = {r.get("tool_use_id") for r in tool_results(m)}
+        asked = _tool_use_ids(messages[i - 1]) if i > 0 and messages[i - 1].get("role") == "assistant" else set()
+        if unexpected := results - asked:
+            return (f"messages.{i}.content: unexpected `tool_use_id` found in `tool_result` blocks: "
+                    f"{', '.join(sorted(map(str, unexpected)))}. Each `tool_result` block must have a "
+                    "corresponding `tool_use` block in the previous message.")
+        if m.get("role") == "assistant" and (ids := _tool_use_ids(m)) and i + 1 < len(messages):
+            missing = ids - {r.get("tool_use_id") for r in tool_results(messages[i + 1])}
+            if missing:
+                return (f"messages.{i + 1}: `tool_use` ids were found without `tool_result` blocks immediately "
+                        f"after: {', '.join(sorted(missing))}. Each `tool_use` block must have a corresponding "
+                        "`tool_result` block in the next message.")
+    for t in body.get("tools", []):
+        if "name" not in t or "input_schema" not in t:
+            return "tools: each tool needs a name and an input_schema"
+    if (n := _breakpoints(body)) > MAX_CACHE_BREAKPOINTS:
+        return f"A maximum of {MAX_CACHE_BREAKPOINTS} blocks with cache_control may be provided. Found {n}."
+    return None
+
+
+def _tool_use_ids(message: Json) -> set[str]:
+    content = message.get("content")
+    return {b["id"] for b in content if b.get("type") == "tool_use"} if isinstance(content, list) else set()
+
+
+def _breakpoints(body: Json) -> int:
+    blocks: list[Any] = list(body.get("tools", []))
+    if isinstance(body.get("system"), list):
+        blocks += body["system"]
+    for m in body["messages"]:
+        if isinstance(m.get("content"), list):
+            blocks += m["content"]
+    return sum(1 for b in blocks if isinstance(b, dict) and "cache_control" in b)
+
+
+Responder = Callable[[Json], Reply]
+
+
+@dataclasses.dataclass(frozen=True)
+class Received:
+    """One request as it arrived: its path, headers (case-insensitive) and JSON body (None if not JSON)."""
+
+    path: str
+    headers: Mapping[str, str]
+    body: Json | None
+
+
+class FakeApi:
+    """A scripted JSON-over-HTTP model server. `script(...)` queues replies (served first, in order); then
+    `responder` answers. Subclasses say which paths they serve (`routes`), what they refuse (`check`)
+    and what a success body gains from the request (`complete`).
+
+    `requests` holds every JSON body received, in order, including those answered with a fault;
+    `received` the same requests with their paths and headers. `record=False` keeps neither (a
+    benchmark's long-lived server).
+    """
+
+    kind = "fake API"
+
+    def __init__(self, responder: Responder, host: str = "127.0.0.1", port: int = 0, record: bool = True) -> None:
+        self.responder: Responder = responder
+        self.record = record
+        self.requests: list[Json] = []
+        self.received: list[Received] = []
+        self._queue: collections.deque[Reply] = collections.deque()
+        self._host, self._port = host, port
+        self._runner: web.AppRunner | None = None
+        self._closing = asyncio.Event()
+
+    def script(self, *replies: Reply) -> Self:
+        self._queue.extend(replies)
+        return self
+
+    @property
+    def pending(self) -> int:
+        """Scripted replies not served yet."""
+        return len(self._queue)
+
+    @property
+    def base_url(self) -> str:
+        if self._runner is None:
+            raise RuntimeError(f"the {self.kind} server is not started")
+        host, port = self._runner.addresses[0][:2]
+        return f"http://{host}:{port}"
+
+    def routes(self, app: web.Application) -> None:
+        raise NotImplementedError
+
+    def check(self, body: Any, request: web.Request) -> str | None:
+        """What the real API would refuse with a 400; None if fine."""
+        return None
+
+    def refuse(self, problem: str) -> Reply:
+        return Reply.bad_request(problem)
+
+    def complete(self, payload: Json, body: Json, request: web.Request) -> None:
+        """Fill in what a success body takes from the request (ids, the model)."""
+
+    async def start(self) -> Self:
+        app = web.Application()
+        self.routes(app)
+        self._closing.clear()
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self._host, self._port, shutdown_timeout=1.0).start()
+        return self
+
+    async def stop(self) -> None:
+        self._closing.set()  # slow replies stop waiting
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def answer(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        json_body = body if isinstance(body, dict) else None
+        if self.record:
+            if json_body is not None:
+                self.requests.append(json_body)
+            self.received.append(Received(request.path, CIMultiDict(request.headers), json_body))
+        problem = self.check(body, request)
+        if problem is not None:
+            reply = self.refuse(problem)
+        elif self._queue:
+            reply = self._queue.popleft()
+        else:
+            reply = self.responder(self.as_messages(body, request))
+        if reply.delay > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(reply.delay):
+                    await self._closing.wait()
+        if reply.status == DISCONNECT:
+            if request.transport is not None:
+                request.transport.abort()
+            return web.Response()  # never sent: the connection is gone
+        payload = dict(reply.body)
+        if reply.status == 200 and isinstance(body, dict):
+            self.complete(payload, body, request)
+            if body.get("stream") is True:
+                return await self.stream(request, payload, reply)
+        return web.json_response(payload, status=reply.status, headers=dict(reply.headers))
+
+    async def stream(self, request: web.Request, message: Json, reply: Reply) -> web.StreamResponse:
+        """A success answer to a request that asked for a stream; this server does not stream: JSON."""
+        return web.json_response(message, status=reply.status, headers=dict(reply.headers))
+
+    def as_messages(self, body: Json, request: web.Request) -> Json:
+        """The request as the responder reads it."""
+        return body
+
+
+BEDROCK_INVOKE = "/model/{model}/invoke"
+VERTEX_PREDICT = "/v1/projects/{project}/locations/{region}/publishers/anthropic/models/{model:[^/:]+}:rawPredict"
+
+
+class FakeAnthropic(FakeApi):
+    """The Messages API at `POST /v1/messages`, and the same API as Amazon Bedrock (`POST /model/{id}/invoke`)
+    and Google Vertex AI (`POST /v1/projects/{p}/locations/{r}/publishers/anthropic/models/{m}:rawPredict`)
+    serve it: the model in the path, `anthropic_version` in the body. Vertex's clients are pointed at
+    `base_url + "/v1"`. `POST /token` answers OAuth refreshes (google-auth's), for dummy credentials.
+    """
+
+    kind = "fake Messages API"
+
+    def __init__(
+        self, responder: Responder | None = None, host: str = "127.0.0.1", port: int = 0, record: bool = True
+    ) -> None:
+        super().__init__(responder or AgentResponder(), host, port, record)
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_post("/v1/messages", self.answer)
+        app.router.add_post(BEDROCK_INVOKE, self.answer)
+        app.router.add_post(VERTEX_PREDICT, self.answer)
+        app.router.add_post("/token", self._token)
+
+    def as_messages(self, body: Json, request: web.Request) -> Json:
+        model = request.match_info.get("model")
+        return {**body, "model": model} if model is not None and isinstance(body, dict) else body
+
+    def check(self, body: Any, request: web.Request) -> str | None:
+        if "model" in request.match_info:
+            if not isinstance(body, dict):
+                return "request body must be a JSON object"
+            if "model" in body:
+                return "model: Extra inputs are not permitted (the model is in the path)"
+            if not body.get("anthropic_version"):
+                return "anthropic_version: Field required"
+            body = self.as_messages(body, request)
+        return check_request(body)
+
+    def complete(self, payload: Json, body: Json, request: web.Request) -> None:
+        payload.setdefault("id", f"msg_{uuid.uuid4().hex[:24]}")
+        payload.setdefault("model", self.as_messages(body, request).get("model"))
+
+    async def stream(self, request: web.Request, message: Json, reply: Reply) -> web.StreamResponse:
+        """The message as the Messages API streams it: server-sent events, text in fragments of a few words."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **dict(reply.headers)})
+        await response.prepare(request)
+
+        async def send(event: str, data: Json) -> None:
+            await response.write(f"event: {event}\ndata: {json.dumps({'type': event, **data})}\n\n".encode())
+
+        usage = dict(message.get("usage") or {})
+        start = {**message, "content": [], "stop_reason": None, "usage": {**usage, "output_tokens": 1}}
+        await send("message_start", {"message": start})
+        for index, block in enumerate(message.get("content") or []):
+            if block.get("type") == "text":
+                await send("content_block_start", {"index": index, "content_block": {"type": "text", "text": ""}})
+                for fragment in re.findall(r"\S*\s*", block.get("text", "")):
+                    if fragment:
+                        if reply.chunk_delay > 0:
+                            with contextlib.suppress(TimeoutError):
+                                async with asyncio.timeout(reply.chunk_delay):
+                                    await self._closing.wait()
+                        await send("content_block_delta",
+                                   {"index": index, "delta": {"type": "text_delta", "text": fragment}})
+            elif block.get("type") == "tool_use":
+                await send("content_block_start", {"index": index, "content_block": {**block, "input": {}}})
+                await send("content_block_delta", {"index": index, "delta": {
+                    "type": "input_json_delta", "partial_json": json.dumps(block.get("input") or {})}})
+            else:
+                await send("content_block_start", {"index": index, "content_block": block})
+            await send("content_block_stop", {"index": index})
+        await send("message_delta", {"delta": {"stop_reason": message.get("stop_reason"), "stop_sequence": None},
+                                     "usage": {"output_tokens": usage.get("output_tokens", 0)}})
+        await send("message_stop", {})
+        await response.write_eof()
+        return response
+
+    async def _token(self, request: web.Request) -> web.Response:
+        self.received.append(Received(request.path, CIMultiDict(request.headers), None))
+        return web.json_response({"access_token": "ya29.fake-token", "expires_in": 3600, "token_type": "Bearer"})
+
+
+async def serve_until_signalled(server: FakeApi, banner: str) -> None:
+    """Start `server`, print `banner` (its URL, for whoever started this process), and serve until
+    SIGTERM or SIGINT."""
+    await server.start()
+    print(banner.format(server=server), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+async def _serve(args: argparse.Namespace, tool_input: Json) -> None:
+    server = FakeAnthropic(AgentResponder(args.tool, tool_input), args.host, args.port)
+    await serve_until_signalled(server, "fake Messages API listening on {server.base_url}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m agentrun.worker.testing.fake_server",
+        description="A local Messages API for demos and benchmarks: asks for one tool, then summarises its "
+        "result. Point a worker at it with ANTHROPIC_BASE_URL=http://HOST:PORT.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="bind address (default: 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8088, help="port, 0 for any free one (default: 8088)")
+    parser.add_argument("--tool", default="list_tickets", help="the tool the model asks for (default: list_tickets)")
+    parser.add_argument("--tool-input", default='{"status": "open"}', metavar="JSON",
+                        help='input of that tool call (default: {"status": "open"})')
+    args = parser.parse_args(argv)
+    try:
+        tool_input = json.loads(args.tool_input)
+    except ValueError as e:
+        parser.error(f"--tool-input is not JSON: {e}")
+    if not isinstance(tool_input, dict):
+        parser.error("--tool-input must be a JSON object")
+    asyncio.run(_serve(args, tool_input))
+
+
+if __name__ == "__main__":
+    main()

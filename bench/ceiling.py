@@ -13,6 +13,9 @@ import sys
 import time
 from pathlib import Path
 
+from agentrun.worker.core.records import ModelTurn
+from agentrun.worker.core.types import Usage
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrun.worker.store import RunStore  # noqa: E402
@@ -36,9 +39,8 @@ async def bench(url: str, clients: int, seconds: float) -> dict[str, object]:
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
             await store.checkpoint_model(
-                run_id, me, 30, request="{}", response='[{"type":"text","text":"x"}]', stop_reason="end_turn",
-                input_tokens=10, output_tokens=5, cache_creation_input_tokens=0, cache_read_input_tokens=0,
-                cost_usd=None, latency_ms=0,
+                run_id, me, 30,
+                ModelTurn("{}", '[{"type":"text","text":"x"}]', "end_turn", Usage(10, 5, 0, 0), None, 0),
             )
             count += 1
 

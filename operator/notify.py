@@ -9,9 +9,11 @@ from collections.abc import Callable
 
 import psycopg
 
+from agentrun.worker.store import channels
+from agentrun.worker.store.channels import RUN_CHANNEL
+
 log = logging.getLogger("agentrun.operator.notify")
 
-CHANNEL = "agentrun_run"
 
 
 async def listen(
@@ -29,8 +31,8 @@ async def listen(
     while True:
         try:
             async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
-                await conn.execute(f"LISTEN {CHANNEL}")
-                log.info("listening for run changes on %s", CHANNEL)
+                await channels.listen(conn, RUN_CHANNEL)
+                log.info("listening for run changes on %s", RUN_CHANNEL)
                 backoff = 0.5
                 on_connect()
                 async for note in conn.notifies():

@@ -21,8 +21,8 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from agentrun.worker.cli.client import ServerEvent, SseParser
-from agentrun.worker.runtime.deltas import DELTA_CHANNEL
 from agentrun.worker.store import RunStore
+from agentrun.worker.store.channels import DELTA_CHANNEL
 from tests.api.conftest import serving
 from tests.api.sse import Stream, streaming
 from tests.helpers import eventually, new_run

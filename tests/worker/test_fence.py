@@ -14,8 +14,8 @@ import pytest
 from psycopg.conninfo import make_conninfo
 
 from agentrun.worker.core.pricing import PriceTable
-from agentrun.worker.core.records import DecisionKind, Progress, RunStatus, StepKind
-from agentrun.worker.core.types import LlmRequest, LlmResponse
+from agentrun.worker.core.records import DecisionKind, ModelTurn, Progress, RunStatus, StepKind
+from agentrun.worker.core.types import LlmRequest, LlmResponse, Usage
 from agentrun.worker.runtime.engine import DriverSettings, RunDriver
 from agentrun.worker.runtime.lease import LeaseKeeper
 from agentrun.worker.store import LeaseLost, RunStore
@@ -79,8 +79,7 @@ async def test_a_write_left_by_a_cancelled_driver_never_lands_after_the_same_wor
 
     async def checkpoint(run_id: uuid.UUID) -> Any:
         return await batched.checkpoint_model(
-            run_id, "W", 30, request="{}", response="[]", stop_reason="end_turn", input_tokens=1, output_tokens=1,
-            cache_creation_input_tokens=0, cache_read_input_tokens=0, cost_usd=None, latency_ms=0,
+            run_id, "W", 30, ModelTurn("{}", "[]", "end_turn", Usage(1, 1, 0, 0), None, 0),
         )
 
     old_llm = GatedLlm().then_tool_use("t1", "wait")
@@ -141,9 +140,7 @@ Write = Callable[[RunStore, uuid.UUID, int, uuid.UUID, bool], Awaitable[Any]]
 
 WRITES: dict[str, Write] = {
     "checkpoint": lambda s, run_id, epoch, wid, again: s.checkpoint_model(
-        run_id, "W", 30, write_id=wid, epoch=epoch, again=again, request="{}", response="[]", stop_reason="end_turn",
-        input_tokens=10, output_tokens=5, cache_creation_input_tokens=0, cache_read_input_tokens=0, cost_usd=None,
-        latency_ms=0),
+        run_id, "W", 30, write_id=wid, epoch=epoch, again=again, turn=ModelTurn("{}", "[]", "end_turn", Usage(10, 5, 0, 0), None, 0)),
     "start_tool": lambda s, run_id, epoch, wid, again: s.start_tool(
         run_id, "W", 30, write_id=wid, epoch=epoch, again=again, tool_use_id="t1", tool_name="pay", request="{}"),
     "finish_tool": lambda s, run_id, epoch, wid, again: s.finish_tool(

@@ -9,7 +9,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from agentrun.worker.core.records import RunStatus
+from agentrun.worker.core.records import ModelTurn, RunStatus
+from agentrun.worker.core.types import Usage
 from agentrun.worker.store import LeaseLost, RunStore, groupcommit
 from agentrun.worker.store.groupcommit import GroupCommit
 from agentrun.worker.testing.scripted import TurnBasedLlm
@@ -20,9 +21,7 @@ from tests.worker.test_hardening import serving
 
 def _checkpoint(store: RunStore, run_id: uuid.UUID, worker: str, input_tokens: int = 10) -> Any:
     return store.checkpoint_model(
-        run_id, worker, 30, request="{}", response='[{"type":"text","text":"x"}]', stop_reason="end_turn",
-        input_tokens=input_tokens, output_tokens=5, cache_creation_input_tokens=0, cache_read_input_tokens=0,
-        cost_usd=None, latency_ms=0,
+        run_id, worker, 30, ModelTurn("{}", '[{"type":"text","text":"x"}]', "end_turn", Usage(input_tokens, 5, 0, 0), None, 0),
     )
 
 
@@ -195,9 +194,8 @@ async def test_shared_writes_sent_again_find_their_first_copy(store: RunStore) -
 
     async def checkpoints() -> list[Any]:
         return await asyncio.gather(*(batched.checkpoint_model(
-            run_id, "w", 30, write_id=wids[run_id], request="{}", response='[{"type":"text","text":"x"}]',
-            stop_reason="tool_use", input_tokens=10, output_tokens=5, cache_creation_input_tokens=0,
-            cache_read_input_tokens=0, cost_usd=None, latency_ms=3) for run_id in ids))
+            run_id, "w", 30, ModelTurn("{}", '[{"type":"text","text":"x"}]', "tool_use", Usage(10, 5, 0, 0), None, 3),
+            write_id=wids[run_id]) for run_id in ids))
 
     first, again = await checkpoints(), await checkpoints()
     assert [seq for seq, _ in first] == [seq for seq, _ in again] == [1, 1, 1]

@@ -34,13 +34,12 @@ from agentrun.worker.api.identities import Scope
 from agentrun.worker.api.routes import ERRORS
 from agentrun.worker.api.schemas import DecisionView, RunView, TimelineStep
 from agentrun.worker.core.records import StepKind
-from agentrun.worker.runtime.deltas import DELTA_CHANNEL
-from agentrun.worker.store import RunStore
+from agentrun.worker.store import RunStore, channels
 from agentrun.worker.store.changefeed import ChangeFeed, RunRows
+from agentrun.worker.store.channels import DELTA_CHANNEL, EVENTS_CHANNEL
 
 log = logging.getLogger("agentrun.worker.api.events")
 
-EVENTS_CHANNEL = "agentrun_events"
 # The kind's place in the order of one transaction's rows: its steps, calls waiting without a step, the run.
 STEP, WAITING, RUN = 0, 1, 2
 Position = tuple[int, int, int]  # (event position, kind, seq): the order in which rows are sent
@@ -68,6 +67,8 @@ class Batch:
     """Rows changed at or above the horizon: not sent yet, read again when the horizon passes them."""
     terminal: bool
     status: str
+    steps: int = 0
+    """The run's highest step seq when it was read."""
 
 
 @dataclasses.dataclass(eq=False)  # by identity: a member of its run's set
@@ -75,7 +76,11 @@ class Subscriber:
     """One stream's queue. `seen` is the position of the newest event given to it: the feed gives it only
     newer ones. Its events wait here, the latest of each row, until the stream sends them, and so does
     the model text, gathered into one piece per model call: however slowly a client reads, its step and
-    run events wait behind one delta event at most, never behind a backlog of text."""
+    run events wait behind one delta event at most, never behind a backlog of text.
+
+    Text of model call N waits until the stream has given the steps before N (`delivered`): the worker
+    wrote step N-1 before it called the model, but the feed reads rows after their commit while text is
+    passed on as it comes, so without this a watcher would see the next answer before the step it follows."""
 
     run_id: uuid.UUID
     seen: Position = START
@@ -85,8 +90,14 @@ class Subscriber:
     ended: str | None = None
     """The run's terminal status, once an event batch showed it with nothing left to settle."""
     gone: bool = False
+    floor: int | None = None
+    """The run's step count in the batch the stream began with: the client has them once it is sent."""
+    delivered: int = 0
+    """The highest step seq the stream has given its client (or its client had before it began)."""
 
     def offer(self, batch: Batch) -> None:
+        if self.floor is None:
+            self.floor = batch.steps
         for event in batch.events:  # in position order
             if event.position > self.seen:
                 self.events[event.row] = event
@@ -98,6 +109,8 @@ class Subscriber:
     def take_events(self) -> list[Event]:
         events = sorted(self.events.values(), key=lambda e: e.position)
         self.events.clear()
+        seqs = [e.position[2] for e in events if e.position[1] == STEP]
+        self.delivered = max([self.delivered, self.floor or 0, *seqs])
         return events
 
     def delta(self, seq: int, text: str) -> None:
@@ -117,8 +130,16 @@ class Subscriber:
         self.wake.set()
 
     def take_deltas(self) -> list[tuple[int, str]]:
-        deltas, self.deltas = self.deltas, []
+        """The text that may go now: of the model calls after the steps the stream has given."""
+        ready = 0
+        while ready < len(self.deltas) and self.deltas[ready][0] <= self.delivered + 1:
+            ready += 1
+        deltas, self.deltas = self.deltas[:ready], self.deltas[ready:]
         return deltas
+
+    @property
+    def deltas_ready(self) -> bool:
+        return bool(self.deltas) and self.deltas[0][0] <= self.delivered + 1
 
 
 class EventHub:
@@ -202,8 +223,7 @@ class EventHub:
             conn: psycopg.AsyncConnection[Any] | None = None
             try:
                 conn = await self.store.dedicated_connection()
-                await conn.execute(f"LISTEN {EVENTS_CHANNEL}")
-                await conn.execute(f"LISTEN {DELTA_CHANNEL}")
+                await channels.listen(conn, EVENTS_CHANNEL, DELTA_CHANNEL)
                 self.listening.set()
                 self.notified.update(self.subscribers)  # whatever changed while nobody listened
                 self._due.set()
@@ -342,7 +362,7 @@ def changes(rows: RunRows, after: Position, horizon: int) -> Batch:
     every_decision = [d.position for found in rows.decisions.values() for d in found]
     add(max([rows.position, *every_decision]), "run", RUN, 0, RunView.of(rows.run))
     events.sort(key=lambda e: e.position)
-    return Batch(events, settling, rows.run.status.terminal and not settling, rows.run.status.value)
+    return Batch(events, settling, rows.run.status.terminal and not settling, rows.run.status.value, rows.run.steps)
 
 
 def _sse(kind: str, position: Position, data: Any) -> bytes:
@@ -373,7 +393,7 @@ async def stream_events(hub: EventHub, run_id: uuid.UUID, after: Position, first
             if deltas or events:
                 continue
             sub.wake.clear()
-            if not sub.events and not sub.deltas and sub.ended is None and not sub.gone:
+            if not sub.events and not sub.deltas_ready and sub.ended is None and not sub.gone:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.0, hub.keepalive - (time.monotonic() - last_sent))):
                         await sub.wake.wait()

@@ -9,6 +9,8 @@ import uuid
 from decimal import Decimal
 from typing import Any
 
+from agentrun.worker.core.types import Usage
+
 
 class RunStatus(str, enum.Enum):
     QUEUED = "QUEUED"
@@ -152,6 +154,18 @@ class Step:
     started_at: datetime.datetime | None = None
     finished_at: datetime.datetime | None = None
     inherited: bool = False  # copied from the run this one was continued or forked from
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelTurn:
+    """What a model step checkpoints: the request it sent (summarised), the content it got, and its cost."""
+
+    request: str
+    response: str
+    stop_reason: str | None
+    usage: Usage
+    cost_usd: Decimal | None
+    latency_ms: int
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,15 +14,17 @@ import socket
 import sys
 import tempfile
 import time
+import uuid
 import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import psycopg
 
+from agentrun.worker.core.records import StepKind, StepStatus
 from agentrun.worker.demo import tickets
-from agentrun.worker.store import migrate
+from agentrun.worker.store import RunStore, migrate
+from agentrun.worker.store.pool import open_pool
 
 QUESTION = "Which acme tickets are overdue?"
 MODEL_LATENCY = 0.8  # seconds the local model takes to answer, so the timeline looks like real life
@@ -162,10 +164,29 @@ async def local_model(options: Options, say: Say) -> AsyncIterator[tuple[str | N
         await server.stop()
 
 
-async def _query(url: str, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        cur = await conn.execute(sql.encode(), params)
-        return await cur.fetchall()
+@contextlib.asynccontextmanager
+async def run_store(db_url: str) -> AsyncIterator[RunStore]:
+    """The store, for the demo to watch the run's rows as they change (reads only)."""
+    pool = await open_pool(db_url, max_size=2)
+    try:
+        yield RunStore(pool)
+    finally:
+        await pool.close()
+
+
+async def _held_by(store: RunStore, run_id: str, worker: str) -> bool:
+    run = await store.get(uuid.UUID(run_id))
+    return run is not None and run.locked_by == worker
+
+
+async def _tool_started(store: RunStore, run_id: str) -> bool:
+    return any(s.kind is StepKind.TOOL and s.status is StepStatus.STARTED for s in await store.steps(uuid.UUID(run_id)))
+
+
+async def _finished(store: RunStore, run_id: str) -> str | None:
+    """The run's status once it has finished, else None."""
+    run = await store.get(uuid.UUID(run_id))
+    return run.status.value if run is not None and run.finished_at is not None else None
 
 
 async def _wait_for(what: str, check: Any, say: Say, timeout: float = 60) -> Any:
@@ -194,10 +215,13 @@ async def tell(options: Options) -> int:
         loop.add_signal_handler(sig, task.cancel)
     workers: list[WorkerProcess] = []
     try:
-        async with embedded_postgres(say) as db_url, local_model(options, say) as (model_url, model):
+        async with (
+            embedded_postgres(say) as db_url,
+            local_model(options, say) as (model_url, model),
+            run_store(db_url) as store,
+        ):
             await migrate.migrate(db_url)
             await tickets.create_schema(db_url)
-
             env = {
                 **os.environ,
                 "AGENTRUN_DATABASE_URL": db_url,
@@ -224,16 +248,12 @@ async def tell(options: Options) -> int:
             # Worker B starts only once A holds the run, so the story is the same every time.
             await _wait_for(
                 "waiting for worker-A to claim the run…",
-                lambda: _query(db_url, "SELECT 1 FROM run WHERE id = %s AND locked_by = 'worker-A'", run_id), say,
+                lambda: _held_by(store, run_id, "worker-A"), say,
             )
             await b.start()
             await _wait_for(
                 "waiting for worker-A to start the tool step…",
-                lambda: _query(
-                    db_url,
-                    "SELECT seq FROM run_step WHERE run_id = %s AND kind = 'TOOL' AND status = 'STARTED'",
-                    run_id,
-                ),
+                lambda: _tool_started(store, run_id),
                 say,
             )
             a.kill()
@@ -241,17 +261,14 @@ async def tell(options: Options) -> int:
             await b.ready()
             say.step("worker-B is up; it will take the run over from its last checkpoint")
 
-            async def finished() -> Any:
-                rows = await _query(db_url, "SELECT status FROM run WHERE id = %s AND finished_at IS NOT NULL", run_id)
-                return rows[0][0] if rows else None
-
-            status = await _wait_for("waiting for the run to finish…", finished, say, timeout=120)
+            status = await _wait_for("waiting for the run to finish…", lambda: _finished(store, run_id), say,
+                                     timeout=120)
             print()
             async with httpx.AsyncClient(base_url=b.url, timeout=10) as api:
                 run = (await api.get(f"/api/runs/{run_id}")).json()
                 timeline = (await api.get(f"/api/runs/{run_id}/timeline")).json()
-            attempts = dict(await _query(db_url, "SELECT seq, attempts FROM run_step WHERE run_id = %s", run_id))
-            effects = (await _query(db_url, "SELECT count(*) FROM acme_ticket_query WHERE run_id = %s", run_id))[0][0]
+            attempts = {s.seq: s.attempts for s in await store.steps(uuid.UUID(run_id))}
+            effects = await tickets.queries_recorded(db_url, run_id)
             first_calls = None
             if model is not None:
                 first_calls = sum(1 for body in model.requests if len(body.get("messages", [])) == 1)

@@ -46,6 +46,14 @@ async def create_schema(conninfo: str) -> None:
         await conn.execute(SCHEMA)
 
 
+async def queries_recorded(conninfo: str, run_id: str) -> int:
+    """How many effects the tool recorded for a run: one per tool_use id, however often it ran."""
+    async with await psycopg.AsyncConnection.connect(conninfo, autocommit=True) as conn:
+        cur = await conn.execute("SELECT count(*) FROM acme_ticket_query WHERE run_id = %s", (run_id,))
+        row = await cur.fetchone()
+    return int(row[0]) if row else 0
+
+
 @tool(
     name="list_tickets",
     description="List acme support tickets. status 'overdue' lists open tickets past their due date.",

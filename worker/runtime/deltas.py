@@ -17,9 +17,11 @@ from typing import Any
 import orjson
 from psycopg_pool import AsyncConnectionPool
 
+from agentrun.worker.store import channels
+from agentrun.worker.store.channels import DELTA_CHANNEL
+
 log = logging.getLogger(__name__)
 
-DELTA_CHANNEL = "agentrun_delta"
 MAX_PAYLOAD_BYTES = 7000
 """PostgreSQL refuses a notification payload of 8000 bytes or more; this leaves room for the envelope."""
 
@@ -39,7 +41,7 @@ class DeltaPublisher:
             payload = orjson.dumps({"run": str(run_id), "seq": seq, "text": part}).decode()
             try:
                 async with self.pool.connection(timeout=2) as conn:
-                    await conn.execute("SELECT pg_notify(%s, %s)", (DELTA_CHANNEL, payload))
+                    await channels.notify(conn, DELTA_CHANNEL, payload)
             except Exception as e:  # best effort: watchers miss some text, the step is unaffected
                 log.debug("model text of run %s not published: %s", run_id, e)
                 return

@@ -26,6 +26,7 @@ from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import (
     Decision,
     DecisionKind,
+    ModelTurn,
     PendingCall,
     Progress,
     Run,
@@ -460,18 +461,10 @@ class RunDriver:
             run.id,
             self.me,
             self.settings.lease_seconds,
+            ModelTurn(_json(summary), content, stop_reason, usage, cost, latency_ms),
             write_id=write_id,
             epoch=run.lease_epoch,
             again=again,
-            request=_json(summary),
-            response=content,
-            stop_reason=stop_reason,
-            input_tokens=usage.input_tokens,
-            output_tokens=usage.output_tokens,
-            cache_creation_input_tokens=usage.cache_creation_input_tokens,
-            cache_read_input_tokens=usage.cache_read_input_tokens,
-            cost_usd=cost,
-            latency_ms=latency_ms,
         ))
         logs.set_context(step_seq=seq)
         notes.checkpointed(seq)

@@ -15,14 +15,10 @@ from typing import Any
 
 import psycopg
 
-from agentrun.worker.store import LIVENESS_LOCK_CLASS, RunStore
+from agentrun.worker.store import RunStore, channels, claims
+from agentrun.worker.store.channels import CANCEL_CHANNEL, WAKE_CHANNEL
 
 log = logging.getLogger("agentrun.worker.runtime.presence")
-
-# The channel migration 0002 notifies when a run is queued or a lease is given back.
-WAKE_CHANNEL = "agentrun_wake"
-# The channel migration 0005 notifies with a run's id when a running run is asked to stop.
-CANCEL_CHANNEL = "agentrun_cancel"
 
 PROBE_INTERVAL = 1.0
 """Seconds between checks that the session is still there. A dropped session frees the liveness lock,
@@ -140,19 +136,13 @@ class Presence:
         conn = await self.store.dedicated_connection()
         try:
             if self.liveness_lock:
-                cur = await conn.execute(
-                    "SELECT pg_try_advisory_lock(%s, hashtext(%s))", (LIVENESS_LOCK_CLASS, self.worker_id)
-                )
-                row = await cur.fetchone()
-                if not row or not row[0]:
+                if not await claims.take_liveness_lock(conn, self.worker_id):
                     raise DuplicateWorker(
                         f"worker id {self.worker_id!r} is in use by another live worker; give each worker a "
                         "unique --id (the default, or --id-prefix, is)"
                     )
-                # Holding the lock again: whoever found it free while we were away must not take our runs.
-                await conn.execute("DELETE FROM worker_suspect WHERE worker = %s", (self.worker_id,))
-            await conn.execute(f"LISTEN {WAKE_CHANNEL}")
-            await conn.execute(f"LISTEN {CANCEL_CHANNEL}")
+                await claims.clear_suspicion(conn, self.worker_id)
+            await channels.listen(conn, WAKE_CHANNEL, CANCEL_CHANNEL)
         except BaseException:
             await conn.close()
             raise
@@ -199,7 +189,7 @@ class Presence:
                 self._probing_since = loop.time()
                 try:
                     async with asyncio.timeout(PROBE_TIMEOUT):
-                        await self._conn.execute("SELECT 1")
+                        await channels.ping(self._conn)
                 finally:
                     self._probing_since = None
             except (psycopg.Error, DuplicateWorker, TimeoutError, OSError) as e:

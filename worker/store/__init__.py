@@ -4,11 +4,11 @@
 retention, the change feed the events API reads and the fleet-wide model-limit counters.
 """
 
-from agentrun.worker.store.runs import (
-    DECISION_COLUMNS as DECISION_COLUMNS,
+from agentrun.worker.store.channels import (
+    LIVENESS_LOCK_CLASS as LIVENESS_LOCK_CLASS,
 )
 from agentrun.worker.store.runs import (
-    LIVENESS_LOCK_CLASS as LIVENESS_LOCK_CLASS,
+    DECISION_COLUMNS as DECISION_COLUMNS,
 )
 from agentrun.worker.store.runs import (
     RUN_COLUMNS as RUN_COLUMNS,

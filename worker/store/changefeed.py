@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from agentrun.worker.core.records import PendingCall, Run, Step
-from agentrun.worker.store.runs import DECISION_COLUMNS, RUN_COLUMNS, TIMELINE_COLUMNS, _pending, _run, _step
+from agentrun.worker.store.rows import DECISION_COLUMNS, RUN_COLUMNS, TIMELINE_COLUMNS, _pending, _run, _step
 
 HORIZON = "SELECT agentrun_event_horizon() AS horizon"
 

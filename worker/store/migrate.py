@@ -9,8 +9,7 @@ import re
 import psycopg
 from psycopg.rows import TupleRow
 
-# Any constant both sides agree on; it only has to differ from other advisory locks in the database.
-MIGRATION_LOCK_KEY = 0x61676E7452756E  # "agntRun"
+from agentrun.worker.store.channels import MIGRATION_LOCK_KEY, render
 
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 
@@ -28,7 +27,8 @@ def available() -> list[Migration]:
     for entry in importlib.resources.files("agentrun.worker.store").joinpath("migrations").iterdir():
         m = _NAME.match(entry.name)
         if m:
-            found.append(Migration(int(m.group(1)), m.group(2), entry.read_text(encoding="utf-8")))
+            # The channel names and lock keys the triggers use are written in from store/channels.py.
+            found.append(Migration(int(m.group(1)), m.group(2), render(entry.read_text(encoding="utf-8"))))
     found.sort(key=lambda m: m.version)
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions):

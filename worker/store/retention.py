@@ -15,6 +15,8 @@ import psycopg
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
+from agentrun.worker.store.channels import PRUNE_LOCK_KEY
+
 log = logging.getLogger("agentrun.worker.store.retention")
 
 # Tables whose rows belong to one run (a `run_id` column), deleted with it. Only those that exist are
@@ -25,8 +27,6 @@ CHILD_TABLES: tuple[str, ...] = ("run_step", "run_lease", "run_decision")
 PARENT_COLUMNS: tuple[str, ...] = ("parent_run_id",)
 
 FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
-# Key of the advisory lock that lets one worker of the fleet prune at a time ("agRp").
-PRUNE_LOCK_KEY = 0x61675270
 DEFAULT_BATCH = 100
 REST = 2.0
 """After each batch the prune rests twice as long as the batch took: it takes at most a third of one

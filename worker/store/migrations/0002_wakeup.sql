@@ -5,7 +5,7 @@
 
 CREATE FUNCTION agentrun_wake() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('agentrun_wake', '');
+    PERFORM pg_notify('{{WAKE_CHANNEL}}', '');
     RETURN NULL;
 END
 $$;

@@ -5,7 +5,7 @@
 
 CREATE FUNCTION agentrun_notify_run() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('agentrun_run', NEW.id::text);
+    PERFORM pg_notify('{{RUN_CHANNEL}}', NEW.id::text);
     RETURN NULL;
 END
 $$;

@@ -27,7 +27,7 @@ ALTER TABLE run_step ADD COLUMN write_id UUID;
 -- Tell the worker holding a run at once that it was asked to stop, so it interrupts the step in flight.
 CREATE FUNCTION agentrun_notify_cancel() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('agentrun_cancel', NEW.id::text);
+    PERFORM pg_notify('{{CANCEL_CHANNEL}}', NEW.id::text);
     RETURN NULL;
 END
 $$;

@@ -18,9 +18,9 @@ $$;
 CREATE FUNCTION agentrun_event_notify() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF TG_TABLE_NAME = 'run' THEN
-        PERFORM pg_notify('agentrun_events', NEW.id::text);
+        PERFORM pg_notify('{{EVENTS_CHANNEL}}', NEW.id::text);
     ELSE
-        PERFORM pg_notify('agentrun_events', NEW.run_id::text);
+        PERFORM pg_notify('{{EVENTS_CHANNEL}}', NEW.run_id::text);
     END IF;
     RETURN NULL;
 END

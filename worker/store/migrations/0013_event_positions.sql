@@ -20,8 +20,8 @@
 -- prepared at all: the notify triggers' NOTIFY forbids PREPARE TRANSACTION).
 --
 -- Keys: the one-bigint form of advisory locks (objsubid 1), 0x6576 ("ev") in the top 16 bits and the
--- position in the low 48: apart from the liveness locks (two-int form, store.LIVENESS_LOCK_CLASS) and the
--- migration lock (0x0061676E7452756E, migrate.MIGRATION_LOCK_KEY). The gate is the key with position 0.
+-- position in the low 48: apart from the liveness locks (two-int form) and the migration and prune locks.
+-- The gate is the key with position 0. Names in double braces: agentrun.worker.store.channels' constants.
 
 -- Writers finish before the switch and start after it: no row written by the old trigger can commit
 -- with a transaction id above the first position handed out.
@@ -43,9 +43,9 @@ DECLARE
     pos text := current_setting('agentrun.event_position', true);
 BEGIN
     IF pos IS NULL OR pos = '' THEN
-        PERFORM pg_advisory_xact_lock_shared(7311031045082578944);  -- the gate: 0x6576 << 48
+        PERFORM pg_advisory_xact_lock_shared({{EVENT_LOCK_GATE}});  -- the gate: 0x6576 << 48
         pos := nextval('agentrun_event_position')::text;
-        PERFORM pg_advisory_xact_lock_shared(7311031045082578944 + pos::bigint);
+        PERFORM pg_advisory_xact_lock_shared({{EVENT_LOCK_GATE}} + pos::bigint);
         PERFORM set_config('agentrun.event_position', pos, true);
     END IF;
     NEW.event_xid := pos::xid8;
@@ -66,11 +66,11 @@ BEGIN
             FROM agentrun_event_position;
         SELECT min(held.pos), coalesce(bool_or(held.gated AND held.pos IS NULL), false)
             INTO lowest, between_steps
-            FROM (SELECT bool_or(key = 7311031045082578944 AND granted) AS gated,
-                         min(key - 7311031045082578944) FILTER (WHERE key <> 7311031045082578944) AS pos
+            FROM (SELECT bool_or(key = {{EVENT_LOCK_GATE}} AND granted) AS gated,
+                         min(key - {{EVENT_LOCK_GATE}}) FILTER (WHERE key <> {{EVENT_LOCK_GATE}}) AS pos
                   FROM (SELECT virtualtransaction, granted, (classid::bigint << 32) | objid::bigint AS key
                         FROM pg_locks
-                        WHERE locktype = 'advisory' AND objsubid = 1 AND classid::bigint >> 16 = 25974  -- 0x6576
+                        WHERE locktype = 'advisory' AND objsubid = 1 AND classid::bigint >> 16 = {{EVENT_LOCK_PREFIX}}
                           AND database = (SELECT oid FROM pg_database WHERE datname = current_database())) l
                   GROUP BY virtualtransaction) held;
         IF NOT between_steps THEN

@@ -1,0 +1,194 @@
+"""Claims and leases: which worker drives a run, for how long, and when it gives it back."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import psycopg
+
+from agentrun.worker.core.records import (
+    Progress,
+)
+from agentrun.worker.store.channels import LIVENESS_LOCK_CLASS
+from agentrun.worker.store.gateway import Gateway
+from agentrun.worker.store.rows import (
+    EPOCH,
+    RUN_COLUMNS,
+    Claim,
+    _run,
+)
+
+
+class Claims(Gateway):
+    # -- the lease -------------------------------------------------------------------------------
+
+    async def claim(
+        self, worker: str, lease_seconds: float, liveness: bool = False, liveness_grace: float = 1.0
+    ) -> Claim | None:
+        """Take the claimable run of highest priority, oldest first (`claim_many` for one)."""
+        claims = await self.claim_many(worker, lease_seconds, liveness, liveness_grace, limit=1)
+        return claims[0] if claims else None
+
+    async def claim_many(
+        self, worker: str, lease_seconds: float, liveness: bool = False, liveness_grace: float = 1.0, *,
+        limit: int = 1,
+    ) -> list[Claim]:
+        """Take up to `limit` claimable runs of highest priority, oldest first, in one statement: queued,
+        or running under a lease that has lapsed, and whose `run_at` has come.
+
+        With `liveness`, also a running run whose worker is dead: its liveness lock (presence.py) is free,
+        and has stayed free for `liveness_grace` seconds since a claim first found it so (`suspect`). A
+        live worker whose connection dropped takes its lock back within that grace, so only a worker that
+        is gone loses its runs early. The CASE keeps the lock attempt to RUNNING candidates with a live
+        lease whose holder is suspected, and runs it last.
+        """
+        rows = await self._all(
+            f"""WITH next AS (
+                    SELECT id, CASE WHEN status = 'RUNNING' THEN locked_by END AS taken_from FROM run
+                    WHERE run_at <= now() AND status IN ('QUEUED', 'RUNNING') AND CASE
+                          WHEN status = 'QUEUED' OR locked_until < now() THEN true
+                          WHEN NOT %(liveness)s THEN false
+                          WHEN NOT EXISTS (SELECT 1 FROM worker_suspect ws WHERE ws.worker = run.locked_by
+                                           AND ws.since <= now() - make_interval(secs => %(grace)s)) THEN false
+                          ELSE pg_try_advisory_xact_lock(%(lock_class)s, hashtext(locked_by)) END
+                    ORDER BY priority DESC, run_at FOR UPDATE SKIP LOCKED LIMIT %(limit)s)
+                UPDATE run r SET status = 'RUNNING', locked_by = %(worker)s, lease_epoch = r.lease_epoch + 1,
+                       locked_until = now() + make_interval(secs => %(lease)s),
+                       started_at = coalesce(r.started_at, now()), claims = r.claims + 1,
+                       crashes = r.crashes + CASE WHEN r.status = 'RUNNING' AND NOT r.handed_back THEN 1 ELSE 0 END,
+                       handed_back = false
+                FROM next WHERE r.id = next.id
+                RETURNING {RUN_COLUMNS}, now() AS db_now, next.taken_from""",
+            {"worker": worker, "lease": lease_seconds, "liveness": liveness, "lock_class": LIVENESS_LOCK_CLASS,
+             "grace": liveness_grace, "limit": limit},
+        )
+        claims = []
+        for row in rows:
+            db_now = row.pop("db_now")
+            taken_from = row.pop("taken_from")
+            run = _run(row)
+            claims.append(Claim(run, Progress(run.tokens_used, run.cost_usd, run.cancel_requested, db_now), taken_from))
+        # Highest priority first, as they were chosen (UPDATE … RETURNING keeps no order of its own).
+        claims.sort(key=lambda c: (-c.run.priority, c.run.run_at or c.progress.db_now))
+        return claims
+
+    async def suspect(self, worker: str, liveness_grace: float) -> float | None:
+        """Look for workers holding live leases whose liveness lock is free, and note since when.
+
+        Forgets the suspicions of workers that hold nothing any more. Returns the seconds until the
+        earliest suspicion is old enough for a claim to take that worker's runs, or None if there is none.
+        """
+        row = await self._one(
+            """WITH holders AS (
+                    SELECT DISTINCT locked_by AS worker FROM run
+                    WHERE status = 'RUNNING' AND locked_until >= now() AND locked_by <> %(worker)s),
+                free AS (
+                    SELECT worker FROM holders WHERE pg_try_advisory_xact_lock(%(lock_class)s, hashtext(worker))),
+                noted AS (
+                    INSERT INTO worker_suspect (worker) SELECT worker FROM free
+                    ON CONFLICT (worker) DO NOTHING RETURNING since),
+                forgotten AS (
+                    DELETE FROM worker_suspect ws
+                    WHERE NOT EXISTS (SELECT 1 FROM holders h WHERE h.worker = ws.worker))
+                SELECT extract(epoch FROM least(
+                    (SELECT min(ws.since) FROM worker_suspect ws JOIN free USING (worker)),
+                    (SELECT min(since) FROM noted))
+                    + make_interval(secs => %(grace)s) - now())::float8 AS wait""",
+            {"worker": worker, "lock_class": LIVENESS_LOCK_CLASS, "grace": liveness_grace},
+        )
+        wait = row["wait"] if row else None
+        return None if wait is None else max(float(wait), 0.0)
+
+    async def next_run_in(self) -> float | None:
+        """Seconds until the earliest scheduled run (or one handed back with a delay) becomes claimable;
+        None if there is none. An idle worker sleeps no longer than this, so a scheduled run starts on time."""
+        row = await self._one(
+            """SELECT extract(epoch FROM min(run_at) - now())::float8 AS wait FROM run
+               WHERE status IN ('QUEUED', 'RUNNING') AND run_at > now()""",
+            (),
+        )
+        wait = row["wait"] if row else None
+        return None if wait is None else max(float(wait), 0.0)
+
+    async def vouch(self, worker: str) -> None:
+        """Withdraw any suspicion of `worker`: called by its presence connection once it holds its lock."""
+        await self._one("DELETE FROM worker_suspect WHERE worker = %s RETURNING worker", (worker,))
+
+    async def renew(
+        self, run_ids: Sequence[uuid.UUID], worker: str, lease_seconds: float,
+        epochs: Mapping[uuid.UUID, int] | None = None,
+    ) -> dict[uuid.UUID, bool]:
+        """Extend the leases of runs this worker holds; returns each still-held run's cancel flag.
+
+        `epochs` names the claim each run is held under (a run claimed again since is not renewed for
+        the earlier claim). A run missing from the answer is lost. A held run whose row is locked at this moment (by a
+        batch of this worker's writes, which renews its lease itself, or by a cancel) is skipped, not
+        waited for, and counted held with no cancel seen: a renewal waiting on a batch while that batch
+        waits on a run the renewal locked would be a deadlock.
+        """
+        rows = await self._all(
+            """WITH held AS (SELECT * FROM unnest(%(ids)s::uuid[], %(epochs)s::bigint[]) AS h (id, epoch)),
+                mine AS (
+                    SELECT run.id, run.cancel_requested FROM run JOIN held ON run.id = held.id
+                    WHERE run.locked_by = %(worker)s AND run.status = 'RUNNING'
+                      AND (held.epoch IS NULL OR run.lease_epoch = held.epoch)),
+                free AS (
+                    SELECT id FROM run WHERE id IN (SELECT id FROM mine) AND locked_by = %(worker)s
+                      AND status = 'RUNNING' FOR UPDATE SKIP LOCKED),
+                renewed AS (
+                    UPDATE run SET locked_until = now() + make_interval(secs => %(lease)s)
+                    FROM free WHERE run.id = free.id RETURNING run.id, run.cancel_requested)
+                SELECT mine.id, coalesce(renewed.cancel_requested, false) AS cancel_requested
+                FROM mine LEFT JOIN renewed USING (id)""",
+            {"ids": list(run_ids), "epochs": [(epochs or {}).get(i) for i in run_ids], "worker": worker,
+             "lease": lease_seconds},
+        )
+        return {r["id"]: r["cancel_requested"] for r in rows}
+
+    async def release(
+        self, run_id: uuid.UUID, worker: str, *, delay: float | None = None, epoch: int | None = None,
+        again: bool = False,
+    ) -> bool:
+        """Give a held run back at once, so another worker resumes it without waiting for the lease; False
+        if this worker did not hold it (under `epoch`, the claim it was held under).
+
+        The run is QUEUED again with no holder: nobody drives it, so a cancel ends it at once. With
+        `delay` (seconds), it is claimable again only after it (a model API outage: a later claim
+        retries the model step; `run_at` says when) and counts as one more consecutive model failure.
+        A copy sent again finds the run handed back under the same epoch and counts nothing twice.
+        """
+        row = await self._fenced(
+            run_id,
+            f"""WITH released AS (
+                    UPDATE run SET status = 'QUEUED', locked_by = NULL, locked_until = NULL, handed_back = true,
+                        run_at = CASE WHEN %(delay)s::float8 IS NULL THEN run_at
+                                      ELSE least(now() + make_interval(secs => %(delay)s), deadline_at) END,
+                        model_retries = model_retries + CASE WHEN %(delay)s::float8 IS NULL THEN 0 ELSE 1 END
+                    WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING' AND {EPOCH}
+                    RETURNING id)
+                SELECT coalesce(
+                    (SELECT id FROM released),
+                    (SELECT id FROM run WHERE id = %(id)s AND %(epoch)s::bigint IS NOT NULL
+                        AND lease_epoch = %(epoch)s::bigint AND handed_back AND locked_by IS NULL)) AS id""",
+            {"id": run_id, "worker": worker, "delay": delay, "epoch": epoch},
+            again=again,
+        )
+        return row is not None and row["id"] is not None
+
+
+# A worker's presence connection (runtime/presence.py) holds its liveness lock for as long as it lives;
+# claims of its runs try the lock (above) before they take one over.
+
+
+async def take_liveness_lock(conn: psycopg.AsyncConnection[Any], worker: str) -> bool:
+    """Take `worker`'s liveness lock on this session; False if another live session holds it."""
+    cur = await conn.execute("SELECT pg_try_advisory_lock(%s, hashtext(%s))", (LIVENESS_LOCK_CLASS, worker))
+    row = await cur.fetchone()
+    return bool(row and row[0])
+
+
+async def clear_suspicion(conn: psycopg.AsyncConnection[Any], worker: str) -> None:
+    """Holding its lock again: whoever found it free while the worker was away must not take its runs."""
+    await conn.execute("DELETE FROM worker_suspect WHERE worker = %s", (worker,))

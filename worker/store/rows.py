@@ -1,0 +1,121 @@
+"""What the run tables' rows are to the code: the columns read, the fence every write of a held run
+starts with, and the records rows become."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from enum import Enum
+from typing import Any
+
+from agentrun.worker.core.records import (
+    Decision,
+    DecisionKind,
+    PendingCall,
+    Progress,
+    Run,
+    RunStatus,
+    Step,
+    StepKind,
+    StepStatus,
+)
+
+
+class LeaseLost(Exception):
+    """The worker no longer holds the run: another worker took it over, or it finished or was stopped, or
+    the same worker claimed it again since (a later lease epoch) and the write came from the earlier claim."""
+
+    def __init__(self, run_id: uuid.UUID, worker: str) -> None:
+        super().__init__(f"worker {worker} no longer holds run {run_id}")
+        self.run_id = run_id
+        self.worker = worker
+
+
+RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_budget, r.tokens_used,
+    r.cost_budget_usd, r.cost_usd, r.max_steps, r.timeout_seconds, r.deadline_at, r.cancel_requested,
+    r.error, r.locked_by, r.locked_until, r.created_at, r.started_at, r.finished_at,
+    r.idempotency_key, r.k8s_namespace, r.k8s_name, r.crashes, r.model_retries, r.created_by,
+    r.cancelled_by, r.traceparent, r.priority, r.run_at,
+    r.require_approval, r.output_schema, r.output, r.parent_run_id, r.forked_at_seq, r.inherited_steps,
+    r.lease_epoch,
+    CASE WHEN r.status = 'WAITING' THEN (SELECT count(*) FROM run_decision d
+         WHERE d.run_id = r.id AND d.decision IS NULL) ELSE 0 END AS pending,
+    (SELECT coalesce(max(s.seq), 0) FROM run_step s WHERE s.run_id = r.id) AS steps"""
+
+STEP_COLUMNS = """run_id, seq, kind, status, tool_name, tool_use_id, request, response, stop_reason,
+    input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd,
+    latency_ms, attempts, worker, started_at, finished_at, inherited"""
+
+TIMELINE_COLUMNS = STEP_COLUMNS.replace("request, response,", "NULL AS request, NULL AS response,")
+
+# The fence. `fence` locks the run row if and only if this worker still holds it under the claim the
+# write was made for (its lease epoch: every claim counts one more); every other part of a fenced
+# statement reads from it, so when it yields no row the worker lost the run and nothing is written.
+# `owned` renews the lease (plus `extra`) and yields the counters for the guard. A NULL epoch (a caller
+# outside the engine, such as a test) fences on the worker alone.
+EPOCH = "(%(epoch)s::bigint IS NULL OR lease_epoch = %(epoch)s::bigint)"
+
+FENCE = f"""fence AS (
+    SELECT id FROM run WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING' AND {EPOCH}
+    FOR UPDATE)"""
+
+OWNED = """owned AS (
+    UPDATE run SET locked_until = now() + make_interval(secs => %(lease)s) {extra}
+    FROM fence WHERE run.id = fence.id
+    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)"""
+
+
+PROGRESS = "owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now"
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    """A run a worker just claimed, and who held it before if it was taken over from another worker."""
+
+    run: Run
+    progress: Progress
+    taken_from: str | None = None
+
+    @property
+    def fresh(self) -> bool:
+        """Claimed QUEUED with no step: nothing to replay, and no holder that could be writing steps."""
+        return self.taken_from is None and self.run.steps == 0
+
+
+def _run(row: dict[str, Any]) -> Run:
+    row = dict(row)
+    row["status"] = RunStatus(row["status"])
+    row["tools"] = tuple(row["tools"]) if row["tools"] is not None else None
+    if row.get("require_approval") is not None:
+        row["require_approval"] = tuple(row["require_approval"])
+    return Run(**row)
+
+
+DECISION_COLUMNS = """run_id, tool_use_id, kind, tool_name, input, since, decision, output, is_error, reason,
+    decided_at, decided_by, attempt"""
+
+
+def _pending(row: dict[str, Any]) -> PendingCall:
+    row = dict(row)
+    row["kind"] = DecisionKind(row["kind"])
+    row["decision"] = Decision(row["decision"]) if row["decision"] is not None else None
+    return PendingCall(**row)
+
+
+class DecideOutcome(str, Enum):
+    DECIDED = "decided"  # the decision was stored (and, if it was the last open one, the run queued again)
+    NO_RUN = "no_run"
+    NO_CALL = "no_call"  # the run has no pending call with that tool_use id
+    WRONG_KIND = "wrong_kind"  # e.g. approve on a call in doubt
+    ALREADY = "already"  # the call was decided before, or the run is no longer waiting
+
+
+def _step(row: dict[str, Any]) -> Step:
+    row = dict(row)
+    row["kind"] = StepKind(row["kind"])
+    row["status"] = StepStatus(row["status"])
+    return Step(**row)
+
+
+def _progress(row: dict[str, Any]) -> Progress:
+    return Progress(row["tokens_used"], row["cost_usd"], row["cancel_requested"], row["db_now"])

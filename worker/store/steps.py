@@ -1,0 +1,332 @@
+"""The fenced writes of a held run: a model step, a tool call started and finished, the run's end.
+
+Each write is ONE statement (data-modifying CTEs), atomic by itself; it renews the lease and returns
+the run's counters for the guard. The writes of held runs go through group commit (groupcommit.py):
+alone when nothing else is queued, else with the other runs' writes in one transaction and one round
+trip, where the three writes every step makes share one statement per kind (CHECKPOINTS, TOOL_STARTS,
+TOOL_FINISHES), each run in it fenced on its own."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from psycopg.types.json import Jsonb
+
+from agentrun.worker.core.records import (
+    ModelTurn,
+    Progress,
+    RunStatus,
+)
+from agentrun.worker.core.text import clean
+from agentrun.worker.store.gateway import Gateway
+from agentrun.worker.store.groupcommit import Shared
+from agentrun.worker.store.rows import (
+    EPOCH,
+    FENCE,
+    OWNED,
+    PROGRESS,
+    LeaseLost,
+    _progress,
+)
+
+# The shared forms of the three writes every step makes (groupcommit.py): one statement for the copies
+# of many runs. `w` has a row per run; `fence` locks, in id order, those still held by the worker that
+# sent its row; every other part joins it, so a run whose lease is gone gets no row back and nothing
+# written, whatever happens to the others. Each reads and writes as its one-run form above does.
+SHARED_FENCE = """fence AS (
+    SELECT run.id FROM run JOIN w ON run.id = w.id AND run.locked_by = w.worker
+    WHERE run.status = 'RUNNING' AND (w.epoch IS NULL OR run.lease_epoch = w.epoch)
+    ORDER BY run.id FOR UPDATE OF run)"""
+
+SHARED_PROGRESS = "owned.id, owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now"
+
+CHECKPOINTS = Shared("checkpoint_model", f"""
+WITH w AS (
+    SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(epoch)s::bigint[], %(lease)s::float8[],
+        %(wid)s::uuid[], %(request)s::text[], %(response)s::text[], %(stop)s::text[], %(in)s::int[], %(out)s::int[],
+        %(cw)s::int[], %(cr)s::int[], %(cost)s::numeric[], %(ms)s::int[])
+    AS w (id, worker, epoch, lease, wid, request, response, stop, i, o, cw, cr, cost, ms)),
+{SHARED_FENCE},
+done AS (SELECT s.run_id AS id, s.seq FROM run_step s JOIN w ON s.run_id = w.id AND s.write_id = w.wid),
+step AS (
+    INSERT INTO run_step (run_id, seq, kind, status, request, response, stop_reason,
+        input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens,
+        cost_usd, latency_ms, worker, started_at, finished_at, write_id)
+    SELECT w.id, (SELECT coalesce(max(s.seq), 0) + 1 FROM run_step s WHERE s.run_id = w.id),
+        'MODEL', 'DONE', w.request, w.response, w.stop, w.i, w.o, w.cw, w.cr, w.cost, w.ms, w.worker,
+        now() - make_interval(secs => w.ms / 1000.0), now(), w.wid
+    FROM w JOIN fence USING (id) WHERE NOT EXISTS (SELECT 1 FROM done WHERE done.id = w.id)
+    RETURNING run_id AS id, seq,
+        input_tokens + output_tokens + cache_creation_input_tokens + cache_read_input_tokens AS tokens, cost_usd),
+owned AS (
+    UPDATE run SET locked_until = now() + make_interval(secs => w.lease),
+        tokens_used = run.tokens_used + coalesce(step.tokens, 0),
+        cost_usd = run.cost_usd + coalesce(step.cost_usd, 0), model_retries = 0
+    FROM w JOIN fence USING (id) LEFT JOIN step USING (id) WHERE run.id = w.id
+    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)
+SELECT coalesce(step.seq, done.seq) AS seq, {SHARED_PROGRESS}
+FROM owned LEFT JOIN step USING (id) LEFT JOIN done USING (id)""".encode(),
+    ("id", "worker", "epoch", "lease", "wid", "request", "response", "stop", "in", "out", "cw", "cr", "cost", "ms"))
+
+TOOL_STARTS = Shared("start_tool", f"""
+WITH w AS (
+    SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(epoch)s::bigint[], %(lease)s::float8[],
+        %(wid)s::uuid[], %(tuid)s::text[], %(name)s::text[], %(request)s::text[])
+    AS w (id, worker, epoch, lease, wid, tuid, name, request)),
+{SHARED_FENCE},
+done AS (SELECT s.run_id AS id, s.seq, s.attempts FROM run_step s JOIN w ON s.run_id = w.id
+         WHERE s.kind = 'TOOL' AND s.tool_use_id = w.tuid AND s.write_id = w.wid AND s.status = 'STARTED'),
+step AS (
+    INSERT INTO run_step (run_id, seq, kind, tool_name, tool_use_id, status, request, worker, write_id)
+    SELECT w.id, (SELECT coalesce(max(s.seq), 0) + 1 FROM run_step s WHERE s.run_id = w.id),
+        'TOOL', w.name, w.tuid, 'STARTED', w.request, w.worker, w.wid
+    FROM w JOIN fence USING (id) WHERE NOT EXISTS (SELECT 1 FROM done WHERE done.id = w.id)
+    ON CONFLICT (run_id, tool_use_id) WHERE kind = 'TOOL'
+    DO UPDATE SET attempts = run_step.attempts + 1, worker = EXCLUDED.worker,
+                  started_at = now(), write_id = EXCLUDED.write_id
+    WHERE run_step.status = 'STARTED' AND run_step.write_id IS DISTINCT FROM EXCLUDED.write_id
+    RETURNING run_id AS id, seq, attempts),
+owned AS (
+    UPDATE run SET locked_until = now() + make_interval(secs => w.lease)
+    FROM w JOIN fence USING (id) WHERE run.id = w.id
+    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)
+SELECT coalesce(step.seq, done.seq) AS seq, coalesce(step.attempts, done.attempts) AS attempts, {SHARED_PROGRESS}
+FROM owned LEFT JOIN step USING (id) LEFT JOIN done USING (id)""".encode(),
+    ("id", "worker", "epoch", "lease", "wid", "tuid", "name", "request"))
+
+TOOL_FINISHES = Shared("finish_tool", f"""
+WITH w AS (
+    SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(epoch)s::bigint[], %(lease)s::float8[],
+        %(wid)s::uuid[], %(tuid)s::text[], %(status)s::text[], %(output)s::text[], %(ms)s::int[])
+    AS w (id, worker, epoch, lease, wid, tuid, status, output, ms)),
+{SHARED_FENCE},
+step AS (
+    UPDATE run_step SET status = w.status, response = w.output, latency_ms = w.ms, worker = w.worker,
+                        finished_at = now(), write_id = w.wid
+    FROM w JOIN fence USING (id)
+    WHERE run_step.run_id = w.id AND run_step.kind = 'TOOL' AND run_step.tool_use_id = w.tuid
+      AND (run_step.status = 'STARTED' OR run_step.write_id = w.wid)
+    RETURNING run_step.run_id AS id, run_step.seq),
+owned AS (
+    UPDATE run SET locked_until = now() + make_interval(secs => w.lease)
+    FROM w JOIN fence USING (id) WHERE run.id = w.id
+    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)
+SELECT step.seq, {SHARED_PROGRESS} FROM owned LEFT JOIN step USING (id)""".encode(),
+    ("id", "worker", "epoch", "lease", "wid", "tuid", "status", "output", "ms"))
+
+
+class StepWrites(Gateway):
+    # -- fenced writes of a held run -----------------------------------------------------------
+
+    async def checkpoint_model(
+        self,
+        run_id: uuid.UUID,
+        worker: str,
+        lease_seconds: float,
+        turn: ModelTurn,
+        *,
+        write_id: uuid.UUID | None = None,
+        epoch: int | None = None,
+        again: bool = False,
+    ) -> tuple[int, Progress]:
+        """The model step row, the token and cost counters and the lease renewal, all or nothing.
+
+        `write_id` names this write: sent again after its outcome was lost with a connection (`again`),
+        it finds the step it already wrote instead of appending a second one, and adds no tokens twice.
+        Every fenced write takes `epoch`, the lease epoch of the claim it is made under (Run.lease_epoch).
+        """
+        usage = turn.usage
+        # Counted only by the write that made the step, not by a copy of it sent again.
+        extra = """, tokens_used = run.tokens_used + CASE WHEN EXISTS (SELECT FROM step) THEN %(tokens)s ELSE 0 END,
+                   cost_usd = run.cost_usd + CASE WHEN EXISTS (SELECT FROM step) THEN coalesce(%(cost)s, 0) ELSE 0 END,
+                   model_retries = 0"""
+        row = await self._fenced(
+            run_id,
+            f"""WITH {FENCE},
+                done AS (SELECT seq FROM run_step WHERE run_id = %(id)s AND write_id = %(wid)s),
+                step AS (
+                    INSERT INTO run_step (run_id, seq, kind, status, request, response, stop_reason,
+                        input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens,
+                        cost_usd, latency_ms, worker, started_at, finished_at, write_id)
+                    SELECT id, (SELECT coalesce(max(seq), 0) + 1 FROM run_step WHERE run_id = %(id)s),
+                        'MODEL', 'DONE', %(request)s, %(response)s, %(stop)s, %(in)s, %(out)s,
+                        %(cw)s, %(cr)s, %(cost)s, %(ms)s, %(worker)s,
+                        now() - make_interval(secs => %(ms)s / 1000.0), now(), %(wid)s
+                    FROM fence WHERE NOT EXISTS (SELECT 1 FROM done)
+                    RETURNING seq),
+                {OWNED.format(extra=extra)}
+                SELECT coalesce((SELECT seq FROM step), (SELECT seq FROM done)) AS seq, {PROGRESS} FROM owned""",
+            {
+                "id": run_id, "worker": worker, "lease": lease_seconds, "tokens": usage.total, "cost": turn.cost_usd,
+                "request": turn.request, "response": turn.response, "stop": turn.stop_reason,
+                "in": usage.input_tokens, "out": usage.output_tokens, "cw": usage.cache_creation_input_tokens,
+                "cr": usage.cache_read_input_tokens, "ms": turn.latency_ms, "wid": write_id or uuid.uuid4(),
+                "epoch": epoch,
+            },
+            shared=CHECKPOINTS, again=again,
+        )
+        if row is None:
+            raise LeaseLost(run_id, worker)
+        return row["seq"], _progress(row)
+
+    async def start_tool(
+        self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, write_id: uuid.UUID | None = None,
+        epoch: int | None = None, again: bool = False, tool_use_id: str, tool_name: str, request: str,
+    ) -> tuple[int, int, Progress]:
+        """Write the STARTED row before the tool runs; returns (seq, attempts, progress).
+
+        The tool_use id is the key: after a crash the same row is found again (`attempts` counts the
+        executions) instead of a second step being appended. The same `write_id` sent again (its first
+        outcome was lost) counts no second execution.
+        """
+        row = await self._fenced(
+            run_id,
+            f"""WITH {FENCE},
+                done AS (SELECT seq, attempts FROM run_step
+                         WHERE run_id = %(id)s AND kind = 'TOOL' AND tool_use_id = %(tuid)s
+                           AND write_id = %(wid)s AND status = 'STARTED'),
+                step AS (
+                    INSERT INTO run_step (run_id, seq, kind, tool_name, tool_use_id, status, request, worker,
+                                          write_id)
+                    SELECT id, (SELECT coalesce(max(seq), 0) + 1 FROM run_step WHERE run_id = %(id)s),
+                        'TOOL', %(name)s, %(tuid)s, 'STARTED', %(request)s, %(worker)s, %(wid)s
+                    FROM fence WHERE NOT EXISTS (SELECT 1 FROM done)
+                    ON CONFLICT (run_id, tool_use_id) WHERE kind = 'TOOL'
+                    DO UPDATE SET attempts = run_step.attempts + 1, worker = EXCLUDED.worker,
+                                  started_at = now(), write_id = EXCLUDED.write_id
+                    WHERE run_step.status = 'STARTED' AND run_step.write_id IS DISTINCT FROM EXCLUDED.write_id
+                    RETURNING seq, attempts),
+                {OWNED.format(extra="")}
+                SELECT coalesce(step.seq, done.seq) AS seq, coalesce(step.attempts, done.attempts) AS attempts,
+                       {PROGRESS}
+                FROM owned LEFT JOIN step ON true LEFT JOIN done ON true""",
+            {"id": run_id, "worker": worker, "lease": lease_seconds, "tuid": tool_use_id, "name": tool_name,
+             "request": request, "wid": write_id or uuid.uuid4(), "epoch": epoch},
+            shared=TOOL_STARTS, again=again,
+        )
+        if row is None:
+            raise LeaseLost(run_id, worker)
+        if row["seq"] is None:
+            raise RuntimeError(f"run {run_id}: tool step {tool_use_id} is already finished")
+        return row["seq"], row["attempts"], _progress(row)
+
+    async def finish_tool(
+        self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, write_id: uuid.UUID | None = None,
+        epoch: int | None = None, again: bool = False, tool_use_id: str, ok: bool, output: str, latency_ms: int,
+    ) -> Progress:
+        """Record a tool's outcome. Only a STARTED step changes; the same `write_id` sent again (its first
+        outcome was lost) finds its own write and changes nothing."""
+        row = await self._fenced(
+            run_id,
+            f"""WITH {FENCE},
+                step AS (
+                    UPDATE run_step SET status = %(status)s, response = %(output)s, latency_ms = %(ms)s,
+                                        worker = %(worker)s, finished_at = now(), write_id = %(wid)s
+                    FROM fence
+                    WHERE run_step.run_id = fence.id AND run_step.kind = 'TOOL'
+                      AND run_step.tool_use_id = %(tuid)s
+                      AND (run_step.status = 'STARTED' OR run_step.write_id = %(wid)s)
+                    RETURNING seq),
+                {OWNED.format(extra="")}
+                SELECT step.seq, {PROGRESS} FROM owned LEFT JOIN step ON true""",
+            {"id": run_id, "worker": worker, "lease": lease_seconds, "tuid": tool_use_id,
+             "status": "DONE" if ok else "ERROR", "output": output, "ms": latency_ms, "wid": write_id or uuid.uuid4(),
+             "epoch": epoch},
+            shared=TOOL_FINISHES, again=again,
+        )
+        if row is None:
+            raise LeaseLost(run_id, worker)
+        if row["seq"] is None:
+            raise RuntimeError(f"run {run_id}: tool step {tool_use_id} was not STARTED")
+        return _progress(row)
+
+    async def finish(
+        self, run_id: uuid.UUID, worker: str, status: RunStatus, error: str | None, *, again: bool = False,
+        output: Any = None, epoch: int | None = None,
+    ) -> int:
+        """End a held run; returns its tokens used. locked_by keeps the worker that finished it.
+
+        `again` is for sending the same finish after its outcome was lost: a run this worker already
+        ended with that status counts as done rather than as a lost lease.
+        """
+        assert status.terminal
+        params = {"status": status.value, "error": clean(error) if error is not None else None, "id": run_id,
+                  "worker": worker, "again": again, "output": Jsonb(output) if output is not None else None,
+                  "epoch": epoch}
+        row = await self._fenced(
+            run_id,
+            f"""WITH done AS (
+                    UPDATE run SET status = %(status)s, error = %(error)s, finished_at = now(), locked_until = NULL,
+                                   output = %(output)s
+                    WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING' AND {EPOCH}
+                    RETURNING tokens_used)
+                SELECT coalesce(
+                    (SELECT tokens_used FROM done),
+                    (SELECT tokens_used FROM run WHERE %(again)s AND id = %(id)s AND locked_by = %(worker)s
+                        AND status = %(status)s AND {EPOCH})) AS tokens_used""",
+            params, again=again,
+        )
+        if row is None or row["tokens_used"] is None:
+            raise LeaseLost(run_id, worker)
+        return int(row["tokens_used"])
+
+    async def settle_tool(
+        self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, write_id: uuid.UUID | None = None,
+        epoch: int | None = None, again: bool = False, tool_use_id: str, tool_name: str, request: str, ok: bool,
+        output: str,
+    ) -> Progress:
+        """Record a tool call's outcome without executing it (a person denied it, or recorded what a call in
+        doubt did): a finished step, made at once, or the call's STARTED row finished. Never executed
+        here, so a new row counts 0 attempts."""
+        row = await self._fenced(
+            run_id,
+            f"""WITH {FENCE},
+                step AS (
+                    INSERT INTO run_step (run_id, seq, kind, tool_name, tool_use_id, status, request, response,
+                                          attempts, worker, finished_at, write_id)
+                    SELECT id, (SELECT coalesce(max(seq), 0) + 1 FROM run_step WHERE run_id = %(id)s),
+                        'TOOL', %(name)s, %(tuid)s, %(status)s, %(request)s, %(output)s, 0, %(worker)s, now(), %(wid)s
+                    FROM fence
+                    ON CONFLICT (run_id, tool_use_id) WHERE kind = 'TOOL'
+                    DO UPDATE SET status = EXCLUDED.status, response = EXCLUDED.response, worker = EXCLUDED.worker,
+                                  finished_at = now(), write_id = EXCLUDED.write_id
+                    WHERE run_step.status = 'STARTED' OR run_step.write_id = EXCLUDED.write_id
+                    RETURNING seq),
+                {OWNED.format(extra="")}
+                SELECT step.seq, {PROGRESS} FROM owned LEFT JOIN step ON true""",
+            {"id": run_id, "worker": worker, "lease": lease_seconds, "tuid": tool_use_id, "name": tool_name,
+             "request": request, "status": "DONE" if ok else "ERROR", "output": output,
+             "wid": write_id or uuid.uuid4(), "epoch": epoch},
+            again=again,
+        )
+        if row is None:
+            raise LeaseLost(run_id, worker)
+        if row["seq"] is None:
+            raise RuntimeError(f"run {run_id}: tool step {tool_use_id} is already finished")
+        return _progress(row)
+
+    async def add_user_step(
+        self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, write_id: uuid.UUID | None = None,
+        epoch: int | None = None, again: bool = False, text: str, request: str | None = None,
+    ) -> Progress:
+        """Append a user message to a held run's conversation (a correction the engine makes)."""
+        row = await self._fenced(
+            run_id,
+            f"""WITH {FENCE},
+                done AS (SELECT seq FROM run_step WHERE run_id = %(id)s AND write_id = %(wid)s),
+                step AS (
+                    INSERT INTO run_step (run_id, seq, kind, status, request, response, worker, finished_at, write_id)
+                    SELECT id, (SELECT coalesce(max(seq), 0) + 1 FROM run_step WHERE run_id = %(id)s),
+                        'USER', 'DONE', %(request)s, %(text)s, %(worker)s, now(), %(wid)s
+                    FROM fence WHERE NOT EXISTS (SELECT 1 FROM done)
+                    RETURNING seq),
+                {OWNED.format(extra="")}
+                SELECT {PROGRESS} FROM owned""",
+            {"id": run_id, "worker": worker, "lease": lease_seconds, "text": text, "request": request,
+             "wid": write_id or uuid.uuid4(), "epoch": epoch},
+            again=again,
+        )
+        if row is None:
+            raise LeaseLost(run_id, worker)
+        return _progress(row)

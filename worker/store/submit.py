@@ -1,0 +1,166 @@
+"""Submission: a new run (fresh, continued or forked from another), and a request to cancel one."""
+
+from __future__ import annotations
+
+import uuid
+
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+
+from agentrun.worker.core.records import (
+    NewRun,
+    Run,
+)
+from agentrun.worker.core.text import unstorable
+from agentrun.worker.store.gateway import Gateway
+
+# A continued or forked run starts with the steps of its parent, copied and marked inherited: replay
+# needs nothing else, and the parent may be pruned later without breaking its child. A continuation
+# copies every step and adds the new input as a USER step of its own; a conversation that began as the
+# parent's `input` gets that input as a USER step first. A fork copies the first `fork_seq` steps. Tool
+# steps left STARTED are copied too: their call is in doubt in the new run as it was in its parent (a call
+# of an idempotent tool simply runs again), and the new run asks its own people, not the parent's
+# decisions, before it runs one again. So is a STARTED step just past a fork's last step whose call the
+# fork still owes (no model or user step between): a fork at the model step that asked for a call in
+# doubt must not make that call again unasked. A continuation goes on from a SUCCEEDED run, which owes
+# nothing: its STARTED rows, if any, are history only.
+_INHERIT = b"""
+WITH parent AS (SELECT id, input FROM run WHERE id = %(parent)s),
+opening AS (
+    SELECT p.input FROM parent p
+    WHERE %(fork_seq)s::int IS NULL
+      AND NOT EXISTS (SELECT 1 FROM run_step s WHERE s.run_id = p.id AND s.seq = 1 AND s.kind = 'USER')),
+copied AS (
+    SELECT s.* FROM run_step s JOIN parent p ON s.run_id = p.id
+    WHERE %(fork_seq)s::int IS NULL OR s.seq <= %(fork_seq)s
+       OR (s.kind = 'TOOL' AND s.status = 'STARTED'
+           AND NOT EXISTS (SELECT 1 FROM run_step t WHERE t.run_id = p.id AND t.kind <> 'TOOL'
+                           AND t.seq > %(fork_seq)s AND t.seq < s.seq))),
+shift AS (SELECT count(*)::int AS n FROM opening),
+steps AS (
+    INSERT INTO run_step (run_id, seq, kind, status, tool_name, tool_use_id, request, response, stop_reason,
+        input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd, latency_ms,
+        attempts, worker, started_at, finished_at, inherited)
+    SELECT %(id)s, 1, 'USER', 'DONE', NULL, NULL, NULL, o.input, NULL, 0, 0, 0, 0, NULL, NULL, 1, NULL, now(), now(),
+           true FROM opening o
+    UNION ALL
+    SELECT %(id)s, (SELECT n FROM shift) + row_number() OVER (ORDER BY c.seq), c.kind, c.status, c.tool_name,
+           c.tool_use_id, c.request, c.response, c.stop_reason, c.input_tokens, c.output_tokens,
+           c.cache_creation_input_tokens, c.cache_read_input_tokens, c.cost_usd, c.latency_ms, c.attempts,
+           c.worker, c.started_at, c.finished_at, true
+    FROM copied c
+    RETURNING seq),
+own AS (
+    INSERT INTO run_step (run_id, seq, kind, status, response, started_at, finished_at)
+    SELECT %(id)s, (SELECT count(*) FROM steps) + 1, 'USER', 'DONE', %(input)s, now(), now()
+    WHERE %(fork_seq)s::int IS NULL
+    RETURNING seq)
+UPDATE run SET inherited_steps = (SELECT count(*) FROM steps) WHERE id = %(id)s
+"""
+
+
+class Submissions(Gateway):
+    async def create(self, new: NewRun) -> tuple[Run, bool]:
+        """Insert a run; returns it and whether it is new.
+
+        A run with the same id (the operator retrying) or the same idempotency key (a client retrying)
+        is returned as it is instead of a second one being made. Raises ValueError naming the field
+        if a text cannot be stored (a NUL character, a lone surrogate): the caller's input, refused
+        whole rather than changed.
+        """
+        texts = {"input": new.input, "model": new.model, "system": new.system, "idempotency key": new.idempotency_key,
+                 **{f"tool name {t!r}": t for t in new.tools or ()}}
+        for field, text in texts.items():
+            if (why := unstorable(text)) is not None:
+                raise ValueError(f"run {field} {why}")
+        params = {
+            "id": new.id or uuid.uuid4(),
+            "input": new.input,
+            "model": new.model,
+            "system": new.system,
+            "tools": list(new.tools) if new.tools is not None else None,
+            "token_budget": new.token_budget,
+            "cost_budget_usd": new.cost_budget_usd,
+            "max_steps": new.max_steps,
+            "timeout_seconds": new.timeout_seconds,
+            "key": new.idempotency_key,
+            "ns": new.k8s_namespace,
+            "name": new.k8s_name,
+            "by": new.created_by,
+            "traceparent": new.traceparent,
+            "priority": new.priority,
+            "run_at": new.run_at,
+            "delay": new.delay_seconds,
+        }
+        params.update({
+            "approval": list(new.require_approval) if new.require_approval is not None else None,
+            "schema": Jsonb(new.output_schema) if new.output_schema is not None else None,
+            "parent": new.continue_from or (new.fork_from[0] if new.fork_from else None),
+            "fork_seq": new.fork_from[1] if new.fork_from else None,
+        })
+        # The deadline counts from when the run becomes claimable: a run scheduled for tomorrow has its
+        # whole timeout from tomorrow. A time already past means at once.
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(
+                b"""WITH at AS (
+                        SELECT greatest(now(), coalesce(%(run_at)s::timestamptz,
+                                                        now() + make_interval(secs => %(delay)s::float8),
+                                                        now())) AS run_at),
+                    ins AS (
+                        INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd,
+                                         max_steps, timeout_seconds, deadline_at, idempotency_key,
+                                         k8s_namespace, k8s_name, require_approval, output_schema,
+                                         parent_run_id, forked_at_seq, created_by, traceparent, priority, run_at)
+                        SELECT %(id)s, %(input)s, %(model)s, %(system)s, %(tools)s, %(token_budget)s,
+                               %(cost_budget_usd)s, %(max_steps)s, %(timeout_seconds)s,
+                               at.run_at + make_interval(secs => %(timeout_seconds)s), %(key)s, %(ns)s, %(name)s,
+                               %(approval)s, %(schema)s, %(parent)s, %(fork_seq)s, %(by)s, %(traceparent)s,
+                               %(priority)s, at.run_at
+                        FROM at
+                        ON CONFLICT DO NOTHING
+                        RETURNING id)
+                    SELECT (SELECT id FROM ins) AS inserted""",
+                params,
+            )
+            row = await cur.fetchone()
+            if row is not None and row["inserted"] is not None and params["parent"] is not None:
+                # In the same transaction: no worker may claim the run before its inherited steps are there.
+                await cur.execute(_INHERIT, params)
+        assert row is not None
+        if row["inserted"]:
+            run = await self.get(row["inserted"])
+            assert run is not None
+            return run, True
+        # The conflicting row may have been committed after this statement's snapshot: look again.
+        found = await self._one(
+            "SELECT id FROM run WHERE id = %(id)s OR (%(key)s::text IS NOT NULL AND idempotency_key = %(key)s)",
+            params,
+        )
+        run = await self.get(found["id"]) if found else None
+        if run is None:
+            raise RuntimeError("run insert conflicted on a key that names no run")
+        return run, False
+
+    async def cancel(self, run_id: uuid.UUID, by: str | None = None) -> Run | None:
+        """Ask a run to stop: a run no worker drives (queued, scheduled, handed back to wait out a backoff, or
+        waiting for a decision) ends CANCELLED at once, a running one within moments
+        (the holder hears of it by notification and interrupts the step in flight).
+
+        Returns the run afterwards, or None if there is no such run. A finished run is left as it is.
+        `by` is recorded as `cancelled_by` unless someone asked before.
+        """
+        await self._one(
+            """UPDATE run SET cancel_requested = true,
+                   cancelled_by = CASE WHEN cancel_requested THEN cancelled_by ELSE %s END,
+                   status = CASE WHEN status IN ('QUEUED', 'WAITING') THEN 'CANCELLED' ELSE status END,
+                   finished_at = CASE WHEN status IN ('QUEUED', 'WAITING') THEN now() ELSE finished_at END,
+                   error = CASE WHEN status = 'QUEUED' AND started_at IS NULL THEN 'cancelled before it started'
+                                WHEN status = 'QUEUED' THEN 'cancelled while handed back, before a worker resumed it'
+                                WHEN status = 'WAITING' THEN 'cancelled while waiting for a decision'
+                                ELSE error END
+               WHERE id = %s AND status IN ('QUEUED', 'RUNNING', 'WAITING')
+               RETURNING id""",
+            (by, run_id),
+        )
+        return await self.get(run_id)

@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 
 from agentrun.operator.notify import listen
-from agentrun.worker.store.channels import RUN_CHANNEL as CHANNEL
 from agentrun.worker.store import RunStore
+from agentrun.worker.store.channels import RUN_CHANNEL as CHANNEL
 from tests.helpers import eventually, new_run
 
 

@@ -16,24 +16,6 @@ from __future__ import annotations
 from agentrun.worker.store.claims import Claims
 from agentrun.worker.store.decisions import Decisions
 from agentrun.worker.store.reads import Reads
-from agentrun.worker.store.rows import (
-    DECISION_COLUMNS as DECISION_COLUMNS,
-)
-from agentrun.worker.store.rows import (
-    RUN_COLUMNS as RUN_COLUMNS,
-)
-from agentrun.worker.store.rows import (
-    TIMELINE_COLUMNS as TIMELINE_COLUMNS,
-)
-from agentrun.worker.store.rows import (
-    Claim as Claim,
-)
-from agentrun.worker.store.rows import (
-    DecideOutcome as DecideOutcome,
-)
-from agentrun.worker.store.rows import (
-    LeaseLost as LeaseLost,
-)
 from agentrun.worker.store.steps import StepWrites
 from agentrun.worker.store.submit import Submissions
 

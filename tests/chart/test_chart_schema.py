@@ -19,6 +19,7 @@ EXPECTED = {
     "incomplete-price.yaml": "cache_read",
     "provider-kind.yaml": "/providers/endpoints/0/kind",
     "mcp-server-name.yaml": "/mcp/servers/0/name",
+    "zero-database-retry.yaml": "/database/retryMaxSeconds",
 }
 
 

@@ -83,3 +83,10 @@ def test_retention_and_model_limits_values(render: Render, tmp_path: Path) -> No
     pod = find(manifests, "Deployment", "-worker")["spec"]["template"]["spec"]
     mount = next(m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "model-limits")
     assert config["AGENTRUN_MODEL_LIMITS"].startswith(mount["mountPath"] + "/")
+
+
+def test_database_retry_max_seconds_value(render: Render, tmp_path: Path) -> None:
+    values = tmp_path / "retry.yaml"
+    values.write_text("database:\n  retryMaxSeconds: 2.5\n")
+    assert find(render(values), "ConfigMap", "-config")["data"]["AGENTRUN_DATABASE_RETRY_MAX_SECONDS"] == "2.5"
+    assert "AGENTRUN_DATABASE_RETRY_MAX_SECONDS" not in find(render(), "ConfigMap", "-config")["data"]

@@ -322,3 +322,29 @@ async def test_the_page_shows_who_you_are_and_hides_what_you_may_not_do(
         await expect(page.locator("#me")).to_contain_text("default")
         await expect(page.get_by_role("button", name="Approve")).to_be_visible()
         await expect(page.locator("#cancel")).to_be_visible()
+
+
+async def test_a_call_in_doubt_shows_its_attempt_and_a_handed_back_run_when_it_is_claimable(
+    store: RunStore, page: Page
+) -> None:
+    from agentrun.worker.core.records import DecisionKind
+    from tests.helpers import new_run
+
+    # Held by a worker that is not part of the stack, then parked and handed back as a worker would.
+    doubtful, _ = await store.create(new_run())
+    backed_off, _ = await store.create(new_run())
+    claims = {c.run.id: c for c in await store.claim_many("ghost", 30, limit=2)}
+    await store.park(doubtful.id, "ghost", [("toolu_pay", DecisionKind.IN_DOUBT, "pay", "{}", 2)],
+                     epoch=claims[doubtful.id].run.lease_epoch)
+    async with store.pool.connection() as conn:
+        await conn.execute(
+            "UPDATE run SET status = 'QUEUED', locked_by = NULL, locked_until = NULL, model_retries = 2, "
+            "run_at = now() + interval '1 hour' WHERE id = %s", (backed_off.id,))
+    async with stack(store) as (url, _):
+        await page.goto(f"{url}/ui/#/runs/{doubtful.id}")
+        decision = page.locator(".decision")
+        await expect(decision).to_contain_text("in doubt")
+        await expect(decision.locator(".attempt")).to_contain_text("interrupted at attempt 2")
+        await page.goto(f"{url}/ui/#/runs/{backed_off.id}")
+        await expect(page.locator("#handed-back")).to_contain_text("Handed back after 2 failed model steps")
+        await expect(page.locator("#handed-back")).to_contain_text("claimable again from")

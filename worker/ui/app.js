@@ -274,7 +274,9 @@ function pendingSection(run, pending, decide) {
           h("button", { type: "button", class: "danger", id: `fail-${p.toolUseId}`, onclick: () => go("fail") }, "Fail")];
       return h("div", { class: "decision", "data-tool-use": p.toolUseId },
         h("p", {}, h("strong", {}, p.tool), " ", h("span", { class: "tag" }, p.kind === "approval" ? "needs approval" : "in doubt"),
-          " ", h("span", { class: "mono small" }, p.toolUseId)),
+          " ", h("span", { class: "mono small" }, p.toolUseId),
+          // A decision authorises one execution: the attempt says which question this is.
+          p.kind === "in_doubt" && p.attempt ? h("span", { class: "muted small attempt" }, ` · interrupted at attempt ${p.attempt}`) : null),
         h("pre", {}, JSON.stringify(p.input, null, 2)),
         p.kind === "in_doubt" ? h("div", {}, output, h("label", { for: `err-${p.toolUseId}` }, isError, " the output is an error")) : null,
         can("decide") ? h("div", { class: "row" }, reason, ...buttons)
@@ -376,6 +378,10 @@ function runView(id) {
         h("div", { class: "head-status" }, badge(run.status), cancel)),
       message,
       run.error ? notice(`Error: ${run.error}`) : null,
+      run.status === "QUEUED" && run.modelRetries > 0 && run.runAt
+        ? h("p", { class: "muted", id: "handed-back" },
+          `Handed back after ${run.modelRetries} failed model step${run.modelRetries > 1 ? "s" : ""}; claimable again from ${new Date(run.runAt).toLocaleTimeString()}.`)
+        : null,
       run.parentRunId ? h("p", {}, `From run `, h("a", { href: `#/runs/${run.parentRunId}`, class: "mono" }, shortId(run.parentRunId)),
         run.forkedAtSeq ? ` at step ${run.forkedAtSeq}` : "") : null,
       h("section", { class: "card facts" },

@@ -109,6 +109,6 @@ def f(run_id):
 
 def test_the_guard_sees_the_store_queries() -> None:
     """The shapes above must recognise the real queries, or the first test proves nothing."""
-    tree = ast.parse((ROOT / "worker" / "store" / "runs.py").read_text())
-    seen = sum(1 for n in ast.walk(tree) if isinstance(n, (ast.Constant, ast.JoinedStr)) and _sql_text(n))
+    trees = [ast.parse(p.read_text()) for p in (ROOT / "worker" / "store").glob("*.py")]
+    seen = sum(1 for t in trees for n in ast.walk(t) if isinstance(n, (ast.Constant, ast.JoinedStr)) and _sql_text(n))
     assert seen >= 12

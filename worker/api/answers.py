@@ -1,5 +1,7 @@
 """How the API answers when something is wrong: a JSON `ErrorBody`, a 4xx for bad input, never a traceback.
 
+The errors themselves are in `api/errors.py`, which imports no web framework (the CLI reads tokens files).
+
 Bad content is a 4xx naming the field; an unreachable database is a 503; anything else is a genuine
 fault of the server: logged with its traceback, answered with a bare JSON 500.
 """
@@ -19,22 +21,13 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.schemas import ErrorBody, FieldProblem
 
 log = logging.getLogger("agentrun.worker.api")
 
 # Where FastAPI says an error is; the client knows fields by their names alone.
 _LOCATIONS = {"body", "path", "query", "header", "cookie"}
-
-
-class ApiError(Exception):
-    """An answer other than success, raised by a route."""
-
-    def __init__(self, status: int, message: str, fields: Sequence[FieldProblem] = ()) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.fields = list(fields)
 
 
 def error_response(

@@ -28,7 +28,7 @@ from fastapi import APIRouter, Header, Path
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from agentrun.worker.api.answers import ApiError
+from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.guards import ScopedRoute, access
 from agentrun.worker.api.identities import Scope
 from agentrun.worker.api.routes import ERRORS

@@ -4,6 +4,7 @@
 retention, the change feed the events API reads and the fleet-wide model-limit counters.
 """
 
+from agentrun.worker.core.errors import LeaseLost as LeaseLost
 from agentrun.worker.store.runs import (
     DECISION_COLUMNS as DECISION_COLUMNS,
 )
@@ -21,9 +22,6 @@ from agentrun.worker.store.runs import (
 )
 from agentrun.worker.store.runs import (
     DecideOutcome as DecideOutcome,
-)
-from agentrun.worker.store.runs import (
-    LeaseLost as LeaseLost,
 )
 from agentrun.worker.store.runs import (
     RunStore as RunStore,

@@ -22,6 +22,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
 
+from agentrun.worker.core.errors import LeaseLost as LeaseLost
 from agentrun.worker.core.records import (
     Decision,
     DecisionKind,
@@ -80,16 +81,6 @@ own AS (
     RETURNING seq)
 UPDATE run SET inherited_steps = (SELECT count(*) FROM steps) WHERE id = %(id)s
 """
-
-
-class LeaseLost(Exception):
-    """The worker no longer holds the run: another worker took it over, or it finished or was stopped, or
-    the same worker claimed it again since (a later lease epoch) and the write came from the earlier claim."""
-
-    def __init__(self, run_id: uuid.UUID, worker: str) -> None:
-        super().__init__(f"worker {worker} no longer holds run {run_id}")
-        self.run_id = run_id
-        self.worker = worker
 
 
 RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_budget, r.tokens_used,

@@ -1,0 +1,29 @@
+"""The API's errors: an answer other than success raised by a route, and a tokens file that cannot be read.
+
+Only the classes, importing no web framework: the CLI's `tokens` commands catch `IdentityFileError`
+without loading FastAPI. How an error becomes an answer is in `api/answers.py`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentrun.worker.api.schemas import FieldProblem
+
+__all__ = ["ApiError", "IdentityFileError"]
+
+
+class ApiError(Exception):
+    """An answer other than success, raised by a route."""
+
+    def __init__(self, status: int, message: str, fields: Sequence[FieldProblem] = ()) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.fields = list(fields)
+
+
+class IdentityFileError(ValueError):
+    """The tokens file is missing, unreadable or malformed; the message says where."""

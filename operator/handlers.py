@@ -16,6 +16,7 @@ import psycopg
 import psycopg_pool
 
 from agentrun.operator import health, mapping
+from agentrun.operator.errors import DatabaseNotReady
 from agentrun.operator.kube import KubeApi, KubeError
 from agentrun.operator.mapping import GROUP, PLURAL, VERSION, Ref
 from agentrun.operator.notify import listen
@@ -33,10 +34,6 @@ CANCEL_FIELD = ("spec", "cancel")
 DECISIONS_FIELD = ("spec", "decisions")
 
 log_db = logging.getLogger("agentrun.operator.database")
-
-
-class DatabaseNotReady(Exception):
-    """Not connected to a migrated database yet (the operator keeps trying in the background)."""
 
 
 # What an unreachable database looks like from here: retried, never a lost AgentRun.

@@ -14,24 +14,12 @@ import kubernetes.config
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
+from agentrun.operator.errors import KubeError as KubeError
 from agentrun.operator.mapping import GROUP, KIND, PLURAL, VERSION
 
 log = logging.getLogger("agentrun.operator.kube")
 
 MERGE_PATCH = "application/merge-patch+json"
-
-
-class KubeError(Exception):
-    """The API server refused a call (`status`) or could not be reached (status None)."""
-
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-
-    @property
-    def transient(self) -> bool:
-        """Worth retrying: unreachable, overloaded or failing, rather than a refusal."""
-        return self.status is None or self.status == 429 or self.status >= 500
 
 
 class KubeApi:

@@ -12,6 +12,7 @@ from typing import Any, TypedDict
 
 import orjson
 
+from agentrun.operator.errors import InvalidSpec as InvalidSpec
 from agentrun.worker.core.answer import schema_problem
 from agentrun.worker.core.pricing import PriceTable, cost_budget_problem
 from agentrun.worker.core.records import NewRun, PendingCall, Run, RunStatus
@@ -78,10 +79,6 @@ class Ref:
             uuid.UUID(meta["uid"]), meta.get("namespace") or "", meta["name"], meta.get("generation"),
             dict(body.get("status") or {}), ttl if isinstance(ttl, int) and not isinstance(ttl, bool) else None,
         )
-
-
-class InvalidSpec(ValueError):
-    """The spec passed the schema (or there was none) but the runtime cannot run it."""
 
 
 def new_run(

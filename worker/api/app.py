@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from agentrun.worker.api import errors
+from agentrun.worker.api import answers
 from agentrun.worker.api.events import EventHub, events_router
 from agentrun.worker.api.guards import BearerAuth, BodyLimit
 from agentrun.worker.api.identities import Identities
@@ -104,7 +104,7 @@ def create_app(
     # Added last, so it runs first: the token before the body, the body before any parsing.
     app.add_middleware(BodyLimit, limit=settings.max_body_bytes)
     app.add_middleware(BearerAuth, identities=identities)
-    errors.install(app)
+    answers.install(app)
     _document_tools(app, tools)
     return app
 
@@ -135,7 +135,7 @@ def create_starting_app(readiness: Readiness, metrics: Metrics) -> FastAPI:
 
     @app.api_route("/{path:path}", methods=["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"])
     async def starting(path: str) -> JSONResponse:
-        return errors.error_response(503, "database unavailable, try again shortly", headers={"Retry-After": "5"})
+        return answers.error_response(503, "database unavailable, try again shortly", headers={"Retry-After": "5"})
 
     return app
 

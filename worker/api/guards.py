@@ -15,7 +15,7 @@ from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from agentrun.worker.api.errors import error_response
+from agentrun.worker.api.answers import error_response
 from agentrun.worker.api.identities import Identities, Identity
 from agentrun.worker.api.identities import Scope as AccessScope
 from agentrun.worker.api.schemas import FieldProblem

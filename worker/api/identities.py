@@ -18,6 +18,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from agentrun.worker.api.errors import IdentityFileError as IdentityFileError
+
 log = logging.getLogger("agentrun.worker.api")
 
 DEFAULT_IDENTITY = "default"
@@ -52,10 +54,6 @@ class Identity:
     def effective_scopes(self) -> list[Scope]:
         """Every scope this identity holds, `admin` expanded, in declaration order."""
         return [s for s in Scope if self.allows(s)]
-
-
-class IdentityFileError(ValueError):
-    """The tokens file is missing, unreadable or malformed; the message says where."""
 
 
 def digest(token: str | bytes) -> bytes:

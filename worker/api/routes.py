@@ -10,7 +10,8 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
-from agentrun.worker.api.errors import ApiError, summary
+from agentrun.worker.api.answers import summary
+from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.guards import ScopedRoute, access, caller_name
 from agentrun.worker.api.identities import Identities, Scope
 from agentrun.worker.api.schemas import (

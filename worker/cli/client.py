@@ -14,20 +14,11 @@ from typing import Any, TextIO
 import httpx
 import orjson
 
+from agentrun.worker.cli.errors import ClientError as ClientError
 from agentrun.worker.core.records import RunStatus
 
 DEFAULT_URL = "http://localhost:8080"
 TERMINAL = frozenset(s.value for s in RunStatus if s.terminal)
-
-
-class ApiError(Exception):
-    """The server refused a request (its message), or no answer came: the request could not be sent, or
-    the server could not be reached (status 0)."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{message} (HTTP {status})" if status else message)
-        self.status = status
-        self.message = message
 
 
 class RunsClient:
@@ -35,13 +26,13 @@ class RunsClient:
                  transport: httpx.BaseTransport | None = None) -> None:
         if token is not None and not _header_safe(token):
             # Never echo the token itself, not even in an encoding error.
-            raise ApiError(0, "the API token (AGENTRUN_API_TOKEN) must be printable ASCII characters")
+            raise ClientError(0, "the API token (AGENTRUN_API_TOKEN) must be printable ASCII characters")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
         try:
             self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
         except httpx.InvalidURL as e:
-            raise ApiError(0, f"not a usable server URL {_shown(url)}: {e}") from None
+            raise ClientError(0, f"not a usable server URL {_shown(url)}: {e}") from None
 
     def close(self) -> None:
         self.http.close()
@@ -56,20 +47,20 @@ class RunsClient:
         try:
             r = self.http.request(method, path, **kw)
         except httpx.HTTPError as e:
-            raise ApiError(0, f"cannot reach {self.url}: {e}") from None
+            raise ClientError(0, f"cannot reach {self.url}: {e}") from None
         except (UnicodeError, ValueError, httpx.InvalidURL) as e:  # not encodable as JSON, a header or a URL
-            raise ApiError(0, f"cannot send the request: {e}") from None
+            raise ClientError(0, f"cannot send the request: {e}") from None
         if r.status_code >= 400:
-            raise ApiError(r.status_code, _error_message(r))
+            raise ClientError(r.status_code, _error_message(r))
         try:
             return r.json()
         except ValueError:
-            raise ApiError(r.status_code, f"{self.url} answered {method} {path} with something other than JSON; "
+            raise ClientError(r.status_code, f"{self.url} answered {method} {path} with something other than JSON; "
                            "is it an agentrun worker?") from None
 
     def submit(self, body: Mapping[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
         if idempotency_key is not None and not _header_safe(idempotency_key):
-            raise ApiError(0, f"the idempotency key {_shown(idempotency_key)} must be printable ASCII characters")
+            raise ClientError(0, f"the idempotency key {_shown(idempotency_key)} must be printable ASCII characters")
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         return self._call("POST", "/api/runs", json=dict(body), headers=headers)  # type: ignore[no-any-return]
 
@@ -87,7 +78,7 @@ class RunsClient:
 
     def decide(self, run_id: str, tool_use_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
         if not tool_use_id or not tool_use_id.isascii() or not tool_use_id.isprintable() or "/" in tool_use_id:
-            raise ApiError(0, f"tool_use id {_shown(tool_use_id)} must be printable ASCII without '/'")
+            raise ClientError(0, f"tool_use id {_shown(tool_use_id)} must be printable ASCII without '/'")
         path = f"/api/runs/{_run_id(run_id)}/pending/{urllib.parse.quote(tool_use_id, safe='')}"
         return self._call("POST", path, json=dict(body))  # type: ignore[no-any-return]
 
@@ -106,14 +97,14 @@ class RunsClient:
             with self.http.stream("GET", path, headers=headers, timeout=httpx.Timeout(30.0, read=None)) as r:
                 if r.status_code >= 400:
                     r.read()
-                    raise ApiError(r.status_code, _error_message(r))
+                    raise ClientError(r.status_code, _error_message(r))
                 parser = SseParser()
                 for line in r.iter_lines():
                     event = parser.feed(line)
                     if event is not None:
                         yield event
         except httpx.HTTPError as e:
-            raise ApiError(0, f"cannot reach {self.url}: {e}") from None
+            raise ClientError(0, f"cannot reach {self.url}: {e}") from None
 
     def watch(
         self, run_id: str, on_step: Callable[[dict[str, Any]], None], interval: float = 1.0,
@@ -143,14 +134,14 @@ class RunsClient:
                         on_text(int(delta["seq"]), str(delta["text"]))
                     elif event.event == "end":
                         return self.get(run_id)
-            except ApiError as e:
+            except ClientError as e:
                 if e.status != 0 or failures >= reconnects:
                     raise
                 failures += 1
             else:
                 failures += 1  # closed without an end: the server is stopping; resume on the next one
                 if failures > reconnects:
-                    raise ApiError(0, f"{self.url} keeps closing the event stream of run {run_id}")
+                    raise ClientError(0, f"{self.url} keeps closing the event stream of run {run_id}")
             sleep(interval)
 
 
@@ -166,7 +157,7 @@ class ServerEvent:
         try:
             return orjson.loads(self.data)
         except orjson.JSONDecodeError:
-            raise ApiError(0, f"a {self.event!r} event whose data is not JSON: {_shown(self.data)}") from None
+            raise ClientError(0, f"a {self.event!r} event whose data is not JSON: {_shown(self.data)}") from None
 
 
 class SseParser:
@@ -204,7 +195,7 @@ def _run_id(text: str, what: str = "run id") -> str:
     try:
         return str(uuid.UUID(text))
     except ValueError:
-        raise ApiError(0, f"{what} {_shown(text)} is not a valid UUID") from None
+        raise ClientError(0, f"{what} {_shown(text)} is not a valid UUID") from None
 
 
 def _header_safe(value: str) -> bool:

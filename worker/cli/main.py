@@ -480,7 +480,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
                 for field, text in texts:
                     # Bytes that were not UTF-8 arrive as lone surrogates, which no JSON body can carry.
                     if why := unstorable(text):
-                        raise client.ApiError(0, f"{field}: {why}")
+                        raise client.ClientError(0, f"{field}: {why}")
                 created = api.submit(body, args.idempotency_key)
                 show(created, f"{created['id']} {created['status']}")
             elif args.runs_command == "fork":
@@ -540,7 +540,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
                     client.emit(sys.stdout, "")
                 show(run, client.finished_line(run))
                 return 0 if run["status"] == "SUCCEEDED" else 1
-    except client.ApiError as e:
+    except client.ClientError as e:
         print(f"agentrun: {client.terminal_safe(str(e))}", file=sys.stderr)
         return 1
     except (KeyError, TypeError) as e:  # JSON, but not the API's shapes: --url names some other server

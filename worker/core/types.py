@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
+
+# The failed model call and what it means for a retry live with the other errors the layers catch.
+from agentrun.worker.core.errors import MAX_RETRY_AFTER as MAX_RETRY_AFTER
+from agentrun.worker.core.errors import RETRYABLE_4XX as RETRYABLE_4XX
+from agentrun.worker.core.errors import LlmError as LlmError
+from agentrun.worker.core.errors import retryable_status as retryable_status
+from agentrun.worker.core.errors import sane_retry_after as sane_retry_after
 
 # Messages API JSON (content blocks, messages, tool definitions) travels as plain dicts: it is stored
 # verbatim in run_step and replayed verbatim, so the engine never needs to understand more of it than
@@ -17,33 +23,6 @@ HttpClient = Literal["aiohttp", "httpx"]
 """The Anthropic SDK's transports (AGENTRUN_LLM_HTTP_CLIENT); here, not in anthropic_client, so that a bad
 setting is refused without importing the SDK."""
 HTTP_CLIENTS: tuple[HttpClient, ...] = ("aiohttp", "httpx")
-
-RETRYABLE_4XX = frozenset({408, 409, 429})
-"""The client errors worth another attempt, as the Anthropic SDK has them: a request timeout (408), a lock
-timeout (409) and a rate limit (429). Every other 4xx (400, 401, 403, 404, 413, 422, ...) says the request
-itself is wrong, so the same request would fail the same way: it is not retried."""
-
-MAX_RETRY_AFTER = 60.0
-"""Longest wait a `retry-after` can ask for, in seconds. The header is foreign input: a proxy may send an
-absurd value ("inf", a year), and a wait that long would park a run and its lease. Past a minute the retry
-policy's own backoff, and handing the run back when attempts are exhausted, serve better than obeying."""
-
-
-def retryable_status(status: int) -> bool:
-    """Whether a call that failed with `status` (-1: no HTTP answer at all) is worth another attempt.
-
-    Connection errors and timeouts (-1), 408, 409, 429 and every 5xx (529 overloaded included) are; every
-    other status is not.
-    """
-    return status == -1 or status in RETRYABLE_4XX or 500 <= status <= 599
-
-
-def sane_retry_after(seconds: float | None) -> float | None:
-    """`seconds` bounded to [0, MAX_RETRY_AFTER]; None for None or NaN (no usable hint)."""
-    if seconds is None or math.isnan(seconds):
-        return None
-    return min(max(seconds, 0.0), MAX_RETRY_AFTER)
-
 
 @dataclasses.dataclass(frozen=True)
 class Usage:
@@ -82,25 +61,6 @@ class LlmResponse:
     usage: Usage = Usage()
     id: str | None = None  # the provider's message id, for traces
     model: str | None = None  # the model that answered, as the provider names it
-
-
-class LlmError(Exception):
-    """A failed model call. `status` is the HTTP status, or -1 for connection errors and timeouts.
-
-    `retryable` says whether the same request may succeed later: by default `retryable_status(status)`;
-    an adapter passes the server's own verdict (Anthropic's `x-should-retry` header) when it has one. A
-    caller that runs out of attempts on a retryable error can hand the work back for later instead of
-    failing it. `retry_after` (seconds) is always within [0, MAX_RETRY_AFTER], or None.
-    """
-
-    def __init__(
-        self, status: int, retry_after: float | None = None, message: str = "", *, retryable: bool | None = None
-    ) -> None:
-        super().__init__(f"model error {status}: {message}" if message else f"model error {status}")
-        self.status = status
-        self.retry_after = sane_retry_after(retry_after)
-        self.message = message
-        self.retryable = retryable_status(status) if retryable is None else retryable
 
 
 class LlmClient(Protocol):

@@ -35,11 +35,11 @@ from agentrun.worker.core.types import (
     Usage,
     sane_retry_after,
 )
+from agentrun.worker.llm.errors import MAX_ERROR_CHARS as MAX_ERROR_CHARS
+from agentrun.worker.llm.errors import Unreadable as Unreadable
+from agentrun.worker.llm.errors import _truncate as _truncate
 
 EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
-MAX_ERROR_CHARS = 500
-"""Foreign error bodies (an HTML page from a proxy, say) are cut to this length before they reach a run's
-`error` column or a log line."""
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -178,14 +178,6 @@ def request_params(request: LlmRequest) -> dict[str, Any]:
     if tools:
         params["tools"] = tools
     return params
-
-
-class Unreadable(LlmError):
-    """A success status whose body is not a Messages API message (a proxy's page, a cut or garbled body):
-    worth another attempt, like a 5xx."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__(-1, None, _truncate(f"unreadable answer: {what}"))
 
 
 def _json(data: bytes | str) -> Any:
@@ -424,7 +416,3 @@ def _status_message(e: anthropic.APIStatusError) -> str:
     if e.api_message:
         return _truncate(str(e.api_message))
     return _truncate(e.response.text or e.message)
-
-
-def _truncate(text: str, limit: int = MAX_ERROR_CHARS) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agentrun.worker.core.types import LlmError, LlmRequest, LlmResponse
+from agentrun.worker.llm.errors import ProviderUnavailable as ProviderUnavailable
+from agentrun.worker.llm.errors import _truncate
 
 if TYPE_CHECKING:  # the SDK is imported by the provider that uses it, not by the router that names them
     from agentrun.worker.llm.anthropic_client import AnthropicClient
@@ -16,10 +18,6 @@ NOT_CONFIGURED = 400
 400 it fails the run at once with the reason, since the same request would fail the same way."""
 NO_CREDENTIALS = 401
 """The status of a credential chain that yields nothing usable: not retried, the reason in the run."""
-
-
-class ProviderUnavailable(Exception):
-    """A provider cannot be built from the environment; the message says what to set or install."""
 
 
 def require(module: str, provider: str, extra: str) -> None:
@@ -55,6 +53,4 @@ class Credentialed:
 
 
 def failure(status: int, provider: str, what: str, e: Exception) -> LlmError:
-    from agentrun.worker.llm.anthropic_client import _truncate
-
     return LlmError(status, None, _truncate(f"{provider}: {what}: {type(e).__name__}: {e}"))

@@ -13,7 +13,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -23,7 +23,6 @@ from agentrun.worker.core.observer import NoObserver
 from agentrun.worker.core.records import RunStatus
 from agentrun.worker.core.types import Usage
 from agentrun.worker.store.groupcommit import BatchStats
-from agentrun.worker.tools import ToolThreads
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +55,17 @@ METRIC_NAMES: tuple[str, ...] = (
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 
 RunCounter = Callable[[], Awaitable[Mapping[str, int]]]
+
+
+class ThreadCounts(Protocol):
+    """What the tool-thread gauges read (the tool box's `ToolThreads`): observability watches the tools
+    through this, as the engine's `Observer` watches a run, and never imports them."""
+
+    @property
+    def running(self) -> int: ...
+
+    @property
+    def overdue(self) -> int: ...
 
 
 class _RunsByStatus(Collector):
@@ -201,7 +211,7 @@ class Metrics(NoObserver):
     def in_flight(self, runs: int) -> None:
         self.runs_in_flight.set(runs)
 
-    def watch_tool_threads(self, threads: ToolThreads) -> None:
+    def watch_tool_threads(self, threads: ThreadCounts) -> None:
         """Read the tool-thread gauges from `threads` at scrape time."""
         self.tool_threads_running.set_function(lambda: threads.running)
         self.tool_threads_overdue.set_function(lambda: threads.overdue)

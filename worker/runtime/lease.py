@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Awaitable
 from typing import TypeVar
 
+from agentrun.worker.core.errors import CancelRequested as CancelRequested
 from agentrun.worker.store import RunStore
 
 log = logging.getLogger(__name__)
@@ -27,10 +28,6 @@ T = TypeVar("T")
 
 GIVE_UP_AT = 2 / 3
 """The fraction of the lease without a successful renewal after which the held runs are given up."""
-
-
-class CancelRequested(Exception):
-    """The call or tool in flight was interrupted because someone asked the run to stop."""
 
 
 class LeaseKeeper:

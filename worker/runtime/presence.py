@@ -15,6 +15,7 @@ from typing import Any
 
 import psycopg
 
+from agentrun.worker.runtime.errors import DuplicateWorker as DuplicateWorker
 from agentrun.worker.store import RunStore, channels, claims
 from agentrun.worker.store.channels import CANCEL_CHANNEL, WAKE_CHANNEL
 
@@ -50,10 +51,6 @@ def reconnect_delay(rng: random.Random) -> float:
     """Sub-second and jittered: a blip of every connection must not become a takeover, and a fleet
     reconnecting after a restart must not arrive all at once."""
     return rng.uniform(0.02, 0.2)
-
-
-class DuplicateWorker(RuntimeError):
-    """Another live session holds this worker id's liveness lock: two workers share one --id."""
 
 
 class Presence:

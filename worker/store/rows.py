@@ -4,10 +4,10 @@ starts with, and the records rows become."""
 from __future__ import annotations
 
 import dataclasses
-import uuid
 from enum import Enum
 from typing import Any
 
+from agentrun.worker.core.errors import LeaseLost as LeaseLost
 from agentrun.worker.core.records import (
     Decision,
     DecisionKind,
@@ -19,17 +19,6 @@ from agentrun.worker.core.records import (
     StepKind,
     StepStatus,
 )
-
-
-class LeaseLost(Exception):
-    """The worker no longer holds the run: another worker took it over, or it finished or was stopped, or
-    the same worker claimed it again since (a later lease epoch) and the write came from the earlier claim."""
-
-    def __init__(self, run_id: uuid.UUID, worker: str) -> None:
-        super().__init__(f"worker {worker} no longer holds run {run_id}")
-        self.run_id = run_id
-        self.worker = worker
-
 
 RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_budget, r.tokens_used,
     r.cost_budget_usd, r.cost_usd, r.max_steps, r.timeout_seconds, r.deadline_at, r.cancel_requested,

@@ -23,6 +23,7 @@ import jsonschema
 
 from agentrun.worker.core.replay import BLOCKS_MARK, dump_tool_blocks
 from agentrun.worker.core.text import REPLACEMENT, storable
+from agentrun.worker.tools.errors import NotStarted, ThreadsFull
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,14 +194,6 @@ def load_tool_modules(paths: Iterable[str]) -> list[Tool]:
         module: types.ModuleType = importlib.import_module(path)
         found.extend(v for v in vars(module).values() if isinstance(v, Tool))
     return found
-
-
-class ThreadsFull(Exception):
-    """Every tool thread is busy: the call was not started."""
-
-
-class NotStarted(Exception):
-    """The call's time ran out before a thread picked it up: it was not started."""
 
 
 class ToolThreads:

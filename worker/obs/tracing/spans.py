@@ -21,13 +21,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from agentrun.worker.core.errors import CancelRequested, LeaseLost
 from agentrun.worker.core.observer import NoObserver
 from agentrun.worker.core.records import DecisionKind, PendingCall, Run, RunStatus
 from agentrun.worker.core.types import LlmError, LlmRequest, LlmResponse, Message
 from agentrun.worker.obs import logs
 from agentrun.worker.obs.tracing.context import parse_traceparent, run_trace_id
-from agentrun.worker.runtime.lease import CancelRequested
-from agentrun.worker.store import LeaseLost
 
 # The trace id the next root span takes; set only around the start of a run's span.
 _next_trace_id: contextvars.ContextVar[int | None] = contextvars.ContextVar("agentrun_next_trace_id", default=None)

@@ -7,7 +7,8 @@ call waits for a person.
 
 from typing import TYPE_CHECKING
 
-from agentrun.worker.tools.mcp.config import McpConfigError, ServerConfig, load_servers
+from agentrun.worker.tools.errors import McpConfigError
+from agentrun.worker.tools.mcp.config import ServerConfig, load_servers
 from agentrun.worker.tools.mcp.fleet import McpServers
 
 if TYPE_CHECKING:

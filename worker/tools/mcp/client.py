@@ -25,8 +25,9 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 from pydantic import ValidationError
 
 from agentrun.worker.tools import DEFAULT_INPUT_SCHEMA, SourceStatus, Tool, ToolContext, ToolResult
+from agentrun.worker.tools.errors import CallFailed, McpConfigError
 from agentrun.worker.tools.mcp import results
-from agentrun.worker.tools.mcp.config import McpConfigError, ServerConfig
+from agentrun.worker.tools.mcp.config import ServerConfig
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +42,6 @@ and is reconnected before the next call needs it."""
 CONNECT_SHARE = 0.9
 """The part of a call's timeout it may spend waiting for a session to open, when it finds none: the rest
 is left so that it ends as "not connected" with the server's last error rather than as a bare timeout."""
-
-
-class CallFailed(Exception):
-    """The call did not get a result: no session, the connection broke, or the answer was not MCP."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,16 +16,14 @@ from typing import Any
 
 import yaml
 
+from agentrun.worker.tools.errors import McpConfigError
+
 SERVER_NAME = re.compile(r"[a-zA-Z0-9-]+(_[a-zA-Z0-9-]+)*")
 """A server's name: the prefix of its tools' names, `<server>__<tool>`. No `__` in it and no `_` at its
 ends, so the first `__` of a tool name is where the server's name ends: two servers never clash."""
 MAX_SERVER_NAME = 32
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DEFAULT_TIMEOUT = 30.0
-
-
-class McpConfigError(ValueError):
-    """The MCP servers file is missing, unreadable or wrong: one line saying where and why."""
 
 
 class Approval(enum.Enum):

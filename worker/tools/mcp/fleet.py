@@ -8,7 +8,8 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
-from agentrun.worker.tools.mcp.config import McpConfigError, ServerConfig, load_servers
+from agentrun.worker.tools.errors import McpConfigError
+from agentrun.worker.tools.mcp.config import ServerConfig, load_servers
 
 if TYPE_CHECKING:
     from agentrun.worker.tools.mcp.client import Backoff, McpServer

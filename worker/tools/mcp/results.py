@@ -14,6 +14,7 @@ from typing import Any
 import mcp_types as types
 
 from agentrun.worker.tools import ToolResult
+from agentrun.worker.tools.errors import CannotTell
 from agentrun.worker.tools.mcp.config import Approval, ServerConfig
 
 TOOL_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -89,10 +90,6 @@ def tool_result(result: types.CallToolResult) -> ToolResult:
 NOT_DONE = {"done": False}
 """What a reconcile tool answers (as its text, or its structured content) for a call that was not done;
 an empty text says so too."""
-
-
-class CannotTell(Exception):
-    """A reconcile tool answered with an error: whether the call was done is unknown."""
 
 
 def reconciled(result: types.CallToolResult, tool: str) -> str | None:

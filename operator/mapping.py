@@ -110,7 +110,7 @@ def new_run(
     try:
         new = submission.new_run(run_spec(spec, source), source, Defaults(), offer)
     except Refused as e:
-        raise InvalidSpec(_spec_message(e)) from None
+        raise InvalidSpec(_spec_message(e, known_tools)) from None
     return dataclasses.replace(new, id=uuid.UUID(uid), k8s_namespace=namespace, k8s_name=name,
                                traceparent=_traceparent(annotations))
 
@@ -137,11 +137,19 @@ def run_spec(spec: Mapping[str, Any], source: Run | None) -> RunSpec:
     )
 
 
-def _spec_message(e: Refused) -> str:
-    """A refusal of the policy, naming the fields as the spec has them."""
+def _spec_message(e: Refused, known_tools: Collection[str] | None) -> str:
+    """A refusal of the policy, naming the fields as the spec has them; unknown tools in one phrase."""
     if not e.problems:
         return f"spec.{e.message}"
-    return "; ".join(f"spec.{p.field} {p.problem}" for p in e.problems)
+    unknown = {field: sorted({p.unknown_tool for p in e.problems if p.unknown_tool and p.field.startswith(field)})
+               for field in ("tools", "requireApproval")}
+    offered = ", ".join(sorted(known_tools or ())) or "none"
+    return "; ".join([
+        *([f"unknown tools: {', '.join(unknown['tools'])} (the workers offer: {offered})"] if unknown["tools"] else []),
+        *([f"spec.requireApproval names unknown tools: {', '.join(unknown['requireApproval'])}"]
+          if unknown["requireApproval"] else []),
+        *(f"spec.{p.field} {p.problem}" for p in e.problems if p.unknown_tool is None),
+    ])
 
 
 def _text(spec: Mapping[str, Any], field: str, blank: bool = True) -> str | None:

@@ -38,6 +38,7 @@ class Refusal(enum.Enum):
 class Problem:
     field: str  # as the REST body and the AgentRun spec both name it: `tokenBudget`, `tools[1]`
     problem: str
+    unknown_tool: str | None = None  # the name, when the problem is a tool the workers do not offer
 
 
 class Refused(ValueError):
@@ -152,7 +153,7 @@ def _unknown_tools(spec: RunSpec, offer: Offer) -> list[Problem]:
         return []
     offered = ", ".join(offer.tool_names) or "no tools"
     return [
-        Problem(f"{field}[{i}]", f"unknown tool {name!r} (offered: {offered})")
+        Problem(f"{field}[{i}]", f"unknown tool {name!r} (offered: {offered})", unknown_tool=name)
         for field, names in (("tools", spec.tools), ("requireApproval", spec.require_approval))
         for i, name in enumerate(names or ())
         if not offer.has_tool(name) and not (field == "requireApproval" and name == "*")

@@ -3,9 +3,13 @@ that every other statement of a default (CRD, chart's copy of it, settings, the 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import datetime
+import json
 import pathlib
+import subprocess
+import sys
 import uuid
 from decimal import Decimal
 from typing import Any
@@ -118,3 +122,16 @@ def test_refusals(spec: RunSpec, source: Run | None, kind: Refusal, field: str |
 def test_the_charts_default_model_is_the_policys() -> None:
     values = yaml.safe_load((ROOT / "charts" / "agentrun" / "values.yaml").read_text())
     assert values["config"]["defaultModel"] == submission.DEFAULT_MODEL
+
+
+def test_the_policy_is_pure() -> None:
+    """No I/O library, nothing of ours outside worker/core/: both the API and the operator import it."""
+    code = "import sys, json, agentrun.worker.core.submission; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
+    loaded = set(json.loads(out.stdout))
+    io = {"psycopg", "psycopg_pool", "anthropic", "httpx", "aiohttp", "kopf", "kubernetes", "fastapi", "uvicorn"}
+    assert not {m for m in loaded if m.split(".")[0] in io}
+    # Its own imports (importing anything of agentrun.worker also runs the package's __init__, tools and all).
+    tree = ast.parse((ROOT / "worker" / "core" / "submission.py").read_text())
+    ours = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("agentrun")}
+    assert ours and all(f"{m}.".startswith("agentrun.worker.core.") for m in ours), sorted(ours)

@@ -90,7 +90,7 @@ class Offer:
     """What the workers can run, as far as the caller knows it; what is not known is not checked."""
 
     has_tool: Callable[[str], bool] | None = None
-    tool_names: Sequence[str] = ()  # named when a tool is unknown
+    tool_names: Sequence[str] = ()  # named when a tool is unknown (the operator words that itself)
     prices: PriceTable | None = None
     model_problem: Callable[[str], str | None] | None = None  # why a model cannot be served, None if it can
 
@@ -153,7 +153,7 @@ def _unknown_tools(spec: RunSpec, offer: Offer) -> list[Problem]:
         return []
     offered = ", ".join(offer.tool_names) or "no tools"
     return [
-        Problem(f"{field}[{i}]", f"unknown tool {name!r} (offered: {offered})", unknown_tool=name)
+        Problem(f"{field}[{i}]", f"unknown tool {name!r}; this server offers: {offered}", unknown_tool=name)
         for field, names in (("tools", spec.tools), ("requireApproval", spec.require_approval))
         for i, name in enumerate(names or ())
         if not offer.has_tool(name) and not (field == "requireApproval" and name == "*")

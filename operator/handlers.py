@@ -23,7 +23,7 @@ from agentrun.operator.notify import listen
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.status import StatusSync
 from agentrun.worker.core.pricing import PriceTable
-from agentrun.worker.core.records import Decision, Run
+from agentrun.worker.core.records import Decision, NewRun, Run
 from agentrun.worker.store import DecideOutcome, RunStore
 
 log = logging.getLogger("agentrun.operator")
@@ -133,6 +133,76 @@ class Operator:
             log.warning("%s/%s: status not shown yet (%s); the status sync retries", ref.namespace, ref.name, e)
             self.sync.notify(run.id)
 
+    def indexed(self, body: kopf.Body) -> dict[str, Ref]:
+        """The index entry of an AgentRun (kopf keeps one per uid)."""
+        ref = Ref.of(body)
+        if self.sync is not None:
+            # The sync's first sweep may have run before kopf indexed this AgentRun (a slow start): show
+            # its run now, so one that finished while no operator looked is not left showing its old phase.
+            self.sync.notify(ref.uid)
+        return {str(ref.uid): ref}
+
+    async def sync_when_connected(self, index: kopf.Index[str, Ref]) -> None:
+        """Start the status sync and the run listener once the database is there."""
+        await self.database.wait()  # until then the handlers say "waiting for the database"
+        sync = StatusSync(
+            self.settings, self.store, self.kube, lambda uid: _index_ref(index, uid), lambda: _index_refs(index)
+        )
+        self.sync = sync
+        # Its first pass is a full sweep: AgentRuns created before the database came show their runs.
+        self.tasks.append(asyncio.create_task(sync.run(), name="agentrun status sync"))
+        self.tasks.append(asyncio.create_task(listen(self.settings.database_url, sync.notify, sync.resync),
+                                              name="agentrun run listener"))
+
+    async def create(self, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int) -> None:
+        """An AgentRun's run: made (or found, on a retry), or the spec rejected in its status."""
+        ref = Ref.of(body)
+        now = datetime.datetime.now(datetime.UTC)
+        source = await self.source(spec, ref, retry)
+        try:
+            new = mapping.new_run(
+                spec, str(ref.uid), ref.namespace, ref.name, self.settings.tool_names, self.prices, source,
+                annotations=body.metadata.annotations,
+            )
+            new = dataclasses.replace(new, created_by=mapping.requester(body))
+        except mapping.InvalidSpec as e:
+            # Nothing a retry would fix: say so in the status, make no run.
+            log.warning("%s/%s rejected: %s", ref.namespace, ref.name, e)
+            patch.status.update(mapping.rejected_status(str(e), ref.generation, ref.status, now))
+            await self.kube.event(ref.namespace, ref.name, ref.uid, "Warning", "InvalidSpec", str(e))
+            return
+        cancel_by = mapping.requester(body, CANCEL_FIELD, latest=True) if spec.get("cancel") else None
+        run, created = await self.insert(new, cancel_by, ref, patch, retry, now)
+        log.info("%s/%s %s run %s", ref.namespace, ref.name, "created" if created else "found", run.id)
+        await self.show(run, ref)
+
+    async def insert(
+        self, new: NewRun, cancel_by: str | None, ref: Ref, patch: kopf.Patch, retry: int, now: datetime.datetime
+    ) -> tuple[Run, bool]:
+        """Store the run (idempotent by id: a retry finds the same run), cancelled at once when the spec
+        asks (`cancel_by` names who); while the database is unreachable, the Pending status and a
+        TemporaryError kopf retries."""
+        try:
+            run, created = await self.store.create(new)
+            if cancel_by is not None:
+                run = await self.store.cancel(run.id, by=cancel_by) or run
+        except DATABASE_DOWN as e:
+            message = f"waiting for the database: {e}"
+            if ref.status.get("phase") != mapping.PENDING and (event := mapping.event_for(mapping.PENDING, message)):
+                await self.kube.event(ref.namespace, ref.name, ref.uid, *event)  # before the phase shows
+            patch.status.update(mapping.pending_status(message, ref.generation, ref.status, now))
+            raise kopf.TemporaryError(message, delay=self.retry_in(retry)) from e
+        return run, created
+
+    async def deleted(self, body: kopf.Body, retry: int) -> None:
+        """Cancel an unfinished run before the AgentRun goes; the run and its steps stay for audit."""
+        ref = Ref.of(body)
+        run = await self.cancel(ref.uid, retry)
+        if run is not None and run.cancel_requested:
+            log.info("%s/%s deleted: run %s cancel requested (%s)", ref.namespace, ref.name, run.id, run.status.value)
+        if self.sync is not None:
+            self.sync.forget(ref.uid)
+
     async def connect(self, migrate_first: bool) -> None:
         """Reach the database, migrate it (or wait until it is migrated), then open the pool; retried with
         jittered backoff for as long as it takes: an outage at start is waited out, never an exit."""
@@ -203,34 +273,18 @@ def _index_refs(index: Any) -> list[Ref]:
 
 
 def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
-    """Attach the handlers to `registry`; each closes over `op`."""
+    """Attach the handlers to `registry`; each hands over to `op` (their names are kopf's handler ids,
+    kept in every AgentRun's progress annotations: renaming one restarts it)."""
     on = dict(registry=registry)
 
     @kopf.index(GROUP, VERSION, PLURAL, id=INDEX, **on)  # type: ignore[arg-type]
     def agentruns_by_uid(body: kopf.Body, **_: Any) -> dict[str, Ref]:
-        ref = Ref.of(body)
-        if op.sync is not None:
-            # The sync's first sweep may have run before kopf indexed this AgentRun (a slow start): show
-            # its run now, so one that finished while no operator looked is not left showing its old phase.
-            op.sync.notify(ref.uid)
-        return {str(ref.uid): ref}
+        return op.indexed(body)
 
     @kopf.on.startup(**on)  # type: ignore[arg-type]
     async def start(agentruns_by_uid: kopf.Index[str, Ref], **_: Any) -> None:
-        index = agentruns_by_uid
-
-        async def sync_when_connected() -> None:
-            await op.database.wait()  # until then the handlers say "waiting for the database"
-            sync = StatusSync(
-                op.settings, op.store, op.kube, lambda uid: _index_ref(index, uid), lambda: _index_refs(index)
-            )
-            op.sync = sync
-            # Its first pass is a full sweep: AgentRuns created before the database came show their runs.
-            op.tasks.append(asyncio.create_task(sync.run(), name="agentrun status sync"))
-            op.tasks.append(asyncio.create_task(listen(op.settings.database_url, sync.notify, sync.resync),
-                                                name="agentrun run listener"))
-
-        op.tasks.append(asyncio.create_task(sync_when_connected(), name="agentrun status sync start"))
+        op.tasks.append(asyncio.create_task(op.sync_when_connected(agentruns_by_uid),
+                                            name="agentrun status sync start"))
 
     @kopf.on.cleanup(**on)  # type: ignore[arg-type]
     async def stop(**_: Any) -> None:
@@ -241,33 +295,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
 
     @kopf.on.create(GROUP, VERSION, PLURAL, **on)  # type: ignore[arg-type]
     async def create(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int, **_: Any) -> None:
-        ref = Ref.of(body)
-        now = datetime.datetime.now(datetime.UTC)
-        source = await op.source(spec, ref, retry)
-        try:
-            new = mapping.new_run(
-                spec, str(ref.uid), ref.namespace, ref.name, op.settings.tool_names, op.prices, source,
-                annotations=body.metadata.annotations,
-            )
-            new = dataclasses.replace(new, created_by=mapping.requester(body))
-        except mapping.InvalidSpec as e:
-            # Nothing a retry would fix: say so in the status, make no run.
-            log.warning("%s/%s rejected: %s", ref.namespace, ref.name, e)
-            patch.status.update(mapping.rejected_status(str(e), ref.generation, ref.status, now))
-            await op.kube.event(ref.namespace, ref.name, ref.uid, "Warning", "InvalidSpec", str(e))
-            return
-        try:
-            run, created = await op.store.create(new)  # idempotent by id: a retry finds the same run
-            if spec.get("cancel"):
-                run = await op.store.cancel(run.id, by=mapping.requester(body, CANCEL_FIELD, latest=True)) or run
-        except DATABASE_DOWN as e:
-            message = f"waiting for the database: {e}"
-            if ref.status.get("phase") != mapping.PENDING and (event := mapping.event_for(mapping.PENDING, message)):
-                await op.kube.event(ref.namespace, ref.name, ref.uid, *event)  # before the phase shows
-            patch.status.update(mapping.pending_status(message, ref.generation, ref.status, now))
-            raise kopf.TemporaryError(message, delay=op.retry_in(retry)) from e
-        log.info("%s/%s %s run %s", ref.namespace, ref.name, "created" if created else "found", run.id)
-        await op.show(run, ref)
+        await op.create(body, spec, patch, retry)
 
     @kopf.on.field(GROUP, VERSION, PLURAL, field="spec.cancel", **on)  # type: ignore[arg-type]
     async def cancel(body: kopf.Body, new: Any, retry: int, **_: Any) -> None:
@@ -290,13 +318,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
 
     @kopf.on.delete(GROUP, VERSION, PLURAL, **on)  # type: ignore[arg-type]
     async def delete(body: kopf.Body, retry: int, **_: Any) -> None:
-        """Cancel an unfinished run before the AgentRun goes; the run and its steps stay for audit."""
-        ref = Ref.of(body)
-        run = await op.cancel(ref.uid, retry)
-        if run is not None and run.cancel_requested:
-            log.info("%s/%s deleted: run %s cancel requested (%s)", ref.namespace, ref.name, run.id, run.status.value)
-        if op.sync is not None:
-            op.sync.forget(ref.uid)
+        await op.deleted(body, retry)
 
 
 def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:

@@ -13,9 +13,10 @@ from typing import Any, TypedDict
 import orjson
 
 from agentrun.operator.errors import InvalidSpec as InvalidSpec
-from agentrun.worker.core.answer import schema_problem
-from agentrun.worker.core.pricing import PriceTable, cost_budget_problem
+from agentrun.worker.core import submission
+from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import NewRun, PendingCall, Run, RunStatus
+from agentrun.worker.core.submission import Defaults, Offer, Refused, RunSpec
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.obs.tracing.context import TRACEPARENT_ANNOTATION, checked_traceparent
 
@@ -24,11 +25,12 @@ VERSION = "v1alpha1"
 PLURAL = "agentruns"
 KIND = "AgentRun"
 
-# The CRD's defaults, repeated for objects that reached us without them (an API server applies them).
-DEFAULT_MODEL = "claude-sonnet-4-6"
-DEFAULT_TOKEN_BUDGET = 100_000
-DEFAULT_TIMEOUT_SECONDS = 600
-DEFAULT_MAX_STEPS = 100
+# The CRD's defaults are the submission policy's (tests/operator/test_crd.py holds them equal): an API
+# server applies them; an object that reached us without them gets them from the policy.
+DEFAULT_MODEL = submission.DEFAULT_MODEL
+DEFAULT_TOKEN_BUDGET = submission.DEFAULT_TOKEN_BUDGET
+DEFAULT_TIMEOUT_SECONDS = submission.DEFAULT_TIMEOUT_SECONDS
+DEFAULT_MAX_STEPS = submission.DEFAULT_MAX_STEPS
 
 PHASES: dict[RunStatus, str] = {
     RunStatus.QUEUED: "Queued",
@@ -91,94 +93,97 @@ def new_run(
     source: Run | None = None,
     annotations: Mapping[str, str] | None = None,
 ) -> NewRun:
-    """The run an AgentRun asks for; raises InvalidSpec naming what is wrong.
+    """The run an AgentRun asks for, made by the submission policy the REST API uses too; raises
+    InvalidSpec naming what is wrong.
 
     `known_tools` is what the workers offer; None skips the check (the operator was not told).
     `prices` is the workers' price table: a cost budget on a model it does not price is refused.
-    `source` is the run of the AgentRun named by `spec.continueFrom` or `spec.forkFrom`, looked up.
+    `source` is the run of the AgentRun named by `spec.continueFrom` or `spec.forkFrom`, looked up; a
+    continuation or fork takes what its spec leaves out from it, as through the API.
     The `agentrun.dev/traceparent` annotation, if any, makes the run's trace a child of that span.
     """
-    fork = spec.get("forkFrom")
-    text = spec.get("input")
-    if isinstance(fork, Mapping) and text is None and source is not None:
-        text = source.input  # a fork goes on from the source's steps; its first message is the source's
-    if not isinstance(text, str) or not text.strip():
-        raise InvalidSpec("spec.input must be a non-empty string")
-    tools = spec.get("tools")
-    if tools is not None:
-        if not isinstance(tools, list) or not all(isinstance(t, str) and t for t in tools):
-            raise InvalidSpec("spec.tools must be a list of tool names")
-        if known_tools is not None:
-            unknown = sorted(set(tools) - set(known_tools))
-            if unknown:
-                offered = ", ".join(sorted(known_tools)) or "none"
-                raise InvalidSpec(f"unknown tools: {', '.join(unknown)} (the workers offer: {offered})")
-    system = spec.get("system")
-    if system is not None and not isinstance(system, str):
-        raise InvalidSpec("spec.system must be a string")
-    model = spec.get("model", DEFAULT_MODEL)
-    if not isinstance(model, str) or not model:
-        raise InvalidSpec("spec.model must be a non-empty string")
+    offer = Offer(has_tool=known_tools.__contains__ if known_tools is not None else None,
+                  tool_names=sorted(known_tools or ()), prices=prices)
+    try:
+        new = submission.new_run(run_spec(spec, source), source, Defaults(), offer)
+    except Refused as e:
+        raise InvalidSpec(_spec_message(e, known_tools)) from None
+    return dataclasses.replace(new, id=uuid.UUID(uid), k8s_namespace=namespace, k8s_name=name,
+                               traceparent=_traceparent(annotations))
+
+
+def run_spec(spec: Mapping[str, Any], source: Run | None) -> RunSpec:
+    """The spec's fields typed and bounded as the run table holds them (what the CRD schema cannot say,
+    checked again for objects that reached us without it); what it leaves out is None."""
+    tools, approval = _names(spec, "tools"), _names(spec, "requireApproval")
+    texts = [("input", _text(spec, "input", blank=False)), ("system", _text(spec, "system")),
+             ("model", _text(spec, "model", blank=False)), *((f"tools[{i}]", t) for i, t in enumerate(tools or ()))]
     # The CRD cannot express these; refused here, a NUL would fail every INSERT and kopf retry for ever.
-    texts = [
-        ("input", text), ("system", system), ("model", model),
-        *((f"tools[{i}]", t) for i, t in enumerate(tools or ())),
-    ]
     for field, value in texts:
-        if why := unstorable(value):
+        if value is not None and (why := unstorable(value)):
             raise InvalidSpec(f"spec.{field} {why}")
-    cost_budget = _cost_budget(spec)
-    if prices is not None and (problem := cost_budget_problem(prices, model, cost_budget)):
-        raise InvalidSpec(problem)
-    approval = spec.get("requireApproval")
-    if approval is not None:
-        if not isinstance(approval, list) or not all(isinstance(t, str) and t for t in approval):
-            raise InvalidSpec("spec.requireApproval must be a list of tool names")
-        if known_tools is not None:
-            unknown = sorted(set(approval) - set(known_tools) - {"*"})
-            if unknown:
-                raise InvalidSpec(f"spec.requireApproval names unknown tools: {', '.join(unknown)}")
     schema = spec.get("outputSchema")
-    if schema is not None and (why := schema_problem(schema)) is not None:
-        raise InvalidSpec(f"spec.outputSchema {why}")
-    continue_from = fork_from = None
-    if spec.get("continueFrom") is not None or fork is not None:
-        if source is None:
-            raise InvalidSpec("the AgentRun named by spec.continueFrom or spec.forkFrom has no run")
-        if fork is not None:
-            seq = fork.get("seq") if isinstance(fork, Mapping) else None
-            if isinstance(seq, bool) or not isinstance(seq, int) or not 1 <= seq <= source.steps:
-                raise InvalidSpec(f"spec.forkFrom.seq must be between 1 and {source.steps}, the steps its run has")
-            fork_from = (source.id, seq)
-        else:
-            if source.status is not RunStatus.SUCCEEDED:
-                raise InvalidSpec(f"spec.continueFrom: its run is {source.status.value}; only a Succeeded one "
-                                  "can be continued (fork it instead)")
-            continue_from = source.id
+    return RunSpec(
+        input=texts[0][1], system=texts[1][1], model=texts[2][1],
+        token_budget=_positive_int(spec, "tokenBudget", BIGINT_MAX),
+        timeout_seconds=_positive_int(spec, "timeoutSeconds", INT_MAX),
+        max_steps=_positive_int(spec, "maxSteps", INT_MAX),
+        tools=tools, cost_budget_usd=_cost_budget(spec), require_approval=approval,
+        output_schema=dict(schema) if isinstance(schema, Mapping) else schema,
+        **_lineage(spec, source), **_schedule(spec),
+    )
+
+
+def _spec_message(e: Refused, known_tools: Collection[str] | None) -> str:
+    """A refusal of the policy, naming the fields as the spec has them; unknown tools in one phrase."""
+    if not e.problems:
+        return f"spec.{e.message}"
+    unknown = {field: sorted({p.unknown_tool for p in e.problems if p.unknown_tool and p.field.startswith(field)})
+               for field in ("tools", "requireApproval")}
+    offered = ", ".join(sorted(known_tools or ())) or "none"
+    return "; ".join([
+        *([f"unknown tools: {', '.join(unknown['tools'])} (the workers offer: {offered})"] if unknown["tools"] else []),
+        *([f"spec.requireApproval names unknown tools: {', '.join(unknown['requireApproval'])}"]
+          if unknown["requireApproval"] else []),
+        *(f"spec.{p.field} {p.problem}" for p in e.problems if p.unknown_tool is None),
+    ])
+
+
+def _text(spec: Mapping[str, Any], field: str, blank: bool = True) -> str | None:
+    value = spec.get(field)
+    if value is not None and (not isinstance(value, str) or (not blank and not value.strip())):
+        raise InvalidSpec(f"spec.{field} must be a {'' if blank else 'non-empty '}string")
+    return value
+
+
+def _names(spec: Mapping[str, Any], field: str) -> tuple[str, ...] | None:
+    names = spec.get(field)
+    if names is not None and (not isinstance(names, list) or not all(isinstance(t, str) and t for t in names)):
+        raise InvalidSpec(f"spec.{field} must be a list of tool names")
+    return tuple(names) if names is not None else None
+
+
+def _lineage(spec: Mapping[str, Any], source: Run | None) -> dict[str, Any]:
+    """spec.continueFrom or spec.forkFrom as the source's id (and the fork's seq)."""
+    fork = spec.get("forkFrom")
+    if spec.get("continueFrom") is None and fork is None:
+        return {}
+    if source is None:
+        raise InvalidSpec("the AgentRun named by spec.continueFrom or spec.forkFrom has no run")
+    if fork is None:
+        return {"continue_from": source.id}
+    seq = fork.get("seq") if isinstance(fork, Mapping) else None
+    if isinstance(seq, bool) or not isinstance(seq, int):
+        raise InvalidSpec(f"spec.forkFrom.seq must be between 1 and {source.steps}, the steps its run has")
+    return {"fork_from": (source.id, seq)}
+
+
+def _traceparent(annotations: Mapping[str, str] | None) -> str | None:
     traceparent = (annotations or {}).get(TRACEPARENT_ANNOTATION)
     try:
-        traceparent = checked_traceparent(traceparent) if isinstance(traceparent, str) else None
+        return checked_traceparent(traceparent) if isinstance(traceparent, str) else None
     except ValueError as e:
         raise InvalidSpec(f"annotation {TRACEPARENT_ANNOTATION} {e}") from None
-    return NewRun(
-        id=uuid.UUID(uid),
-        input=text,
-        model=model,
-        token_budget=_positive_int(spec, "tokenBudget", DEFAULT_TOKEN_BUDGET, BIGINT_MAX),
-        timeout_seconds=_positive_int(spec, "timeoutSeconds", DEFAULT_TIMEOUT_SECONDS, INT_MAX),
-        max_steps=_positive_int(spec, "maxSteps", DEFAULT_MAX_STEPS, INT_MAX),
-        tools=tuple(tools) if tools is not None else None,
-        system=system,
-        cost_budget_usd=cost_budget,
-        k8s_namespace=namespace,
-        k8s_name=name,
-        require_approval=tuple(dict.fromkeys(approval)) if approval is not None else None,
-        output_schema=dict(schema) if schema is not None else None,
-        continue_from=continue_from,
-        fork_from=fork_from,
-        traceparent=traceparent,
-        **_schedule(spec),
-    )
 
 
 def source_name(spec: Mapping[str, Any]) -> str | None:
@@ -215,8 +220,10 @@ def _schedule(spec: Mapping[str, Any]) -> dict[str, Any]:
     return {"priority": priority, "run_at": at, "delay_seconds": float(delay) if delay is not None else None}
 
 
-def _positive_int(spec: Mapping[str, Any], field: str, default: int, limit: int) -> int:
-    value = spec.get(field, default)
+def _positive_int(spec: Mapping[str, Any], field: str, limit: int) -> int | None:
+    value = spec.get(field)
+    if value is None:
+        return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit:
         raise InvalidSpec(f"spec.{field} must be a positive integer of at most {limit}, got {str(value)[:40]}")
     return value

@@ -7,6 +7,8 @@ import os
 import secrets
 import socket
 
+from agentrun.worker.core.submission import DEFAULT_MODEL
+
 
 def process_worker_id(prefix: str) -> str:
     """`prefix` (a pod's name, say) and a suffix new with every process (`--id-prefix`). A container
@@ -60,8 +62,8 @@ class WorkerSettings:
     max_tokens: int = 4096
     """`max_tokens` of every model request."""
 
-    default_model: str = "claude-sonnet-4-6"
-    """Model for runs that name none (AGENTRUN_DEFAULT_MODEL)."""
+    default_model: str = DEFAULT_MODEL
+    """Model for runs that name none and continue or fork none (AGENTRUN_DEFAULT_MODEL)."""
 
     prices_file: str | None = None
     """Price table overriding the shipped one (AGENTRUN_PRICES_FILE)."""

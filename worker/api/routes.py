@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import re
 import uuid
@@ -10,7 +11,6 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
-from agentrun.worker.api.answers import summary
 from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.guards import ScopedRoute, access, caller_name
 from agentrun.worker.api.identities import Identities, Scope
@@ -30,9 +30,9 @@ from agentrun.worker.api.schemas import (
     StepDetail,
     TimelineStep,
 )
-from agentrun.worker.core.answer import schema_problem
-from agentrun.worker.core.pricing import PriceTable, cost_budget_problem
+from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import Decision, NewRun, PendingCall, Run, RunStatus, StepKind
+from agentrun.worker.core.submission import Defaults, Offer, Refusal, Refused, new_run
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.obs.tracing.context import TRACEPARENT_PATTERN, checked_traceparent
@@ -41,6 +41,7 @@ from agentrun.worker.store import DecideOutcome, RunStore
 from agentrun.worker.tools import ToolBox
 
 MAX_PAGE = 200
+REFUSAL_STATUS = {Refusal.INVALID: 422, Refusal.CONFLICT: 409, Refusal.UNFIT: 400}
 MAX_IDEMPOTENCY_KEY = 255
 # Printable ASCII: what every HTTP stack carries unchanged (other bytes arrive as Latin-1 guesses).
 IDEMPOTENCY_KEY = re.compile(rf"[\x20-\x7e]{{1,{MAX_IDEMPOTENCY_KEY}}}")
@@ -105,52 +106,52 @@ def _idempotency_key(value: str | None) -> str | None:
     return value
 
 
-def runs_router(
-    store: RunStore, tools: ToolBox, settings: WorkerSettings, prices: PriceTable, identities: Identities | None = None,
-    metrics: Metrics | None = None, providers: Providers | None = None,
-) -> APIRouter:
-    providers = providers or Providers()
-    # ScopedRoute (OrjsonRoute's base) enforces each route's scope before any parsing; `access` declares it.
-    secured = identities.enabled if identities is not None else bool(settings.api_token or settings.api_tokens_file)
-    router = APIRouter(
-        prefix="/api/runs", tags=["runs"], route_class=OrjsonRoute,
-        responses=ERRORS if secured else {k: v for k, v in ERRORS.items() if k not in (401, 403)},
-    )
+class RunRoutes:
+    """The /api/runs handlers over what they need; `runs_router` mounts them."""
 
-    async def get_run(run_id: uuid.UUID) -> Run:
-        run = await store.get(run_id)
+    def __init__(
+        self, store: RunStore, tools: ToolBox, settings: WorkerSettings, prices: PriceTable,
+        metrics: Metrics | None, providers: Providers,
+    ) -> None:
+        self.store, self.metrics = store, metrics
+        # The API's policy: a new run names its budgets (no default spends tokens it was not given).
+        self.defaults = Defaults(model=settings.default_model, token_budget=None, timeout_seconds=None)
+        self.tools, self.prices, self.providers = tools, prices, providers
+
+    async def get_run(self, run_id: uuid.UUID) -> Run:
+        run = await self.store.get(run_id)
         if run is None:
             raise _not_found(run_id)
         return run
 
-    async def _source(body: RunRequest) -> Run | None:
-        """The run a new one continues or forks, checked: 404 if there is none, 409 for a continuation of
-        a run that did not succeed, 400 for a fork at a seq it does not have."""
+    async def source(self, body: RunRequest) -> Run | None:
+        """The run a new one continues or forks: 404 if there is none (the policy checks the rest)."""
         if body.continue_from is not None:
-            source = await store.get(body.continue_from)
+            source = await self.store.get(body.continue_from)
             if source is None:
                 raise ApiError(404, f"continueFrom: no run with id {body.continue_from}",
                                [FieldProblem(field="continueFrom", problem="names no run")])
-            if source.status is not RunStatus.SUCCEEDED:
-                raise ApiError(409, f"continueFrom: run {source.id} is {source.status.value}; only a SUCCEEDED "
-                               "run can be continued (fork it instead)")
             return source
         if body.fork_from is not None:
-            source = await store.get(body.fork_from.run_id)
+            source = await self.store.get(body.fork_from.run_id)
             if source is None:
                 raise ApiError(404, f"forkFrom: no run with id {body.fork_from.run_id}",
                                [FieldProblem(field="forkFrom.runId", problem="names no run")])
-            if not 1 <= body.fork_from.seq <= source.steps:
-                problem = f"must be between 1 and {source.steps}, the steps run {source.id} has"
-                raise ApiError(400, f"forkFrom.seq {problem}", [FieldProblem(field="forkFrom.seq", problem=problem)])
             return source
         return None
 
-    @router.post("", status_code=201, response_model=RunCreated, **access(Scope.SUBMIT, secured),
-                 responses={400: {"model": ErrorBody, "description": "The body is not JSON, or over the size "
-                                  "limit, or `costBudgetUsd` is set for a model without a price, or the model "
-                                  "names an unknown provider"}})
+    def planned(self, body: RunRequest, source: Run | None) -> NewRun:
+        """The run the submission policy makes of `body`, or its refusal as the API answers it."""
+        offer = Offer(has_tool=lambda name: self.tools.get(name) is not None, tool_names=self.tools.names,
+                      prices=self.prices, model_problem=self.providers.problem)
+        try:
+            return new_run(body.spec(), source, self.defaults, offer)
+        except Refused as e:
+            raise ApiError(REFUSAL_STATUS[e.kind], e.message,
+                           [FieldProblem(field=p.field, problem=p.problem) for p in e.problems]) from None
+
     async def submit(
+        self,
         body: RunRequest,
         request: Request,
         response: Response,
@@ -171,86 +172,19 @@ def runs_router(
         """Queue a run. The next free worker claims it: higher `priority` first, not before `runAt` (or
         `delaySeconds` from now). Scope: `submit`; the run records who as `createdBy`."""
         key = _idempotency_key(idempotency_key)
-        try:
-            caller_span = checked_traceparent(traceparent)
-        except ValueError as e:
-            # A tracing header a proxy mangled must not cost the caller its run: W3C receivers ignore it.
-            caller_span = None
-            response.headers["Traceparent-Ignored"] = f"traceparent {e}"
-        source = await _source(body)
-        given = body.model_fields_set
-        problems = [
-            FieldProblem(field=f"{field}[{i}]", problem=f"unknown tool {name!r}; this server offers: "
-                         f"{', '.join(tools.names) or 'no tools'}")
-            for field, names in (("tools", body.tools), ("requireApproval", body.require_approval))
-            for i, name in enumerate(names or ())
-            if tools.get(name) is None and not (field == "requireApproval" and name == "*")
-        ]
-        for field, attr in (("input", "input"), ("tokenBudget", "token_budget"), ("timeoutSeconds", "timeout_seconds")):
-            if source is None and getattr(body, attr) is None:
-                problems.append(FieldProblem(field=field, problem="is required"))
-        if body.fork_from is not None and body.input is not None:
-            problems.append(FieldProblem(field="input", problem="a fork takes no input: it goes on from the steps "
-                                         "it starts with"))
-        if body.continue_from is not None and body.input is None:
-            problems.append(FieldProblem(field="input", problem="is required: the next user message"))
-        if body.continue_from is not None and body.fork_from is not None:
-            problems.append(FieldProblem(field="forkFrom", problem="give continueFrom or forkFrom, not both"))
-        if problems:
-            raise ApiError(422, summary(problems), problems)
-        if body.output_schema is not None and (why := schema_problem(body.output_schema)) is not None:
-            raise ApiError(400, f"outputSchema {why}", [FieldProblem(field="outputSchema", problem=why)])
-
-        def inherited(attr: str, default: Any = None) -> Any:
-            """What the body gives, else (continuing or forking) the source's, else the default."""
-            if attr in given and getattr(body, attr) is not None:
-                return getattr(body, attr)
-            return getattr(source, attr) if source is not None else default
-
-        model = inherited("model", settings.default_model)
-        if problem := providers.problem(model):
-            raise ApiError(400, f"model: {problem}", [FieldProblem(field="model", problem=problem)])
-        cost_budget = body.cost_budget() if body.cost_budget_usd is not None else inherited("cost_budget_usd")
-        # A step of an unpriced model costs null, so its budget would never stop the run.
-        if (problem := cost_budget_problem(prices, model, cost_budget)) is not None:
-            raise ApiError(400, problem, [FieldProblem(field="costBudgetUsd", problem=problem)])
-        tools_given = body.tools if "tools" in given else (source.tools if source is not None else None)
-        approval = inherited("require_approval")
-        new = NewRun(
-            input=body.input if body.input is not None else (source.input if source is not None else ""),
-            model=model,
-            token_budget=inherited("token_budget"),
-            timeout_seconds=inherited("timeout_seconds"),
-            max_steps=inherited("max_steps", 100) if "max_steps" not in given else body.max_steps,
-            tools=tuple(dict.fromkeys(tools_given)) if tools_given is not None else None,
-            system=inherited("system"),
-            cost_budget_usd=cost_budget,
-            idempotency_key=key,
-            created_by=caller_name(request),
-            traceparent=caller_span,
-            require_approval=tuple(dict.fromkeys(approval)) if approval is not None else None,
-            output_schema=inherited("output_schema"),
-            continue_from=body.continue_from,
-            fork_from=(body.fork_from.run_id, body.fork_from.seq) if body.fork_from is not None else None,
-            priority=body.priority,
-            run_at=body.run_at,
-            delay_seconds=body.delay_seconds,
-        )
-        run, created = await store.create(new)
+        caller_span = _caller_span(traceparent, response)
+        new = self.planned(body, await self.source(body))
+        new = dataclasses.replace(new, idempotency_key=key, created_by=caller_name(request), traceparent=caller_span)
+        run, created = await self.store.create(new)
         if not created:
-            if key is None or run.idempotency_key != key:  # a random id never collides in practice
-                raise ApiError(409, "a run with this id already exists")
-            if not _same_request(run, new):
-                problem = "was already used for a different request"
-                raise ApiError(422, f"Idempotency-Key {problem}",
-                               [FieldProblem(field="Idempotency-Key", problem=problem)])
+            _check_replay(run, new, key)
             response.headers["Idempotent-Replayed"] = "true"
         response.headers["Location"] = f"/api/runs/{run.id}"
         # A new run is QUEUED when inserted, though a worker may have claimed it by the time it is read back.
         return RunCreated(id=run.id, status=RunStatus.QUEUED if created else run.status)
 
-    @router.get("", response_model=RunPage, **access(Scope.READ, secured))
     async def list_runs(
+        self,
         status: Annotated[RunStatus | None, Query(description="Only runs in this status.")] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="Runs per page.")] = 50,
         after: Annotated[uuid.UUID | None, Query(
@@ -261,29 +195,26 @@ def runs_router(
         The answer is `{"items": [...], "next": "<uuid>" | null}`; to get the following page pass
         `next` as `after`, with the same `status`. `next` is null on the last page. Scope: `read`.
         """
-        runs = await store.list_runs(status, limit + 1, after)
+        runs = await self.store.list_runs(status, limit + 1, after)
         # A cursor naming no run yields an empty page; only then is it worth a query to tell the two apart.
-        if after is not None and not runs and await store.get(after) is None:
+        if after is not None and not runs and await self.store.get(after) is None:
             problem = "names no run; pass the `next` of a previous page"
             raise ApiError(422, f"after: {problem}", [FieldProblem(field="after", problem=problem)])
         page = runs[:limit]
         return RunPage(items=[RunSummary.of(r) for r in page], next=page[-1].id if len(runs) > limit else None)
 
-    @router.get("/{id}", response_model=RunView, **access(Scope.READ, secured))
-    async def get(run_id: RunId) -> RunView:
+    async def get(self, run_id: RunId) -> RunView:
         """A run: status, input, model, budgets, tokens and cost so far, error, times, the holding worker,
         who created it and who cancelled it. Scope: `read`."""
-        return RunView.of(await get_run(run_id))
+        return RunView.of(await self.get_run(run_id))
 
-    @router.get("/{id}/timeline", response_model=list[TimelineStep], **access(Scope.READ, secured))
-    async def timeline(run_id: RunId) -> list[TimelineStep]:
+    async def timeline(self, run_id: RunId) -> list[TimelineStep]:
         """The run's steps in seq order, without their request and response bodies. Scope: `read`."""
-        steps = await store.timeline(run_id)
+        steps = await self.store.timeline(run_id)
         if not steps:  # a run without steps yet, or no run at all
-            await get_run(run_id)
-        calls = await store.decisions(run_id)
+            await self.get_run(run_id)
         by_call: dict[str, list[PendingCall]] = {}
-        for call in calls:
+        for call in await self.store.decisions(run_id):
             by_call.setdefault(call.tool_use_id, []).append(call)
         rows = [TimelineStep.of(s) for s in steps]
         for i, s in enumerate(steps):
@@ -295,20 +226,15 @@ def runs_router(
         rows.extend(TimelineStep.waiting(c[-1], c) for c in by_call.values())
         return rows
 
-    @router.get("/{id}/pending", response_model=list[PendingView], **access(Scope.READ, secured))
-    async def pending(run_id: RunId) -> list[PendingView]:
+    async def pending(self, run_id: RunId) -> list[PendingView]:
         """The tool calls waiting for a person's decision, oldest first (empty when none). Scope: `read`."""
-        run = await get_run(run_id)
+        run = await self.get_run(run_id)
         if run.status is not RunStatus.WAITING:
             return []
-        return [PendingView.of(c) for c in await store.decisions(run_id) if c.decision is None]
+        return [PendingView.of(c) for c in await self.store.decisions(run_id) if c.decision is None]
 
-    @router.post("/{id}/pending/{toolUseId}", response_model=RunView, **access(Scope.DECIDE, secured),
-                 responses={409: {"model": ErrorBody, "description": "The decision does not fit the call's kind, "
-                                  "or the call was already decided"},
-                            400: {"model": ErrorBody, "description": "A bad body: `record` without `output`"}})
     async def decide(
-        run_id: RunId, body: DecisionRequest, request: Request,
+        self, run_id: RunId, body: DecisionRequest, request: Request,
         tool_use_id: Annotated[str, Path(alias="toolUseId", max_length=MAX_NAME_CHARS,
                                          description="The pending call's tool_use id.")],
     ) -> RunView:
@@ -318,59 +244,119 @@ def runs_router(
         if body.decision is Decision.RECORD and body.output is None:
             problem = "is required with the decision record: what the call returned"
             raise ApiError(400, f"output {problem}", [FieldProblem(field="output", problem=problem)])
-        before = await store.decisions(run_id)
-        outcome, run = await store.decide(
+        before = await self.store.decisions(run_id)
+        outcome, run = await self.store.decide(
             run_id, tool_use_id, body.decision, output=body.output, is_error=body.is_error, reason=body.reason,
             by=caller_name(request),
         )
-        if outcome is DecideOutcome.NO_RUN:
-            raise _not_found(run_id)
-        if outcome is DecideOutcome.NO_CALL:
-            raise ApiError(404, f"run {run_id} has no pending call {tool_use_id!r}")
-        if outcome is DecideOutcome.WRONG_KIND:
-            kinds = {c.kind.value for c in before if c.tool_use_id == tool_use_id}
-            fits = "approve or deny" if "approval" in kinds else "retry, record or fail"
-            raise ApiError(409, f"{body.decision.value} does not fit call {tool_use_id}: it needs {fits}")
-        if outcome is DecideOutcome.ALREADY:
-            raise ApiError(409, f"call {tool_use_id} of run {run_id} was already decided")
+        _check_decided(outcome, run_id, tool_use_id, body.decision, before)
         assert run is not None
-        if metrics is not None:
+        if self.metrics is not None:
             since = min((c.since for c in before if c.decision is None), default=None)
             waited = None
             if run.status is not RunStatus.WAITING and since is not None:
                 waited = max((datetime.datetime.now(datetime.UTC) - since).total_seconds(), 0.0)
-            metrics.decided(body.decision.kind.value, body.decision.value, waited)
+            self.metrics.decided(body.decision.kind.value, body.decision.value, waited)
         return RunView.of(run)
 
-    @router.get("/{id}/steps/{seq}", response_model=StepDetail, **access(Scope.READ, secured))
     async def step(
-        run_id: RunId, seq: Annotated[int, Path(ge=1, le=MAX_SEQ, description="The step's seq (from 1).")]
+        self, run_id: RunId, seq: Annotated[int, Path(ge=1, le=MAX_SEQ, description="The step's seq (from 1).")]
     ) -> StepDetail:
         """One step with its request and response bodies, for debugging. Scope: `read`."""
-        found = await store.step(run_id, seq)
+        found = await self.store.step(run_id, seq)
         if found is None:
-            await get_run(run_id)
+            await self.get_run(run_id)
             raise ApiError(404, f"run {run_id} has no step {seq}")
         detail = StepDetail.of(found)
         if found.kind is StepKind.TOOL and found.tool_use_id is not None:  # its decisions, as the timeline shows
-            decided = [DecisionView.of(c) for c in await store.decisions(run_id) if c.tool_use_id == found.tool_use_id]
+            decided = [DecisionView.of(c) for c in await self.store.decisions(run_id)
+                       if c.tool_use_id == found.tool_use_id]
             detail = detail.model_copy(update={"decisions": decided})
         return detail
 
-    @router.post("/{id}/cancel", status_code=202, response_model=RunView, **access(Scope.CANCEL, secured),
-                 responses={409: {"model": ErrorBody, "description": "The run has already finished"}})
-    async def cancel(run_id: RunId, request: Request) -> RunView:
+    async def cancel(self, run_id: RunId, request: Request) -> RunView:
         """Ask a run to stop: a queued run is CANCELLED at once, a running one at its next step boundary.
 
         Scope: `cancel`. The first caller to ask is recorded as `cancelledBy`."""
-        before = await get_run(run_id)
+        before = await self.get_run(run_id)
         if before.status.terminal:
             raise ApiError(409, f"run {run_id} has already finished: {before.status.value}")
-        after = await store.cancel(run_id, by=caller_name(request))
+        after = await self.store.cancel(run_id, by=caller_name(request))
         if after is None:
             raise _not_found(run_id)
         if after.status.terminal and not after.cancel_requested:  # it finished in between
             raise ApiError(409, f"run {run_id} has already finished: {after.status.value}")
         return RunView.of(after)
 
+
+def _caller_span(traceparent: str | None, response: Response) -> str | None:
+    try:
+        return checked_traceparent(traceparent)
+    except ValueError as e:
+        # A tracing header a proxy mangled must not cost the caller its run: W3C receivers ignore it.
+        response.headers["Traceparent-Ignored"] = f"traceparent {e}"
+        return None
+
+
+def _check_replay(run: Run, new: NewRun, key: str | None) -> None:
+    """An existing run found for `new`: a retry with its idempotency key, or a 409 or 422 saying why not."""
+    if key is None or run.idempotency_key != key:  # a random id never collides in practice
+        raise ApiError(409, "a run with this id already exists")
+    if not _same_request(run, new):
+        problem = "was already used for a different request"
+        raise ApiError(422, f"Idempotency-Key {problem}", [FieldProblem(field="Idempotency-Key", problem=problem)])
+
+
+def _check_decided(
+    outcome: DecideOutcome, run_id: uuid.UUID, tool_use_id: str, decision: Decision, before: list[PendingCall]
+) -> None:
+    """A decision the store did not take, as the error the API answers it with."""
+    if outcome is DecideOutcome.NO_RUN:
+        raise _not_found(run_id)
+    if outcome is DecideOutcome.NO_CALL:
+        raise ApiError(404, f"run {run_id} has no pending call {tool_use_id!r}")
+    if outcome is DecideOutcome.WRONG_KIND:
+        kinds = {c.kind.value for c in before if c.tool_use_id == tool_use_id}
+        fits = "approve or deny" if "approval" in kinds else "retry, record or fail"
+        raise ApiError(409, f"{decision.value} does not fit call {tool_use_id}: it needs {fits}")
+    if outcome is DecideOutcome.ALREADY:
+        raise ApiError(409, f"call {tool_use_id} of run {run_id} was already decided")
+
+
+Responses = dict[int | str, dict[str, Any]]
+SUBMIT_ERRORS: Responses = {
+    400: {"model": ErrorBody, "description": "The body is not JSON, or over the size limit, or `costBudgetUsd` is "
+          "set for a model without a price, or the model names an unknown provider"},
+}
+DECIDE_ERRORS: Responses = {
+    409: {"model": ErrorBody, "description": "The decision does not fit the call's kind, or the call was already "
+          "decided"},
+    400: {"model": ErrorBody, "description": "A bad body: `record` without `output`"},
+}
+CANCEL_ERRORS: Responses = {409: {"model": ErrorBody, "description": "The run has already finished"}}
+
+
+def runs_router(
+    store: RunStore, tools: ToolBox, settings: WorkerSettings, prices: PriceTable, identities: Identities | None = None,
+    metrics: Metrics | None = None, providers: Providers | None = None,
+) -> APIRouter:
+    routes = RunRoutes(store, tools, settings, prices, metrics, providers or Providers())
+    # ScopedRoute (OrjsonRoute's base) enforces each route's scope before any parsing; `access` declares it.
+    secured = identities.enabled if identities is not None else bool(settings.api_token or settings.api_tokens_file)
+    router = APIRouter(
+        prefix="/api/runs", tags=["runs"], route_class=OrjsonRoute,
+        responses=ERRORS if secured else {k: v for k, v in ERRORS.items() if k not in (401, 403)},
+    )
+    read = access(Scope.READ, secured)
+    router.post("", status_code=201, response_model=RunCreated, **access(Scope.SUBMIT, secured),
+                responses=SUBMIT_ERRORS)(routes.submit)
+    router.get("", response_model=RunPage, **read)(routes.list_runs)
+    router.get("/{id}", response_model=RunView, **read)(routes.get)
+    router.get("/{id}/timeline", response_model=list[TimelineStep], **read)(routes.timeline)
+    router.get("/{id}/pending", response_model=list[PendingView], **read)(routes.pending)
+    router.post("/{id}/pending/{toolUseId}", response_model=RunView, **access(Scope.DECIDE, secured),
+                responses=DECIDE_ERRORS)(routes.decide)
+    router.get("/{id}/steps/{seq}", response_model=StepDetail, **read)(routes.step)
+    router.post("/{id}/cancel", status_code=202, response_model=RunView, **access(Scope.CANCEL, secured),
+                responses=CANCEL_ERRORS)(routes.cancel)
     return router

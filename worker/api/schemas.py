@@ -14,6 +14,7 @@ from pydantic_core import PydanticCustomError
 
 from agentrun.worker.api.identities import Scope
 from agentrun.worker.core.records import Decision, DecisionKind, PendingCall, Run, RunStatus, Step, StepKind, StepStatus
+from agentrun.worker.core.submission import DEFAULT_MAX_STEPS, RunSpec
 from agentrun.worker.core.text import unstorable
 
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
@@ -118,7 +119,8 @@ class RunRequest(_Camel):
                    json_schema_extra={"pattern": NOT_BLANK}),
         AfterValidator(_storable), AfterValidator(_not_blank),
     ] | None = None
-    model: Name | None = Field(None, description="Model name; the server's default model when absent.")
+    model: Name | None = Field(None, description="Model name; when absent the source's (with `continueFrom` or "
+                               "`forkFrom`), else the server's default model.")
     token_budget: Annotated[Whole, Field(gt=0, le=MAX_TOKEN_BUDGET)] | None = Field(
         None,
         description="Tokens the run may spend, all kinds. Required, except with `continueFrom` or `forkFrom` "
@@ -128,9 +130,11 @@ class RunRequest(_Camel):
         None,
         description="Wall-clock limit (at most 7 days). Required, except with `continueFrom` or `forkFrom`.",
     )
-    max_steps: Whole = Field(100, gt=0, le=MAX_STEPS, description="Most steps (model and tool) the run may take.")
+    max_steps: Whole = Field(DEFAULT_MAX_STEPS, gt=0, le=MAX_STEPS, description="Most steps (model and tool) the "
+                             "run may take; with `continueFrom` or `forkFrom`, the source's when absent.")
     tools: list[Name] | None = Field(
-        None, max_length=MAX_TOOLS, description="Tools the model may call; every tool of the worker when absent."
+        None, max_length=MAX_TOOLS, description="Tools the model may call; when absent the source's (with "
+        "`continueFrom` or `forkFrom`), else every tool of the worker.",
     )
     system: Text | None = Field(None, description="System prompt.")
     cost_budget_usd: float | None = Field(
@@ -184,6 +188,20 @@ class RunRequest(_Camel):
         if self.cost_budget_usd is None:
             return None
         return Decimal(str(self.cost_budget_usd)).quantize(MIN_COST_BUDGET_USD, rounding=ROUND_HALF_UP)
+
+    def spec(self) -> RunSpec:
+        """The request as the submission policy reads it: a field left out (or null) is None."""
+        return RunSpec(
+            input=self.input, model=self.model, token_budget=self.token_budget, timeout_seconds=self.timeout_seconds,
+            # The schema's default stands for "absent", which a continuation fills from its source.
+            max_steps=self.max_steps if "max_steps" in self.model_fields_set else None,
+            tools=tuple(self.tools) if self.tools is not None else None, system=self.system,
+            cost_budget_usd=self.cost_budget(),
+            require_approval=tuple(self.require_approval) if self.require_approval is not None else None,
+            output_schema=self.output_schema, continue_from=self.continue_from,
+            fork_from=(self.fork_from.run_id, self.fork_from.seq) if self.fork_from is not None else None,
+            priority=self.priority, run_at=self.run_at, delay_seconds=self.delay_seconds,
+        )
 
 
 class RunCreated(_Camel):

@@ -7,8 +7,11 @@ its `errors.py`, re-exported from the modules callers import them from.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import math
 import uuid
+from collections.abc import Sequence
 
 __all__ = [
     "MAX_RETRY_AFTER",
@@ -16,6 +19,9 @@ __all__ = [
     "CancelRequested",
     "LeaseLost",
     "LlmError",
+    "Problem",
+    "Refusal",
+    "Refused",
     "retryable_status",
     "sane_retry_after",
 ]
@@ -78,3 +84,33 @@ class LeaseLost(Exception):
 
 class CancelRequested(Exception):
     """The call or tool in flight was interrupted because someone asked the run to stop."""
+
+
+# -- a request that makes no run (core/submission.py) -----------------------------------------------
+
+
+class Refusal(enum.Enum):
+    """Why a request makes no run; the API answers each with its own status code."""
+
+    INVALID = "invalid"  # incomplete or contradictory (422)
+    CONFLICT = "conflict"  # the source is in no state for it: a continuation of a run that did not succeed (409)
+    UNFIT = "unfit"  # well formed, but not runnable: a fork past its source's steps, a bad schema... (400)
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    field: str  # as the REST body and the AgentRun spec both name it: `tokenBudget`, `tools[1]`
+    problem: str
+    unknown_tool: str | None = None  # the name, when the problem is a tool the workers do not offer
+
+
+class Refused(ValueError):
+    """The request makes no run: `message` says why in one line, `problems` name the fields at fault."""
+
+    def __init__(self, kind: Refusal, message: str, problems: Sequence[Problem] = ()) -> None:
+        super().__init__(message)
+        self.kind, self.message, self.problems = kind, message, list(problems)
+
+    @classmethod
+    def of(cls, kind: Refusal, problems: Sequence[Problem]) -> Refused:
+        return cls(kind, "; ".join(f"{p.field}: {p.problem}" for p in problems), problems)

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import math
 import os
-import signal
 import sys
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
 
 from agentrun.worker.core.records import Decision, RunStatus
 from agentrun.worker.obs import logs
-
-if TYPE_CHECKING:
-    from agentrun.worker.settings import WorkerSettings
 
 log = logging.getLogger("agentrun.cli")
 
@@ -103,6 +97,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         or WorkerSettings.database_retry_max,
     )
     from agentrun.worker.runtime.presence import DuplicateWorker
+    from agentrun.worker.serve import serve_worker
 
     try:
         return asyncio.run(serve_worker(settings, migrate_first=not args.no_migrate))
@@ -137,183 +132,6 @@ def _env_flag(name: str, default: bool) -> bool:
     if value in ("0", "false", "no", "off"):
         return False
     raise SystemExit(f"agentrun: {name} must be true or false, got {value!r}")
-
-
-def _claiming(worker: Any) -> Callable[[], str | None]:
-    """Why `worker` cannot claim now, for /readyz: without its presence session (the liveness lock and
-    the wake-ups) it does not claim, and a pod that cannot take work should not count as ready."""
-    def why() -> str | None:
-        if worker.settings.liveness_lock and not worker.presence.ready.is_set():
-            return "worker presence session down (reconnecting)"
-        return None
-    return why
-
-
-MCP_FIRST_CONNECT_WAIT = 10.0
-"""Seconds a worker waits, before it claims runs, for each MCP server's first connection attempt to end
-(a refused connection ends it at once; an unanswering host takes this long at most)."""
-
-
-async def serve_worker(settings: WorkerSettings, migrate_first: bool = True) -> int:
-    """Serve /healthz at once, wait (retrying) for a usable database, then claim and drive runs.
-
-    The HTTP server comes first and nothing ever blocks it: through a database outage at start the
-    process is alive and not ready, and picks up work as soon as the database answers, without a restart.
-    """
-    # What reads the settings first, the rest once they are good: a worker that refuses its config exits
-    # without importing the web server, the database driver, or (factory, mcp) a provider's SDK.
-    from agentrun.worker.api.identities import Identities, IdentityFileError
-    from agentrun.worker.core.observer import Observer, Observers
-    from agentrun.worker.core.pricing import PriceTable
-    from agentrun.worker.llm.factory import llm_from_env, load_providers
-    from agentrun.worker.obs.metrics import Metrics
-    from agentrun.worker.obs.tracing import tracer_from_env
-    from agentrun.worker.tools import ToolBox, ToolThreads, load_tool_modules
-    from agentrun.worker.tools.mcp import McpConfigError, McpServers
-
-    try:
-        python_tools = load_tool_modules(settings.tool_modules)
-    except (ImportError, ValueError) as e:
-        raise SystemExit(f"agentrun: cannot load tools from AGENTRUN_TOOLS: {e}") from None
-    try:
-        mcp = McpServers.load(settings.mcp_servers_file, os.environ, (t.name for t in python_tools))
-    except McpConfigError as e:
-        raise SystemExit(f"agentrun: AGENTRUN_MCP_SERVERS: {e}") from None
-    try:
-        tools = ToolBox(python_tools, threads=ToolThreads(settings.tool_threads), sources=mcp.servers)
-    except ValueError as e:
-        raise SystemExit(f"agentrun: cannot load tools from AGENTRUN_TOOLS: {e}") from None
-    # Before any connection is opened, so a missing or bad setting exits with its message alone.
-    # An API-only process (--concurrency 0) needs no model.
-    metrics = Metrics(cache_seconds=settings.metrics_cache_seconds)
-    metrics.watch_tool_threads(tools.threads)
-    providers = load_providers(settings.providers_file)
-    if problem := providers.problem(settings.default_model):
-        raise SystemExit(f"agentrun: AGENTRUN_DEFAULT_MODEL: {problem}")
-    try:
-        tracer = tracer_from_env(os.environ, settings.worker_id)
-    except (ValueError, ImportError) as e:
-        raise SystemExit(f"agentrun: {e}") from None
-    observer: Observer = Observers(metrics, tracer) if tracer is not None else metrics
-    limiter = None
-    if settings.model_limits_file is not None and settings.concurrency > 0:
-        from agentrun.worker.llm.limits import Limiter, ModelLimits
-
-        try:
-            limits = ModelLimits.load(settings.model_limits_file)
-        except (OSError, ValueError) as e:
-            raise SystemExit(f"agentrun: cannot read the model limits (AGENTRUN_MODEL_LIMITS): {e}") from None
-        limiter = Limiter(limits, on_wait=metrics.limit_waited, on_use=metrics.limit_seen)
-    llm = (llm_from_env(settings, on_retry=observer.model_retry, providers=providers, limiter=limiter)
-           if settings.concurrency else None)
-    try:
-        prices = PriceTable.load(settings.prices_file)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"agentrun: cannot read the price table (AGENTRUN_PRICES_FILE): {e}") from None
-    try:
-        identities = Identities(settings.api_token, settings.api_tokens_file)
-    except IdentityFileError as e:
-        raise SystemExit(f"agentrun: {e}") from None
-
-    import psycopg
-    import psycopg_pool
-
-    from agentrun.worker.api.app import create_app, create_starting_app
-    from agentrun.worker.api.server import AppSlot, HttpServer
-    from agentrun.worker.runtime.runner import Worker
-    from agentrun.worker.store import RunStore
-    from agentrun.worker.store.pool import Backoff, Readiness, open_pool, wait_until_usable
-
-    stopping = asyncio.Event()
-    worker: Worker | None = None
-
-    def stop() -> None:
-        stopping.set()
-        if worker:
-            worker.stop()
-
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop)
-    readiness = Readiness()
-    starting = create_starting_app(readiness, metrics)
-    slot = AppSlot(starting)
-    server = HttpServer(slot, settings.host, settings.port)
-    http = asyncio.create_task(server.serve(), name="http")
-    while not server.started:
-        if http.done():  # uvicorn logged why (the port is taken, say) and gave up
-            raise SystemExit(f"agentrun: cannot serve HTTP on {settings.host}:{settings.port}")
-        await asyncio.sleep(0.01)
-    pool: psycopg_pool.AsyncConnectionPool[Any] | None = None
-    retention: asyncio.Task[None] | None = None
-    mcp.start()  # in the background: a server that does not answer costs its own tools, not readiness
-    try:
-        while await wait_until_usable(settings.database_url, readiness, stopping, migrate_first=migrate_first,
-                                      backoff=Backoff(cap=settings.database_retry_max)):
-            try:
-                pool = await open_pool(settings.database_url, max_size=settings.pool_max)
-            except psycopg_pool.PoolTimeout as e:  # gone again between the check and the pool
-                log.warning("%s cannot open its connection pool (%s); waiting for the database again",
-                            settings.worker_id, e)
-                continue
-            store = RunStore(pool)
-            if limiter is not None:
-                limiter.attach(pool)
-            if settings.retention_days is not None and retention is None:
-                from agentrun.worker.store.retention import prune_periodically
-
-                retention = asyncio.create_task(prune_periodically(
-                    pool, settings.retention_days, settings.retention_interval, stopping, on_batch=metrics.pruned,
-                ), name="retention")
-            metrics.count_runs_with(store.count_by_status)
-            metrics.watch_writes(store.writes.stats)
-            if llm is not None:
-                await mcp.settled(MCP_FIRST_CONNECT_WAIT)
-                worker = Worker(settings, store, llm, tools, prices, observer=observer)
-            slot.app = create_app(store, tools, settings, metrics, prices, identities, providers,
-                                  claiming=_claiming(worker) if worker is not None else None)
-            log.info(
-                "%s serving on :%d with %d slots, lease %gs, tools: %s",
-                settings.worker_id, settings.port, settings.concurrency, settings.lease_seconds,
-                ", ".join(tools.names) or "none",
-            )
-            if worker is None:
-                await stopping.wait()
-                break
-            if stopping.is_set():
-                worker.stop()
-            try:
-                await worker.run()
-                break
-            except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as e:
-                # Lost before the worker could begin (its presence session could not connect): no run is
-                # held yet, so back to waiting for the database, as at start.
-                log.warning("%s lost the database while starting (%s); waiting for it again", settings.worker_id, e)
-            worker = None
-            slot.app = starting
-            readiness.reason = "database lost while starting"
-            await pool.close()
-            pool = None
-    finally:
-        stopping.set()
-        if retention is not None:
-            with contextlib.suppress(Exception):
-                await retention
-        server.should_exit = True
-        with contextlib.suppress(Exception):
-            await http
-        if pool is not None:
-            await pool.close()
-        if llm is not None:
-            from agentrun.worker.llm.router import close_client
-
-            with contextlib.suppress(Exception):
-                await close_client(llm)
-        await mcp.close()
-        if tracer is not None:
-            await asyncio.to_thread(tracer.shutdown)  # exports the spans still buffered
-    log.info("%s stopped", settings.worker_id)
-    return 0
 
 
 # -- prune -----------------------------------------------------------------------------------------

@@ -324,9 +324,35 @@ def _sample(items: Sequence[Any], n: int = 5) -> str:
     return ", ".join(map(str, items[:n])) + (" …" if len(items) > n else "")
 
 
+@dataclasses.dataclass(frozen=True)
+class Observed:
+    """What the run left behind: the database's runs, steps, tool executions and lease history."""
+
+    runs: list[dict[str, Any]]
+    steps: list[dict[str, Any]]
+    execs: list[dict[str, Any]]
+    history: list[dict[str, Any]]
+    tag_of: dict[Any, str]
+    """Each run's plan tag, by run id."""
+
+
 async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fleet, outage: Outage | None,
                 seconds: float, cuts: Sequence[Cut] = ()) -> Report:
-    by_tag = {p.tag: p for p in plan_list}
+    seen = await observe(url, fleet)
+    checks = [
+        runs_end_as_scripted(seen, plan_list),
+        *model_call_checks(seen, model),
+        tool_execution_check(seen, fleet, outage, cuts),
+        counters_check(seen),
+        *step_writer_checks(seen),
+        *overlap_and_tenure_checks(seen.execs, seen.history, seen.runs, seen.tag_of, fleet, outage, cuts),
+    ]
+    if outage is not None:
+        checks.append(readyz_check(outage))
+    return Report(summary(seen, plan_list, fleet, outage, cuts, seconds), checks)
+
+
+async def observe(url: str, fleet: Fleet) -> Observed:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         runs = await _rows(conn, """SELECT id, input, status, error, tokens_used, cost_usd, claims,
                                            extract(epoch FROM finished_at)::float8 AS finished FROM run""")
@@ -349,43 +375,50 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
     for e in execs:
         if e["ended"] is None:
             e["ended"] = noted.get(str(e["execution_id"]))
-    leases = len(history)
     tag_of = {r["id"]: ScriptResponder.plan({"messages": [{"content": r["input"]}]})["run"] for r in runs}
-    status = collections.Counter(r["status"] for r in runs)
-    checks: list[Check] = []
+    return Observed(runs, steps, execs, history, tag_of)
 
-    # 1. every run terminal, with the status its script calls for
+
+def runs_end_as_scripted(seen: Observed, plan_list: list[Plan]) -> Check:
+    """1. every run terminal, with the status its script calls for"""
+    by_tag = {p.tag: p for p in plan_list}
+    runs, tag_of = seen.runs, seen.tag_of
+    status = collections.Counter(r["status"] for r in runs)
     wrong = [f"{tag_of[r['id']]}:{r['status']}({r['error']})" for r in runs
              if r["status"] != by_tag[tag_of[r["id"]]].expected]
-    checks.append(Check("runs end as scripted", len(runs) == len(plan_list) and not wrong,
-                        f"{len(runs)} runs, {dict(status)}; unexpected: {len(wrong)} {_sample(wrong)}"))
+    return Check("runs end as scripted", len(runs) == len(plan_list) and not wrong,
+                 f"{len(runs)} runs, {dict(status)}; unexpected: {len(wrong)} {_sample(wrong)}")
 
-    # 2. MODEL steps: never two for one turn; requests repeated only across a hand-over of the run
-    model_steps = [s for s in steps if s["kind"] == "MODEL"]
+
+def model_call_checks(seen: Observed, model: FakeAnthropic) -> list[Check]:
+    """2. MODEL steps: never two for one turn; requests repeated only across a hand-over of the run"""
+    model_steps = [s for s in seen.steps if s["kind"] == "MODEL"]
     turns_seen = collections.Counter((s["run_id"], orjson.loads(s["request"])["message_count"]) for s in model_steps)
     doubled = [k for k, n in turns_seen.items() if n > 1]
     requests = collections.Counter(ScriptResponder.key(body) for body in model.requests)
-    claims = {tag_of[r["id"]]: r["claims"] for r in runs}
+    claims = {seen.tag_of[r["id"]]: r["claims"] for r in seen.runs}
     extra_by_run: collections.Counter[str] = collections.Counter()
     for (tag, _turn), n in requests.items():
         extra_by_run[tag] += n - 1
     over = [f"{tag}: {n} repeats, {claims.get(tag, 0) - 1} hand-overs" for tag, n in extra_by_run.items()
             if n > claims.get(tag, 0) - 1]
-    checks.append(Check("no MODEL step repeated", not doubled,
-                        f"{len(model_steps)} MODEL steps, {len(doubled)} turns checkpointed twice"))
-    checks.append(Check(
-        "model calls repeated only by a crash in their window", not over,
-        f"{len(model.requests)} requests for {len(requests)} (run, turn) pairs; {sum(extra_by_run.values())} "
-        f"repeated, in {sum(1 for n in extra_by_run.values() if n)} runs; each run's repeats <= its hand-overs "
-        f"(violations: {len(over)} {_sample(over)})"))
+    return [
+        Check("no MODEL step repeated", not doubled,
+              f"{len(model_steps)} MODEL steps, {len(doubled)} turns checkpointed twice"),
+        Check(
+            "model calls repeated only by a crash in their window", not over,
+            f"{len(model.requests)} requests for {len(requests)} (run, turn) pairs; {sum(extra_by_run.values())} "
+            f"repeated, in {sum(1 for n in extra_by_run.values() if n)} runs; each run's repeats <= its hand-overs "
+            f"(violations: {len(over)} {_sample(over)})"),
+    ]
 
-    # 3. tool executions: beyond the first, same key, after a crash of the previous executor
-    tool_steps = {s["tool_use_id"]: s for s in steps if s["kind"] == "TOOL"}
+
+def tool_execution_check(seen: Observed, fleet: Fleet, outage: Outage | None, cuts: Sequence[Cut]) -> Check:
+    """3. tool executions: beyond the first, same key, after a crash of the previous executor"""
+    tool_steps = {s["tool_use_id"]: s for s in seen.steps if s["kind"] == "TOOL"}
     per_key: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
-    for e in execs:
+    for e in seen.execs:
         per_key[e["idempotency_key"]].append(e)
-    crashes = [(t, name) for t, name in fleet.kills]
-    lease = fleet.options.lease_seconds
     bad_exec = []
     for key, es in per_key.items():
         step = tool_steps.get(key)
@@ -394,60 +427,78 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
             continue
         if len(es) > step["attempts"]:
             bad_exec.append(f"{key}: {len(es)} executions but attempts={step['attempts']}")
-        for prev, nxt in zip(es, es[1:], strict=False):
-            who = fleet.pids.get(prev["pid"], "?")
-            crashed = any(prev["at"] <= t <= nxt["at"] and name == who for t, name in crashes)
-            db_down = outage is not None and prev["at"] <= outage.ended and outage.started <= nxt["at"]
-            if not (crashed or db_down):
-                # A cut acts until the pools have reconnected: one a little before counts too.
-                cut = max((c.at for c in cuts if prev["at"] - lease <= c.at <= nxt["at"]), default=None)
-                why = f" ({nxt['at'] - cut:.1f}s after a connection cut)" if cut is not None else ""
-                bad_exec.append(
-                    f"{key}: executed again at {nxt['at']:.2f} by {fleet.pids.get(nxt['pid'], '?')} without a "
-                    f"crash of {who} since {prev['at']:.2f}{why}"
-                )
+        bad_exec += [why for prev, nxt in zip(es, es[1:], strict=False)
+                     if (why := _unexplained_again(key, prev, nxt, fleet, outage, cuts))]
     again = sum(len(es) - 1 for es in per_key.values())
-    checks.append(Check(
+    return Check(
         "tool re-executions share the key and follow a crash", not bad_exec,
-        f"{len(execs)} executions of {len(per_key)} tool calls ({len(tool_steps)} tool steps); {again} re-executions "
-        f"in {sum(1 for es in per_key.values() if len(es) > 1)} calls "
-        f"(violations: {len(bad_exec)} {_sample(bad_exec)})"))
+        f"{len(seen.execs)} executions of {len(per_key)} tool calls ({len(tool_steps)} tool steps); {again} "
+        f"re-executions in {sum(1 for es in per_key.values() if len(es) > 1)} calls "
+        f"(violations: {len(bad_exec)} {_sample(bad_exec)})")
 
-    # 4. counters equal the sum over the steps
+
+def _unexplained_again(key: str, prev: dict[str, Any], nxt: dict[str, Any], fleet: Fleet, outage: Outage | None,
+                       cuts: Sequence[Cut]) -> str | None:
+    """Why executing the call again as `nxt` after `prev` broke a promise; None if a crash of prev's
+    worker or the database's outage came between them."""
+    who = fleet.pids.get(prev["pid"], "?")
+    crashed = any(prev["at"] <= t <= nxt["at"] and name == who for t, name in fleet.kills)
+    db_down = outage is not None and prev["at"] <= outage.ended and outage.started <= nxt["at"]
+    if crashed or db_down:
+        return None
+    # A cut acts until the pools have reconnected: one a little before counts too.
+    lease = fleet.options.lease_seconds
+    cut = max((c.at for c in cuts if prev["at"] - lease <= c.at <= nxt["at"]), default=None)
+    why = f" ({nxt['at'] - cut:.1f}s after a connection cut)" if cut is not None else ""
+    return (f"{key}: executed again at {nxt['at']:.2f} by {fleet.pids.get(nxt['pid'], '?')} without a "
+            f"crash of {who} since {prev['at']:.2f}{why}")
+
+
+def counters_check(seen: Observed) -> Check:
+    """4. counters equal the sum over the steps"""
+    runs = seen.runs
     tokens: collections.Counter[Any] = collections.Counter()
     cost: dict[Any, Any] = collections.defaultdict(int)
-    for s in steps:
+    for s in seen.steps:
         tokens[s["run_id"]] += s["tokens"]
         cost[s["run_id"]] += s["cost_usd"] or 0
-    mismatched = [tag_of[r["id"]] for r in runs
+    mismatched = [seen.tag_of[r["id"]] for r in runs
                   if r["tokens_used"] != tokens[r["id"]] or r["cost_usd"] != cost[r["id"]]]
-    checks.append(Check("tokens_used and cost_usd equal the sums over the steps", not mismatched,
-                        f"{sum(r['tokens_used'] for r in runs)} tokens, ${sum(r['cost_usd'] for r in runs):.4f}; "
-                        f"{len(mismatched)} runs differ {_sample(mismatched)}"))
+    return Check("tokens_used and cost_usd equal the sums over the steps", not mismatched,
+                 f"{sum(r['tokens_used'] for r in runs)} tokens, ${sum(r['cost_usd'] for r in runs):.4f}; "
+                 f"{len(mismatched)} runs differ {_sample(mismatched)}")
 
-    # 5. every step written by the lease holder of that moment
-    trespass = [f"{tag_of[s['run_id']]}#{s['seq']} by {s['worker']}, holder {s['holder']}" for s in steps
+
+def step_writer_checks(seen: Observed) -> list[Check]:
+    """5. every step written by the lease holder of that moment"""
+    steps = seen.steps
+    trespass = [f"{seen.tag_of[s['run_id']]}#{s['seq']} by {s['worker']}, holder {s['holder']}" for s in steps
                 if s["finished_at"] is not None and s["holder"] != s["worker"]]
     unfinished = [s for s in steps if s["status"] == "STARTED"]
-    checks.append(Check("every step written by the worker holding the lease", not trespass,
-                        f"{sum(1 for s in steps if s['finished_at'])} finished steps checked against {leases} claims; "
-                        f"{len(trespass)} outside their writer's tenure {_sample(trespass)}"))
-    checks.append(Check("no step left half-written", not unfinished,
-                        f"{len(unfinished)} tool steps still STARTED"))
+    return [
+        Check("every step written by the worker holding the lease", not trespass,
+              f"{sum(1 for s in steps if s['finished_at'])} finished steps checked against {len(seen.history)} "
+              f"claims; {len(trespass)} outside their writer's tenure {_sample(trespass)}"),
+        Check("no step left half-written", not unfinished, f"{len(unfinished)} tool steps still STARTED"),
+    ]
 
-    checks.extend(overlap_and_tenure_checks(execs, history, runs, tag_of, fleet, outage, cuts))
 
-    if outage is not None:
-        answers = outage.readyz_while_down
-        checks.append(Check(
-            "readyz not ready while the database is down, ready after",
-            bool(outage.probed) and not outage.not_live and set(answers) == {503} and not outage.not_ready_after,
-            f"{len(outage.probed)} live workers probed ({len(outage.not_live)} never answered /healthz "
-            f"{_sample(outage.not_live)}); readyz during the {outage.ended - outage.started:.1f}s outage: "
-            f"{dict(answers)}; after: all 200 within {outage.seconds_to_ready:.1f}s except "
-            f"{len(outage.not_ready_after)} {_sample(outage.not_ready_after)}"))
+def readyz_check(outage: Outage) -> Check:
+    answers = outage.readyz_while_down
+    return Check(
+        "readyz not ready while the database is down, ready after",
+        bool(outage.probed) and not outage.not_live and set(answers) == {503} and not outage.not_ready_after,
+        f"{len(outage.probed)} live workers probed ({len(outage.not_live)} never answered /healthz "
+        f"{_sample(outage.not_live)}); readyz during the {outage.ended - outage.started:.1f}s outage: "
+        f"{dict(answers)}; after: all 200 within {outage.seconds_to_ready:.1f}s except "
+        f"{len(outage.not_ready_after)} {_sample(outage.not_ready_after)}")
 
-    lines = [
+
+def summary(seen: Observed, plan_list: list[Plan], fleet: Fleet, outage: Outage | None, cuts: Sequence[Cut],
+            seconds: float) -> list[str]:
+    """The report's head: what the run did."""
+    runs, leases = seen.runs, len(seen.history)
+    return [
         "chaos report",
         f"  runs: {len(plan_list)} ({sum(p.turns for p in plan_list)} tool turns, "
         f"{sum(1 for p in plan_list if p.parallel > 1)} with parallel tool_use, {sum(1 for p in plan_list if p.slow)} "
@@ -462,7 +513,6 @@ async def check(url: str, plan_list: list[Plan], model: FakeAnthropic, fleet: Fl
         "for one run)",
         f"  wall time: {seconds:.1f}s",
     ]
-    return Report(lines, checks)
 
 
 def overlap_and_tenure_checks(execs: list[dict[str, Any]], history: list[dict[str, Any]],

@@ -8,7 +8,7 @@ from typing import Any
 
 import yaml
 
-from agentrun.worker.cli import _with_mcp_tools
+from agentrun.worker.cli.operator import with_mcp_tools as _with_mcp_tools
 from agentrun.worker.tools.mcp.config import Approval, parse_servers
 from tests.chart.conftest import find
 

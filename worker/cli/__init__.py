@@ -1,7 +1,5 @@
 """The `agentrun` command: its parser and subcommands (`python -m agentrun.worker.cli` runs it too)."""
 
-from agentrun.worker.cli.main import _with_mcp_tools as _with_mcp_tools
-from agentrun.worker.cli.main import build_parser as build_parser
 from agentrun.worker.cli.main import main as main
-from agentrun.worker.cli.main import serve_worker as serve_worker
-from agentrun.worker.cli.main import worker_id as worker_id
+from agentrun.worker.cli.parser import build_parser as build_parser
+from agentrun.worker.cli.worker import worker_id as worker_id

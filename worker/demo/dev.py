@@ -94,8 +94,8 @@ def _port_free(host: str, port: int) -> bool:
 
 
 async def serve(options: DevOptions) -> int:
-    from agentrun.worker.cli import serve_worker
     from agentrun.worker.demo import tickets
+    from agentrun.worker.serve import serve_worker
     from agentrun.worker.settings import WorkerSettings
     from agentrun.worker.store import migrate
 

@@ -1,0 +1,269 @@
+"""`agentrun runs ...`: the REST API's client commands (worker/cli/client.py makes the calls and the text)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from agentrun.worker.cli.arguments import duration, positive_float, positive_int
+from agentrun.worker.core.records import Decision, RunStatus
+
+if TYPE_CHECKING:
+    from agentrun.worker.cli.client import RunsClient
+
+CLIENT_ENV = (
+    "Environment: AGENTRUN_URL (server, default http://localhost:8080), AGENTRUN_API_TOKEN (bearer token, "
+    "when the server requires one)."
+)
+
+Show = Callable[[object, str], None]
+"""Prints an answer: the server's JSON with --json, else the text made of it."""
+
+
+# -- the parser ------------------------------------------------------------------------------------------
+
+
+def add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    runs = sub.add_parser(
+        "runs",
+        help="submit, inspect, follow and cancel runs through the REST API",
+        description="A client of the REST API of a running `agentrun worker`. " + CLIENT_ENV,
+        epilog=CLIENT_ENV,
+    )
+    commands = runs.add_subparsers(dest="runs_command", required=True, metavar="COMMAND")
+
+    def command(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        p = commands.add_parser(name, help=help, description=f"{description} {CLIENT_ENV}")
+        p.add_argument("--url", help="server URL (default: $AGENTRUN_URL or http://localhost:8080)")
+        p.add_argument("--json", action="store_true", help="print the server's JSON instead of text")
+        p.set_defaults(func=cmd_runs)
+        return p
+
+    _add_submit(command("submit", "queue a run", "Queue a run and print its id and status."))
+    _add_fork(command("fork", "start a run from the first steps of another",
+                      "Start a new run from the first --seq steps of run ID, whatever its status, and go on from "
+                      "there; budgets and tools are the source's unless given."))
+    p = command("pending", "list the tool calls waiting for a decision",
+                "List the tool calls of a WAITING run that wait for a person: approvals, and calls in doubt "
+                "after a crash.")
+    p.add_argument("id", help="run id")
+    _add_decide(command("decide", "decide a pending tool call",
+                        "Decide a pending call: approve or deny an approval; retry, record (with --output) or fail a "
+                        "call in doubt. When the last open call is decided, the run goes on."))
+    p = command("get", "show a run", "Show a run: status, budgets, tokens, cost, error and times.")
+    p.add_argument("id", help="run id")
+    p = command("timeline", "show a run's steps as a table",
+                "Show a run's steps: seq, kind, tool, status, stop reason, tokens in/out, cache writes/reads, "
+                "latency and the worker that wrote each.")
+    p.add_argument("id", help="run id")
+    p = command("cancel", "cancel a run",
+                "Cancel a run: a queued run ends CANCELLED at once, a running one at its next step. "
+                "Fails if the run has already finished.")
+    p.add_argument("id", help="run id")
+    p = command("watch", "follow a run's steps until it ends",
+                "Print each step of a run as it happens, and the model's text as it streams, until the run "
+                "ends (it follows GET /api/runs/{id}/events). Exits 0 if it SUCCEEDED, else 1.")
+    p.add_argument("id", help="run id")
+    p.add_argument("--interval", type=positive_float, default=1.0, metavar="S",
+                   help="seconds before resuming a dropped event stream (default: 1)")
+    p = command("list", "list runs, newest first", "List runs, newest first, a page at a time.")
+    p.add_argument("--status", choices=[s.value for s in RunStatus],
+                   help="only runs in this status")
+    p.add_argument("--limit", type=positive_int, metavar="N", help="runs per page (default: 50, at most 200)")
+    p.add_argument("--after", metavar="ID", help="the cursor a previous page printed, for the next page")
+
+
+def _add_submit(p: argparse.ArgumentParser) -> None:
+    p.add_argument("input", help="the request for the agent (the first user message)")
+    p.add_argument("--budget", type=positive_int, default=50_000, metavar="N",
+                   help="token budget, all kinds of tokens (default: 50000)")
+    p.add_argument("--timeout", type=positive_int, default=300, metavar="S",
+                   help="wall-clock limit in seconds (default: 300)")
+    p.add_argument("--tool", action="append", metavar="NAME",
+                   help="a tool the model may call (repeatable; default: every tool of the worker)")
+    p.add_argument("--model", help="model name; a prefix picks the provider: bedrock/ID, vertex/MODEL, "
+                   "NAME/MODEL for an endpoint of the server's AGENTRUN_PROVIDERS (default: the server's "
+                   "AGENTRUN_DEFAULT_MODEL)")
+    p.add_argument("--max-steps", type=positive_int, metavar="N", help="most steps the run may take (default: 100)")
+    p.add_argument("--system", metavar="TEXT", help="system prompt")
+    p.add_argument("--cost-budget", type=positive_float, metavar="USD", help="spending limit in USD")
+    p.add_argument("--priority", type=int, metavar="N",
+                   help="higher runs are claimed first (default: 0; from -1000000 to 1000000)")
+    p.add_argument("--delay", type=duration, metavar="DURATION",
+                   help="start no sooner than this from now: seconds, or with a unit (90s, 15m, 2h, 1d); "
+                   "the timeout counts from then")
+    p.add_argument("--idempotency-key", metavar="KEY",
+                   help="retrying with the same key returns the same run instead of queueing another")
+    p.add_argument("--continue-from", metavar="ID",
+                   help="go on with the whole conversation of this SUCCEEDED run; INPUT is the next message")
+    p.add_argument("--require-approval", action="append", metavar="TOOL",
+                   help="calls of this tool wait for a person's approval (repeatable; '*' for every tool)")
+
+
+def _add_fork(p: argparse.ArgumentParser) -> None:
+    p.add_argument("id", help="the run to fork")
+    p.add_argument("--seq", type=positive_int, required=True, metavar="N", help="how many of its steps to keep")
+    p.add_argument("--model", help="another model for the fork (default: the source's)")
+    p.add_argument("--budget", type=positive_int, metavar="N", help="token budget (default: the source's)")
+    p.add_argument("--timeout", type=positive_int, metavar="S", help="wall-clock limit (default: the source's)")
+
+
+def _add_decide(p: argparse.ArgumentParser) -> None:
+    p.add_argument("id", help="run id")
+    p.add_argument("tool_use_id", metavar="TOOL_USE_ID", help="the pending call (from `runs pending`)")
+    p.add_argument("decision", choices=[d.value for d in Decision], metavar="DECISION",
+                   help="approve | deny | retry | record | fail")
+    p.add_argument("--output", metavar="TEXT", help="with record: what the call returned")
+    p.add_argument("--is-error", action="store_true", help="with record: the call failed")
+    p.add_argument("--reason", metavar="TEXT", help="why (the model sees it when a call is denied)")
+
+
+# -- the commands ----------------------------------------------------------------------------------------
+# Each makes its call(s) with `api` and prints with `show`; its return value is the exit status. The client
+# module is imported when a command runs, not with the parser: `agentrun worker` does not need it.
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    import orjson
+
+    from agentrun.worker.cli import client
+
+    def show(value: object, text: str) -> None:
+        client.emit(sys.stdout, orjson.dumps(value).decode() if args.json else client.terminal_safe(text))
+
+    url = args.url or os.environ.get("AGENTRUN_URL") or client.DEFAULT_URL
+    try:
+        with client.RunsClient(url, os.environ.get("AGENTRUN_API_TOKEN") or None) as api:
+            return COMMANDS[args.runs_command](api, args, show)
+    except client.ClientError as e:
+        print(f"agentrun: {client.terminal_safe(str(e))}", file=sys.stderr)
+        return 1
+    except (KeyError, TypeError) as e:  # JSON, but not the API's shapes: --url names some other server
+        print(f"agentrun: {url} answered without the expected fields ({type(e).__name__}: {e}); "
+              "is it an agentrun worker?", file=sys.stderr)
+        return 1
+
+
+def _submit(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
+    from agentrun.worker.cli import client
+    from agentrun.worker.core.text import unstorable
+
+    body: dict[str, object] = {"input": args.input, "tokenBudget": args.budget, "timeoutSeconds": args.timeout}
+    optional = {"model": args.model, "maxSteps": args.max_steps, "tools": args.tool,
+                "system": args.system, "costBudgetUsd": args.cost_budget,
+                "continueFrom": client._run_id(args.continue_from, "--continue-from")
+                if args.continue_from else None,
+                "requireApproval": args.require_approval, "priority": args.priority,
+                "delaySeconds": args.delay}
+    body.update({k: v for k, v in optional.items() if v is not None})
+    texts = [("input", args.input), ("model", args.model), ("system", args.system),
+             *((f"tools[{i}]", t) for i, t in enumerate(args.tool or ()))]
+    for field, text in texts:
+        # Bytes that were not UTF-8 arrive as lone surrogates, which no JSON body can carry.
+        if why := unstorable(text):
+            raise client.ClientError(0, f"{field}: {why}")
+    created = api.submit(body, args.idempotency_key)
+    show(created, f"{created['id']} {created['status']}")
+    return 0
+
+
+def _fork(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
+    from agentrun.worker.cli import client
+
+    fork: dict[str, object] = {"forkFrom": {"runId": client._run_id(args.id), "seq": args.seq}}
+    fork.update({k: v for k, v in {"model": args.model, "tokenBudget": args.budget,
+                                    "timeoutSeconds": args.timeout}.items() if v is not None})
+    created = api.submit(fork)
+    show(created, f"{created['id']} {created['status']}")
+    return 0
+
+
+def _pending(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
+    from agentrun.worker.cli import client
+
+    calls = api.pending(args.id)
+    show(calls, client.pending_table(calls))
+    return 0
+
+
+def _decide(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
+    decision: dict[str, object] = {"decision": args.decision}
+    decision.update({k: v for k, v in {"output": args.output, "reason": args.reason}.items() if v is not None})
+    if args.is_error:
+        decision["isError"] = True
+    run = api.decide(args.id, args.tool_use_id, decision)
+    show(run, f"{run['id']} {run['status']} pending={run.get('pending', 0)}")
+    return 0
+
+
+def _get(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
+    from agentrun.worker.cli import client
+
+    run = api.get(args.id)
+    show(run, client.run_details(run))
+    return 0
+
+
+def _timeline(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
+    from agentrun.worker.cli import client
+
+    steps = api.timeline(args.id)
+    claimable = "" if args.json else f"claimable from {api.get(args.id).get('runAt') or '-'}\n"
+    show(steps, claimable + client.timeline_table(steps))
+    return 0
+
+
+def _cancel(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
+    run = api.cancel(args.id)
+    requested = " (cancel requested)" if run["status"] == "RUNNING" else ""
+    show(run, f"{run['id']} {run['status']}{requested}")
+    return 0
+
+
+def _list(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
+    from agentrun.worker.cli import client
+
+    page = api.list(args.status, args.limit, args.after)
+    show(page, client.runs_table(page))
+    return 0
+
+
+def _watch(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
+    """Steps as they are written, the model's text as it streams (as it comes on its own line, in text);
+    exits 0 if the run SUCCEEDED."""
+    from agentrun.worker.cli import client
+
+    if not args.json:
+        client.emit(sys.stdout, client.step_header())
+    streaming = [0]  # the seq whose text is being printed, 0 for none
+
+    def step(row: dict[str, object]) -> None:
+        if streaming[0]:
+            client.emit(sys.stdout, "")
+            streaming[0] = 0
+        show(row, client.step_row(row))
+
+    def text(seq: int, fragment: str) -> None:
+        if args.json:
+            show({"seq": seq, "text": fragment}, fragment)
+            return
+        if streaming[0] != seq:
+            sys.stdout.write(("\n" if streaming[0] else "") + f"  model (seq {seq}): ")
+            streaming[0] = seq
+        sys.stdout.write(client.terminal_safe(fragment))
+        sys.stdout.flush()
+
+    run = api.watch(args.id, step, interval=args.interval, on_text=text)
+    if streaming[0]:
+        client.emit(sys.stdout, "")
+    show(run, client.finished_line(run))
+    return 0 if run["status"] == "SUCCEEDED" else 1
+
+
+COMMANDS: dict[str, Callable[[RunsClient, argparse.Namespace, Show], int]] = {
+    "submit": _submit, "fork": _fork, "pending": _pending, "decide": _decide, "get": _get,
+    "timeline": _timeline, "cancel": _cancel, "list": _list, "watch": _watch,
+}

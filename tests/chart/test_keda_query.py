@@ -13,7 +13,7 @@ import psycopg
 
 from agentrun.worker.store import RunStore
 from tests.chart.conftest import find
-from tests.helpers import new_run
+from tests.support.builders import new_run
 
 Render = Callable[..., list[dict[str, Any]]]
 

@@ -1,1 +1,1 @@
-from tests.api.conftest import app, client, metrics, settings, toolbox  # noqa: F401  (fixtures)
+from tests.support.api import app, client, metrics, settings, toolbox  # noqa: F401  (fixtures)

@@ -13,8 +13,8 @@ import pytest
 from agentrun.worker.tools.mcp import McpServers
 from agentrun.worker.tools.mcp.client import Backoff
 from agentrun.worker.tools.mcp.config import parse_servers
-from tests.helpers import eventually
 from tests.mcp.server import HttpServer
+from tests.support.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = Backoff(first=0.05, cap=0.5)  # a retry loop a test does not wait long for (it waits on conditions)

@@ -10,7 +10,8 @@ import psycopg
 
 from agentrun.operator.notify import CHANNEL, listen
 from agentrun.worker.store import RunStore
-from tests.helpers import eventually, new_run
+from tests.support.builders import new_run
+from tests.support.waiting import eventually
 
 
 async def _notes_until(conn: psycopg.AsyncConnection[Any], last: str, count: int, timeout: float = 30) -> list[str]:

@@ -27,8 +27,8 @@ from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.fake_server import AgentResponder, FakeAnthropic, Reply
 from agentrun.worker.tools import ToolBox, ToolContext, tool
-from tests.api.conftest import serving
-from tests.helpers import MODEL, worker
+from tests.support.builders import MODEL, worker
+from tests.support.serving import serving
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

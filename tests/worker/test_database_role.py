@@ -20,7 +20,7 @@ from agentrun.worker.store import RunStore, migrate
 from agentrun.worker.store.pool import open_pool
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolContext, tool
-from tests.helpers import http_app, new_run, worker
+from tests.support.builders import http_app, new_run, worker
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "database-role.sql"
 

@@ -25,8 +25,8 @@ from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore, migrate
 from agentrun.worker.store.pool import open_pool
 from agentrun.worker.tools import ToolBox
-from tests.api.conftest import serving
-from tests.helpers import MODEL
+from tests.support.builders import MODEL
+from tests.support.serving import serving
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "database-role.sql"
 TOKENS = {"submitter": ("agrt_role-test-submitter-0123456789", ["submit", "read"]),

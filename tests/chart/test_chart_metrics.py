@@ -16,9 +16,9 @@ from agentrun.worker.core.records import RunStatus
 from agentrun.worker.obs.metrics import METRIC_NAMES
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.fake_server import FakeAnthropic
-from tests.chart.conftest import CHART, CI_VALUES, ROOT, Manifest, find
 from tests.chart.metric_names import names_in_queries, series_in_exposition
 from tests.support.builders import new_run
+from tests.support.chart import CHART, CI_VALUES, ROOT, Manifest, find
 from tests.support.ports import free_port
 from tests.support.processes import start_worker, stop, wait_ready
 from tests.support.waiting import eventually

@@ -25,7 +25,6 @@ from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox
-from tests.chart.conftest import NAMESPACE, Manifest
 from tests.chart.prometheus_tools import (
     RULES_VALUES,
     alert_exprs,
@@ -38,6 +37,7 @@ from tests.chart.prometheus_tools import (
 )
 from tests.support.api import broken, lookup, noop
 from tests.support.builders import MODEL, new_run, worker
+from tests.support.chart import NAMESPACE, Manifest
 from tests.support.ports import free_port
 from tests.support.serving import serving
 from tests.support.waiting import eventually

@@ -11,7 +11,7 @@ import pytest
 from agentrun.worker.core.types import MAX_RETRY_AFTER, LlmError, LlmRequest
 from agentrun.worker.llm.anthropic_client import AnthropicClient, retry_after, should_retry, with_message_breakpoints
 from agentrun.worker.testing.fake_server import FakeAnthropic, Reply, usage_of
-from tests.llm.conftest import TOOLS
+from tests.support.llm import TOOLS
 from tests.support.ports import free_port
 
 MODEL = "claude-sonnet-4-5"

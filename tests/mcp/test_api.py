@@ -18,10 +18,10 @@ from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox, ToolContext, tool
-from tests.mcp.conftest import REPO, sessions
 from tests.mcp.server import HttpServer
 from tests.support.api import make_app
 from tests.support.builders import MODEL
+from tests.support.mcp import REPO, sessions
 from tests.support.ports import free_port
 from tests.support.processes import worker_argv
 from tests.support.serving import asgi_client

@@ -18,9 +18,9 @@ from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import Tool, ToolBox, ToolContext, ToolResult, ToolSource
 from agentrun.worker.tools.mcp import McpServer
-from tests.mcp.conftest import sessions, stdio_server
 from tests.mcp.server import PNG, HttpServer
 from tests.support.builders import SimulatedCrash, new_run, worker
+from tests.support.mcp import sessions, stdio_server
 from tests.support.waiting import eventually
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -15,6 +14,7 @@ from agentrun.worker.testing.scripted import TurnBasedLlm
 from agentrun.worker.tools import ToolBox
 from tests.support.builders import worker
 from tests.support.cli import agentrun
+from tests.support.running import running
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
 
@@ -22,13 +22,8 @@ pytestmark = pytest.mark.usefixtures("restore_logging")
 @pytest.fixture
 async def driving(store: RunStore, toolbox: ToolBox) -> AsyncIterator[None]:
     """A worker loop claiming and driving runs for the length of the test."""
-    w = worker(store, TurnBasedLlm(turns=2, tool="noop", in_=812, out=64), toolbox, poll=0.05)
-    task = asyncio.create_task(w.run())
-    try:
+    async with running(worker(store, TurnBasedLlm(turns=2, tool="noop", in_=812, out=64), toolbox, poll=0.05)):
         yield
-    finally:
-        w.stop()
-        await task
 
 
 @pytest.mark.usefixtures("driving")

@@ -26,6 +26,7 @@ from tests.support.api import make_app
 from tests.support.builders import new_run, worker
 from tests.support.ports import free_port
 from tests.support.processes import start_worker, stop, wait_ready
+from tests.support.running import running
 from tests.support.serving import serving
 from tests.support.sse import Stream, assert_resumed_whole, streaming
 from tests.support.waiting import eventually
@@ -43,13 +44,10 @@ async def model() -> AsyncIterator[FakeAnthropic]:
 @contextlib.asynccontextmanager
 async def driving(store: RunStore, toolbox: ToolBox, model: FakeAnthropic) -> AsyncIterator[None]:
     llm = AnthropicClient(api_key="test-key", base_url=model.base_url, http_timeout=30)
-    w = worker(store, llm, toolbox, poll=0.05)
-    task = asyncio.create_task(w.run())
     try:
-        yield
+        async with running(worker(store, llm, toolbox, poll=0.05)):
+            yield
     finally:
-        w.stop()
-        await task
         await llm.aclose()
 
 

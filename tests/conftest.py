@@ -22,6 +22,9 @@ from psycopg_pool import AsyncConnectionPool
 from agentrun.worker.store import RunStore, migrate
 from agentrun.worker.store.pool import open_pool
 
+# The shared helpers' asserts fail with the values compared, as a test's own do.
+pytest.register_assert_rewrite("tests.support")
+
 TEMPLATE = "agentrun_template"
 
 

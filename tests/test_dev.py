@@ -16,14 +16,9 @@ import httpx
 import pytest
 
 from agentrun.worker.demo.dev import default_data_dir
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.slow
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Dev:
@@ -63,7 +58,7 @@ class Dev:
 
 
 def test_dev_starts_serves_stops_and_keeps_its_runs(tmp_path: Path) -> None:
-    data, port = tmp_path / "dev", _free_port()
+    data, port = tmp_path / "dev", free_port()
     url = f"http://127.0.0.1:{port}"
     first = Dev(data, port)
     try:

@@ -17,9 +17,10 @@ from agentrun.worker.runtime.runner import Worker
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox
-from tests.api.conftest import make_app, serving
-from tests.api.test_decisions import running, status_is, submit
-from tests.helpers import worker
+from tests.support.api import make_app, status_is, submit
+from tests.support.builders import worker
+from tests.support.running import running
+from tests.support.serving import serving
 
 
 @contextlib.asynccontextmanager

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -13,7 +12,9 @@ from agentrun.worker import cli
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import TurnBasedLlm
 from agentrun.worker.tools import ToolBox
-from tests.helpers import worker
+from tests.support.builders import worker
+from tests.support.cli import agentrun
+from tests.support.running import running
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
 
@@ -21,20 +22,8 @@ pytestmark = pytest.mark.usefixtures("restore_logging")
 @pytest.fixture
 async def driving(store: RunStore, toolbox: ToolBox) -> AsyncIterator[None]:
     """A worker loop claiming and driving runs for the length of the test."""
-    w = worker(store, TurnBasedLlm(turns=2, tool="noop", in_=812, out=64), toolbox, poll=0.05)
-    task = asyncio.create_task(w.run())
-    try:
+    async with running(worker(store, TurnBasedLlm(turns=2, tool="noop", in_=812, out=64), toolbox, poll=0.05)):
         yield
-    finally:
-        w.stop()
-        await task
-
-
-async def agentrun(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    """Run the command in a thread (it blocks on HTTP) while this loop serves it."""
-    code = await asyncio.to_thread(cli.main, list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 @pytest.mark.usefixtures("driving")
@@ -111,7 +100,8 @@ async def test_token_from_the_environment(store: RunStore, toolbox: ToolBox, cap
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     from agentrun.worker.obs.metrics import Metrics
     from agentrun.worker.settings import WorkerSettings
-    from tests.api.conftest import make_app, serving
+    from tests.support.api import make_app
+    from tests.support.serving import serving
 
     app = make_app(store, toolbox, WorkerSettings(database_url="unused", api_token="t0ken-abc"), Metrics())
     async with serving(app) as url:

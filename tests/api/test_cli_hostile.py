@@ -17,8 +17,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from agentrun.worker import cli
 from agentrun.worker.cli.client import terminal_safe
-from tests.api.conftest import serving
-from tests.api.test_cli_client import agentrun
+from tests.support.cli import agentrun
+from tests.support.serving import serving
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
 REPO = Path(__file__).resolve().parents[2]

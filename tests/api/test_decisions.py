@@ -19,8 +19,10 @@ from agentrun.worker.runtime.runner import Worker
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import Tool, ToolBox, ToolContext, tool
-from tests.api.conftest import make_app, serving
-from tests.helpers import SimulatedCrash, eventually, worker
+from tests.support.api import make_app, status_is, submit
+from tests.support.builders import SimulatedCrash, worker
+from tests.support.running import running
+from tests.support.serving import serving
 
 executed: list[str] = []
 
@@ -61,34 +63,6 @@ async def api(store: RunStore, toolbox: ToolBox, settings: Any, metrics: Any) ->
     app: FastAPI = make_app(store, toolbox, settings, metrics)
     async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=30) as client:
         yield client
-
-
-@contextlib.asynccontextmanager
-async def running(w: Worker) -> AsyncIterator[Worker]:
-    task = asyncio.create_task(w.run())
-    try:
-        yield w
-    finally:
-        w.stop()
-        await asyncio.wait_for(task, 60)
-
-
-async def status_is(client: httpx.AsyncClient, run_id: str, *statuses: str, timeout: float = 30) -> dict[str, Any]:
-    found: dict[str, Any] = {}
-
-    async def check() -> bool:
-        found.update((await client.get(f"/api/runs/{run_id}")).json())
-        return found.get("status") in statuses
-
-    await eventually(check, timeout, f"run {run_id} to be {'/'.join(statuses)}")
-    return found
-
-
-async def submit(client: httpx.AsyncClient, **fields: Any) -> str:
-    body = {"input": "pay the invoice", "tokenBudget": 100_000, "timeoutSeconds": 300, **fields}
-    r = await client.post("/api/runs", json=body)
-    assert r.status_code == 201, r.text
-    return str(r.json()["id"])
 
 
 def parallel_turn() -> ScriptedLlm:

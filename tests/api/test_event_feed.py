@@ -23,9 +23,10 @@ from psycopg.conninfo import make_conninfo
 from agentrun.worker.cli.client import ServerEvent, SseParser
 from agentrun.worker.store import RunStore
 from agentrun.worker.store.channels import DELTA_CHANNEL
-from tests.api.conftest import serving
-from tests.api.sse import Stream, streaming
-from tests.helpers import eventually, new_run
+from tests.support.builders import new_run
+from tests.support.serving import serving
+from tests.support.sse import Stream, assert_resumed_whole, streaming
+from tests.support.waiting import eventually
 
 DEADLINE = 20.0
 """Generous: an event arrives in milliseconds here; on main it never arrives while the holder is open."""
@@ -305,16 +306,7 @@ async def test_a_writer_that_starts_first_and_commits_last_leaves_no_gap_for_a_r
                 await after.until(lambda s: s.ended, timeout=DEADLINE, what="the end")
             async with streaming(http, path) as whole:
                 await whole.until(lambda s: s.ended, timeout=DEADLINE, what="the end")
-            both = [e for e in before.events + after.events if e.event in ("step", "run")]
-            ids = [e.id for e in both]
-            assert len(ids) == len(set(ids)), f"an event was sent twice: {ids}"
-            last: dict[int, Any] = {}
-            for e in both:
-                if e.event == "step":
-                    step = Stream.decode(e)
-                    last[step["seq"]] = step
-            final = {s["seq"]: s for s in whole.of("step")}
-            assert last == final, f"{first}: the resumed stream missed a change"
+            _, final = assert_resumed_whole(before, after, whole, first)
             assert final[1]["status"] == "DONE" and final[1]["latencyMs"] == 111 and final[2]["latencyMs"] == 222
 
 

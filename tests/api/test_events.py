@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
-import sys
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,9 +22,14 @@ from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.fake_server import AgentResponder, FakeAnthropic
 from agentrun.worker.tools import ToolBox
-from tests.api.conftest import make_app, serving
-from tests.api.sse import Stream, streaming
-from tests.helpers import eventually, new_run, worker
+from tests.support.api import make_app
+from tests.support.builders import new_run, worker
+from tests.support.ports import free_port
+from tests.support.processes import start_worker, stop, wait_ready
+from tests.support.running import running
+from tests.support.serving import serving
+from tests.support.sse import Stream, assert_resumed_whole, streaming
+from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 BODY = {"input": "look x up", "tokenBudget": 50_000, "timeoutSeconds": 300}
@@ -41,13 +44,10 @@ async def model() -> AsyncIterator[FakeAnthropic]:
 @contextlib.asynccontextmanager
 async def driving(store: RunStore, toolbox: ToolBox, model: FakeAnthropic) -> AsyncIterator[None]:
     llm = AnthropicClient(api_key="test-key", base_url=model.base_url, http_timeout=30)
-    w = worker(store, llm, toolbox, poll=0.05)
-    task = asyncio.create_task(w.run())
     try:
-        yield
+        async with running(worker(store, llm, toolbox, poll=0.05)):
+            yield
     finally:
-        w.stop()
-        await task
         await llm.aclose()
 
 
@@ -141,45 +141,21 @@ async def test_the_events_need_the_token_when_the_api_has_one(store: RunStore, t
             await s.until(lambda s: s.ended, what="the end")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.asynccontextmanager
 async def worker_process(database_url: str, model_url: str) -> AsyncIterator[str]:
     """`agentrun worker` in a process of its own, executing runs and serving its own API; yields its URL."""
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "AGENTRUN_DATABASE_URL": database_url, "ANTHROPIC_BASE_URL": model_url,
-           "ANTHROPIC_API_KEY": "test-key", "AGENTRUN_TOOLS": "tests.api.event_tools",
+           "ANTHROPIC_API_KEY": "test-key", "AGENTRUN_TOOLS": "tests.support.event_tools",
            "PYTHONPATH": str(ROOT), "AGENTRUN_LOG_LEVEL": "WARNING"}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", "worker-P", "--port", str(port),
-        "--host", "127.0.0.1", "--concurrency", "2", "--poll-interval", "0.1", "--no-migrate",
-        env=env, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )
+    proc = await start_worker(port, "--id", "worker-P", "--concurrency", "2", "--poll-interval", "0.1", "--no-migrate",
+                              env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
     try:
-        async with httpx.AsyncClient() as http:
-            async def ready() -> bool:
-                if proc.returncode is not None:
-                    assert proc.stderr is not None
-                    raise AssertionError(f"the worker exited: {(await proc.stderr.read()).decode()[-2000:]}")
-                with contextlib.suppress(httpx.TransportError):
-                    return (await http.get(f"{url}/readyz")).status_code == 200
-                return False
-
-            await eventually(ready, timeout=60, what="the worker process to be ready")
+        await wait_ready(url, proc, timeout=60, what="the worker process to be ready")
         yield url
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 30)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await stop(proc)
 
 
 async def test_a_run_executing_in_another_process_streams_here_and_a_reconnect_resumes(
@@ -199,18 +175,10 @@ async def test_a_run_executing_in_another_process_streams_here_and_a_reconnect_r
         async with streaming(http, path) as whole:
             await whole.until(lambda s: s.ended, what="the end")
 
-    both = [e for e in first.events + second.events if e.event in ("step", "run")]
-    ids = [e.id for e in both]
-    assert len(ids) == len(set(ids)), f"an event was sent twice: {ids}"
+    # No duplicate, and no gap: every step's last state seen across the two connections is its final state.
+    both, final = assert_resumed_whole(first, second, whole)
     assert second.events and all(e.id != resume_from for e in second.events if e.event in ("step", "run"))
-    # No gap: every step's last state seen across the two connections is its final state.
-    last: dict[int, Any] = {}
-    for e in both:
-        if e.event == "step":
-            step = Stream.decode(e)
-            last[step["seq"]] = step
-    final = {s["seq"]: s for s in whole.of("step")}
-    assert last == final and sorted(final) == [1, 2, 3]
+    assert sorted(final) == [1, 2, 3]
     assert final[2]["worker"] == "worker-P" and final[2]["toolName"] == "lookup"
     assert [Stream.decode(e) for e in both if e.event == "run"][-1] == whole.of("run")[-1]
     assert whole.of("run")[-1]["status"] == "SUCCEEDED"
@@ -269,7 +237,7 @@ async def test_stopping_the_worker_ends_open_streams_instead_of_waiting_for_them
     from agentrun.worker.api.server import HttpServer
 
     run, _ = await store.create(new_run())  # queued, with no worker: its stream would stay open for good
-    port = _free_port()
+    port = free_port()
     server = HttpServer(app, "127.0.0.1", port)
     serve = asyncio.create_task(server.serve())
     async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:

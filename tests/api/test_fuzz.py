@@ -38,9 +38,9 @@ from agentrun.worker.store import RunStore
 from agentrun.worker.store.pool import open_pool
 from agentrun.worker.testing.scripted import TurnBasedLlm
 from agentrun.worker.tools import ToolBox
-from tests.api.conftest import broken, lookup, noop
 from tests.conftest import TEMPLATE
-from tests.helpers import MODEL, new_run, worker
+from tests.support.api import broken, lookup, noop
+from tests.support.builders import MODEL, new_run, worker
 
 EXAMPLES = int(os.environ.get("AGENTRUN_FUZZ_EXAMPLES", "30"))
 TOKEN = "fuzz-token-0123456789"

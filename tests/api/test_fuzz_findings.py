@@ -19,7 +19,8 @@ from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
-from tests.api.conftest import asgi_client, make_app
+from tests.support.api import make_app
+from tests.support.serving import asgi_client
 
 RUN = {"input": "Which acme tickets are overdue?", "tokenBudget": 50_000, "timeoutSeconds": 300}
 

@@ -9,9 +9,9 @@ import httpx
 from fastapi import FastAPI
 
 from agentrun.worker.store import RunStore
-from tests.api.conftest import serving
-from tests.api.sse import streaming
-from tests.helpers import new_run
+from tests.support.builders import new_run
+from tests.support.serving import serving
+from tests.support.sse import streaming
 
 
 async def test_a_handed_back_run_shows_no_holder_emits_a_run_event_and_cancels_at_once(

@@ -21,8 +21,9 @@ from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
-from tests.api.conftest import serving
-from tests.helpers import MODEL, eventually, new_run
+from tests.support.builders import MODEL, new_run
+from tests.support.serving import serving
+from tests.support.waiting import eventually
 
 DEFAULT_TOKEN = "tok-default-0123456789abcdef"
 # One identity per scope, and one holding two; the token of each is its name with a suffix.

@@ -13,7 +13,7 @@ from agentrun.worker.obs import logs
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox
-from tests.helpers import new_run, worker
+from tests.support.builders import new_run, worker
 
 
 @pytest.fixture

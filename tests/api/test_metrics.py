@@ -13,7 +13,7 @@ from agentrun.worker.obs.metrics import METRIC_NAMES, Metrics
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox
-from tests.helpers import MODEL, new_run, worker
+from tests.support.builders import MODEL, new_run, worker
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 

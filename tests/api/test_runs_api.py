@@ -18,8 +18,9 @@ from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox
-from tests.api.conftest import asgi_client, make_app
-from tests.helpers import MODEL, new_run, worker
+from tests.support.api import make_app
+from tests.support.builders import MODEL, new_run, worker
+from tests.support.serving import asgi_client
 
 RUN = {"input": "Which acme tickets are overdue?", "tokenBudget": 50_000, "timeoutSeconds": 300}
 
@@ -218,7 +219,7 @@ async def test_cancel_unknown_and_malformed(client: httpx.AsyncClient) -> None:
 
 async def test_timeline_and_step_of_a_finished_run(client: httpx.AsyncClient, store: RunStore, toolbox: ToolBox) -> None:
     from agentrun.worker.testing.scripted import ScriptedLlm
-    from tests.helpers import worker
+    from tests.support.builders import worker
 
     created = await submit(client, tools=["lookup"])
     llm = ScriptedLlm().then_tool_use("toolu_01Ab", "lookup", {"q": "acme"}, in_=812, out=64).then_text("3 tickets", 1210, 140)

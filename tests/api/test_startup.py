@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import uuid
@@ -23,16 +22,13 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from agentrun.worker.store import migrate
 from agentrun.worker.testing.fake_server import FakeAnthropic
-from tests.helpers import MODEL, eventually
+from tests.support.builders import MODEL
+from tests.support.ports import free_port
+from tests.support.processes import worker_argv
+from tests.support.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 UNREACHABLE = "database unreachable"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Gate:
@@ -46,7 +42,7 @@ class Gate:
         info = conninfo_to_dict(upstream_url)
         self.upstream_host = str(info.get("host") or "/tmp")
         self.upstream_port = int(info.get("port") or 5432)
-        self.port = _free_port()
+        self.port = free_port()
         self.url = make_conninfo(upstream_url, host="127.0.0.1", port=str(self.port))
         self.forwarding = False
         self.budget: int | None = None  # while forwarding: how many more connections to forward (None: all)
@@ -89,13 +85,12 @@ class Gate:
 
 class WorkerProcess:
     def __init__(self, url: str, log: Path, *args: str, env: dict[str, str] | None = None) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log = log
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "agentrun.worker.cli", "worker", "--port", str(self.port),
-                 "--host", "127.0.0.1", "--poll-interval", "0.2", *args],
+                worker_argv(self.port, "--poll-interval", "0.2", *args),
                 # Retries at most half a second apart: each step below waits on the worker noticing a change.
                 env={**os.environ, "AGENTRUN_DATABASE_URL": url, "AGENTRUN_LOG_LEVEL": "INFO",
                      "AGENTRUN_DATABASE_RETRY_MAX_SECONDS": "0.5", **(env or {})},
@@ -288,7 +283,7 @@ async def test_api_only_process_waits_for_migrations_it_does_not_apply(
 async def test_sigterm_while_waiting_for_the_database_exits_cleanly(
     start_worker: Callable[..., WorkerProcess]
 ) -> None:
-    closed = f"postgresql://agentrun@127.0.0.1:{_free_port()}/agentrun?connect_timeout=2"
+    closed = f"postgresql://agentrun@127.0.0.1:{free_port()}/agentrun?connect_timeout=2"
     worker = start_worker(closed, "--id", "startup-stop", "--concurrency", "2",
                           env={"ANTHROPIC_BASE_URL": "http://127.0.0.1:9"})
     await worker.until("/healthz", 200, "/healthz")

@@ -15,8 +15,8 @@ from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
-from tests.api.conftest import serving
-from tests.helpers import MODEL, new_run
+from tests.support.builders import MODEL, new_run
+from tests.support.serving import serving
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.chart.conftest import CHART, Manifest, find
+from tests.support.chart import CHART, Manifest, find
 
 RULES_VALUES = ("--set", "metrics.prometheusRule.enabled=true")
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from tests.chart.conftest import Manifest
 from tests.chart.prometheus_tools import RULES_VALUES, alert_exprs, require, write_rules
+from tests.support.chart import Manifest
 
 UNIT_TESTS = Path(__file__).parent / "alert_tests.yaml"
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrun.worker.api.identities import Scope, parse
-from tests.chart.conftest import CHART, CI_VALUES, Manifest, find, run_helm
+from tests.support.chart import CHART, CI_VALUES, Manifest, find, run_helm
 
 Render = Callable[..., list[Manifest]]
 LEAST = next(p for p in CI_VALUES if p.stem == "least-privilege-values")

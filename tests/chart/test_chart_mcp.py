@@ -10,7 +10,7 @@ import yaml
 
 from agentrun.worker.cli.operator import with_mcp_tools as _with_mcp_tools
 from agentrun.worker.tools.mcp.config import Approval, parse_servers
-from tests.chart.conftest import find
+from tests.support.chart import find
 
 Render = Callable[..., list[dict[str, Any]]]
 

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
-import socket
-import sys
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -19,9 +16,12 @@ from agentrun.worker.core.records import RunStatus
 from agentrun.worker.obs.metrics import METRIC_NAMES
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.fake_server import FakeAnthropic
-from tests.chart.conftest import CHART, CI_VALUES, ROOT, Manifest, find
 from tests.chart.metric_names import names_in_queries, series_in_exposition
-from tests.helpers import eventually, new_run
+from tests.support.builders import new_run
+from tests.support.chart import CHART, CI_VALUES, ROOT, Manifest, find
+from tests.support.ports import free_port
+from tests.support.processes import start_worker, stop, wait_ready
+from tests.support.waiting import eventually
 
 DASHBOARD = CHART / "dashboards" / "agentrun.json"
 
@@ -85,47 +85,24 @@ def test_rules_cover_the_four_alerts(render: Callable[..., list[Manifest]]) -> N
         assert alert["annotations"]["summary"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.asynccontextmanager
 async def live_worker(database_url: str, model_url: str, log: Path) -> AsyncIterator[str]:
     """A real `agentrun worker` process on a free port; yields its base URL once /readyz answers 200."""
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ, "AGENTRUN_DATABASE_URL": database_url, "ANTHROPIC_BASE_URL": model_url,
         "ANTHROPIC_API_KEY": "test-key", "PYTHONPATH": str(ROOT),
     }
     env.pop("AGENTRUN_API_TOKEN", None)
     with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", "metrics-worker", "--port", str(port),
-            "--host", "127.0.0.1", "--concurrency", "1", "--poll-interval", "0.1",
-            env=env, cwd=ROOT, stdout=out, stderr=asyncio.subprocess.STDOUT,
-        )
+        proc = await start_worker(port, "--id", "metrics-worker", "--concurrency", "1", "--poll-interval", "0.1",
+                                  env=env, cwd=ROOT, stdout=out)
     url = f"http://127.0.0.1:{port}"
     try:
-        async def ready() -> bool:
-            assert proc.returncode is None, f"the worker exited: {log.read_text(errors='replace')[-2000:]}"
-            try:
-                async with httpx.AsyncClient(timeout=5) as http:
-                    return (await http.get(f"{url}/readyz")).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        await eventually(ready, timeout=60, what="the worker to be ready")
+        await wait_ready(url, proc, timeout=60, output=lambda: log.read_text(errors="replace"))
         yield url
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), 30)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
+        await stop(proc)
 
 
 async def test_a_live_worker_exposes_every_series_the_dashboard_and_alerts_query(

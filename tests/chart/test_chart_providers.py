@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrun.worker.llm.providers import Providers
-from tests.chart.conftest import CHART, find
+from tests.support.chart import CHART, find
 
 Render = Callable[..., list[dict[str, Any]]]
 EVERYTHING = CHART / "ci" / "everything-keda-values.yaml"

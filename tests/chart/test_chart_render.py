@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 
 from agentrun.worker.core.pricing import PriceTable
-from tests.chart.conftest import CHART, CI_VALUES, NAMESPACE, Manifest, find, kinds, run_helm
+from tests.support.chart import CHART, CI_VALUES, NAMESPACE, Manifest, find, kinds, run_helm
 
 KUBERNETES_VERSION = "1.33"
 # Kinds of other operators' CRDs, unknown to kubernetes-validate: checked by shape below instead.

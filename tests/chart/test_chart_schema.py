@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.chart.conftest import BAD_VALUES, CHART, run_helm
+from tests.support.chart import BAD_VALUES, CHART, run_helm
 
 # What each bad file gets wrong, as helm's schema error names it.
 EXPECTED = {

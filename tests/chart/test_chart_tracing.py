@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from agentrun.worker.obs.tracing import tracer_from_env
-from tests.chart.conftest import CHART, NAMESPACE, Manifest, find, run_helm
+from tests.support.chart import CHART, NAMESPACE, Manifest, find, run_helm
 
 
 def config(manifests: list[Manifest]) -> dict[str, str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import yaml
 
-from tests.chart.conftest import CHART, ROOT
+from tests.support.chart import CHART, ROOT
 
 TOP_LEVEL = ROOT / "crds" / "agentrun.yaml"
 CHART_COPY = CHART / "crds" / "agentrun.yaml"

@@ -10,7 +10,7 @@ import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.chart.conftest import CI_VALUES, ROOT, Manifest, find
+from tests.support.chart import CI_VALUES, ROOT, Manifest, find
 
 DOCKERFILE = ROOT / "Dockerfile"
 AGENTRUN = Path(sys.executable).with_name("agentrun")

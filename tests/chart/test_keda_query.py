@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 
 from agentrun.worker.store import RunStore
-from tests.chart.conftest import find
-from tests.helpers import new_run
+from tests.support.builders import new_run
+from tests.support.chart import find
 
 Render = Callable[..., list[dict[str, Any]]]
 

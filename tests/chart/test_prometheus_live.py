@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import subprocess
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -26,8 +25,6 @@ from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox
-from tests.api.conftest import broken, lookup, noop, serving
-from tests.chart.conftest import NAMESPACE, Manifest
 from tests.chart.prometheus_tools import (
     RULES_VALUES,
     alert_exprs,
@@ -38,15 +35,14 @@ from tests.chart.prometheus_tools import (
     selectors,
     write_rules,
 )
-from tests.helpers import MODEL, eventually, new_run, worker
+from tests.support.api import broken, lookup, noop
+from tests.support.builders import MODEL, new_run, worker
+from tests.support.chart import NAMESPACE, Manifest
+from tests.support.ports import free_port
+from tests.support.serving import serving
+from tests.support.waiting import eventually
 
 POD = "worker-0"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.asynccontextmanager
@@ -63,7 +59,7 @@ async def prometheus(target: str, rules: Path, tmp: Path) -> AsyncIterator[httpx
         }],
     }
     (tmp / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     log = (tmp / "prometheus.log").open("w")
     proc = subprocess.Popen(
         [binary, f"--config.file={tmp / 'prometheus.yml'}", f"--storage.tsdb.path={tmp / 'data'}",

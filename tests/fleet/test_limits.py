@@ -8,8 +8,6 @@ import asyncio
 import contextlib
 import json
 import os
-import socket
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -26,7 +24,10 @@ from agentrun.worker.core.types import LlmRequest, LlmResponse, Usage
 from agentrun.worker.llm.limits import Limited, Limiter, ModelLimits, estimate_tokens
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.fake_server import FakeAnthropic, Json, Reply
-from tests.helpers import MODEL, eventually, new_run, worker
+from tests.support.builders import MODEL, new_run, worker
+from tests.support.ports import free_port
+from tests.support.processes import start_worker, stop, wait_ready
+from tests.support.waiting import eventually
 
 MAX_TOKENS = 100
 
@@ -69,12 +70,6 @@ def honest_usage(delay: float = 0.0) -> Any:
     return respond
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.asynccontextmanager
 async def fleet(database_url: str, base_url: str, limits: dict[str, Any], tmp_path: Path, n: int = 3,
                 concurrency: int = 4) -> AsyncIterator[list[int]]:
@@ -83,39 +78,27 @@ async def fleet(database_url: str, base_url: str, limits: dict[str, Any], tmp_pa
     limits_file.write_text("\n".join(f"{json.dumps(k)}: {json.dumps(v)}" for k, v in limits.items()) + "\n")
     env = {**os.environ, "AGENTRUN_DATABASE_URL": database_url, "ANTHROPIC_BASE_URL": base_url,
            "AGENTRUN_MODEL_LIMITS": str(limits_file), "AGENTRUN_LLM_BACKOFF_BASE_SECONDS": "0.1"}
-    ports = [_free_port() for _ in range(n)]
+    ports = [free_port() for _ in range(n)]
     procs = []
     for i, port in enumerate(ports):
         log = (tmp_path / f"worker-{i}.log").open("w")
-        procs.append(await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", f"fleet-{i}", "--port", str(port),
-            "--host", "127.0.0.1", "--concurrency", str(concurrency), "--poll-interval", "0.2",
+        procs.append(await start_worker(
+            port, "--id", f"fleet-{i}", "--concurrency", str(concurrency), "--poll-interval", "0.2",
             "--max-tokens", str(MAX_TOKENS), "--no-migrate",
             # Nothing here checks a drain: runs still waiting on a limit are handed back at once on stop.
             "--shutdown-grace", "1", env=env, stdout=log, stderr=log,
         ))
     try:
-        for port, proc in zip(ports, procs, strict=True):
-            async def ready(port: int = port, proc: Any = proc) -> bool:
-                if proc.returncode is not None:
-                    raise AssertionError(f"a worker exited: {(tmp_path / 'worker-0.log').read_text()[-2000:]}")
-                try:
-                    async with httpx.AsyncClient() as c:
-                        return (await c.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
-                except httpx.TransportError:
-                    return False
-            await eventually(ready, timeout=60, what="a worker to be ready")
+        for i, (port, proc) in enumerate(zip(ports, procs, strict=True)):
+            await wait_ready(f"http://127.0.0.1:{port}", proc, timeout=60, what="a worker to be ready",
+                             output=(tmp_path / f"worker-{i}.log").read_text)
         yield ports
     finally:
         for proc in procs:
             if proc.returncode is None:
                 proc.terminate()
         for proc in procs:
-            try:
-                await asyncio.wait_for(proc.wait(), 30)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+            await stop(proc)
 
 
 async def _all_done(store: RunStore, ids: list[uuid.UUID]) -> bool:

@@ -18,7 +18,10 @@ from psycopg_pool import AsyncConnectionPool
 from agentrun.worker.core.records import RunStatus
 from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.store import RunStore, retention
-from tests.helpers import eventually, new_run
+from tests.support.builders import new_run
+from tests.support.ports import free_port
+from tests.support.processes import start_worker
+from tests.support.waiting import eventually
 
 DAY = datetime.timedelta(days=1)
 
@@ -155,19 +158,14 @@ async def test_worker_process_prunes_with_retention_days(store: RunStore, db: ps
     """`agentrun worker --retention-days 30` prunes by itself and counts the rows on /metrics."""
     import httpx
 
-    from tests.fleet.test_limits import _free_port
-
     old = await _run(store, db, "SUCCEEDED", 40, steps=2)
     kept = await _run(store, db, "SUCCEEDED", 1, steps=2)
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "AGENTRUN_DATABASE_URL": database_url, "ANTHROPIC_BASE_URL": "http://127.0.0.1:9",
            "AGENTRUN_RETENTION_INTERVAL_SECONDS": "0.2"}
     log = (tmp_path / "worker.log").open("w")
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", "pruner", "--port", str(port),
-        "--host", "127.0.0.1", "--concurrency", "1", "--retention-days", "30", "--no-migrate",
-        env=env, stdout=log, stderr=log,
-    )
+    proc = await start_worker(port, "--id", "pruner", "--concurrency", "1", "--retention-days", "30", "--no-migrate",
+                              env=env, stdout=log, stderr=log)
     try:
         async def pruned() -> bool:
             if proc.returncode is not None:

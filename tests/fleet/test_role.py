@@ -15,10 +15,10 @@ from psycopg.conninfo import make_conninfo
 from agentrun.worker.llm.limits import Limiter, ModelLimits
 from agentrun.worker.store import migrate, retention
 from agentrun.worker.store.pool import open_pool
-from tests.worker.test_database_role import roles, run_section, sections  # noqa: F401  (roles: a fixture)
+from tests.support.roles import run_section, sections
 
 
-async def test_runtime_role_limits_and_retention(postgres_url: str, roles: dict[str, str]) -> None:  # noqa: F811
+async def test_runtime_role_limits_and_retention(postgres_url: str, roles: dict[str, str]) -> None:
     parts = sections(roles)
     run_section(postgres_url, parts["cluster"])
     passwords = {role: f"pw-{uuid.uuid4().hex}" for role in (roles["agentrun_owner"], roles["agentrun_runtime"])}

@@ -17,7 +17,8 @@ from agentrun.operator.mapping import new_run as spec_run
 from agentrun.worker.core.records import RunStatus
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
-from tests.helpers import eventually, new_run, worker
+from tests.support.builders import new_run, worker
+from tests.support.waiting import eventually
 
 RUN = {"input": "go", "tokenBudget": 1000, "timeoutSeconds": 60}
 

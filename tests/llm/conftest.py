@@ -3,31 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
 from agentrun.worker.llm.anthropic_client import AnthropicClient
 from agentrun.worker.testing.fake_server import FakeAnthropic
-
-TOOLS: list[dict[str, Any]] = [
-    {
-        "name": "list_tickets",
-        "description": "List support tickets by status.",
-        "input_schema": {"type": "object", "properties": {"status": {"type": "string"}}},
-    },
-    {"name": "close_ticket", "description": "Close a ticket.", "input_schema": {"type": "object", "properties": {}}},
-]
-
-
-class RecordingSleeper:
-    """A fake `Sleeper`: records each wait and returns at once."""
-
-    def __init__(self) -> None:
-        self.waits: list[float] = []
-
-    async def __call__(self, seconds: float) -> None:
-        self.waits.append(seconds)
+from tests.support.llm import RecordingSleeper
 
 
 @pytest.fixture

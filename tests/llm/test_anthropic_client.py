@@ -5,14 +5,14 @@ from __future__ import annotations
 import copy
 import datetime
 import json
-import socket
 
 import pytest
 
 from agentrun.worker.core.types import MAX_RETRY_AFTER, LlmError, LlmRequest
 from agentrun.worker.llm.anthropic_client import AnthropicClient, retry_after, should_retry, with_message_breakpoints
 from agentrun.worker.testing.fake_server import FakeAnthropic, Reply, usage_of
-from tests.llm.conftest import TOOLS
+from tests.support.llm import TOOLS
+from tests.support.ports import free_port
 
 MODEL = "claude-sonnet-4-5"
 EPHEMERAL = {"type": "ephemeral"}
@@ -219,9 +219,7 @@ async def test_a_dropped_connection_is_status_minus_one(fake: FakeAnthropic, cli
 
 
 async def test_nothing_listening_is_status_minus_one() -> None:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]  # free once closed
+    port = free_port()
     client = AnthropicClient(api_key="k", base_url=f"http://127.0.0.1:{port}", http_timeout=5.0)
     try:
         with pytest.raises(LlmError) as caught:

@@ -12,7 +12,7 @@ from aiohttp import web
 from agentrun.worker.core.types import LlmError, LlmRequest
 from agentrun.worker.llm.anthropic_client import AnthropicClient, HttpClient
 from agentrun.worker.testing.fake_server import FakeAnthropic, Reply, usage_of
-from tests.llm.conftest import TOOLS
+from tests.support.llm import TOOLS
 
 MODEL = "claude-sonnet-4-5"
 

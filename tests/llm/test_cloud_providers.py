@@ -18,7 +18,7 @@ from agentrun.worker.llm.factory import LlmSettings, build_router
 from agentrun.worker.llm.router import ProviderRouter
 from agentrun.worker.llm.vertex import vertex_client
 from agentrun.worker.testing.fake_server import FakeAnthropic, Reply
-from tests.llm.conftest import TOOLS
+from tests.support.llm import TOOLS
 
 EPHEMERAL = {"type": "ephemeral"}
 REQUEST = LlmRequest("claude-sonnet-4-6", 128, [{"role": "user", "content": "What is open?"}],

@@ -16,8 +16,8 @@ from agentrun.worker.llm.timeout import TimeLimited
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.fake_server import FakeAnthropic, Reply, usage_of
 from agentrun.worker.tools import ToolContext, tool
-from tests.helpers import new_run, worker
-from tests.llm.conftest import RecordingSleeper
+from tests.support.builders import new_run, worker
+from tests.support.llm import RecordingSleeper
 
 EPHEMERAL = {"type": "ephemeral"}
 

@@ -14,7 +14,7 @@ import yaml
 from agentrun.worker.core.types import LlmRequest
 from agentrun.worker.llm.openai_client import OpenAiClient
 from agentrun.worker.testing.fake_openai_server import ChatAgentResponder, check_chat
-from tests.llm.conftest import TOOLS
+from tests.support.llm import TOOLS
 
 ROOT = Path(__file__).resolve().parents[2]
 CALL = {"id": "call_1", "type": "function", "function": {"name": "list_tickets", "arguments": "{}"}}

@@ -12,7 +12,7 @@ import pytest
 from agentrun.worker.core.types import LlmError, LlmRequest
 from agentrun.worker.llm.anthropic_client import AnthropicClient
 from agentrun.worker.testing.fake_server import AgentResponder, FakeAnthropic, Reply, check_request
-from tests.llm.conftest import TOOLS
+from tests.support.llm import TOOLS
 
 USE = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "list_tickets", "input": {}}]}
 RESULT = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "T-1"}]}

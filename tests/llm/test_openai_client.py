@@ -20,7 +20,7 @@ from agentrun.worker.testing.fake_openai_server import (
     usage_of,
 )
 from agentrun.worker.testing.fake_server import Reply
-from tests.llm.conftest import TOOLS
+from tests.support.llm import TOOLS
 
 
 @pytest.fixture

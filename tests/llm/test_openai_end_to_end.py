@@ -19,8 +19,8 @@ from agentrun.worker.llm.timeout import TimeLimited
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.fake_openai_server import ChatAgentResponder, FakeOpenAi, bad_request, rate_limited
 from agentrun.worker.tools import ToolContext, tool
-from tests.helpers import SimulatedCrash, new_run, worker
-from tests.llm.conftest import RecordingSleeper
+from tests.support.builders import SimulatedCrash, new_run, worker
+from tests.support.llm import RecordingSleeper
 
 MODEL = "local/qwen3-8b"
 PRICES = PriceTable.from_toml("""

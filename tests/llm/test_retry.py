@@ -12,7 +12,7 @@ from agentrun.worker.llm.retry import Retrying, backoff
 from agentrun.worker.llm.timeout import TimeLimited
 from agentrun.worker.testing.fake_server import FakeAnthropic, Reply
 from agentrun.worker.testing.scripted import ScriptedLlm
-from tests.llm.conftest import RecordingSleeper
+from tests.support.llm import RecordingSleeper
 
 REQUEST = LlmRequest("claude-sonnet-4-5", 256, [{"role": "user", "content": "hello"}])
 

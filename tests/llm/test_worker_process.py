@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -16,15 +14,11 @@ import psycopg
 
 from agentrun.worker.testing.fake_openai_server import ChatAgentResponder, FakeOpenAi
 from bench.chaos_tools import EXEC_TABLE
+from tests.support.ports import free_port
+from tests.support.processes import start_worker, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "sk-local-SECRET-0123456789"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def test_a_worker_with_only_a_providers_file_runs_a_parallel_tool_run(
@@ -41,24 +35,13 @@ async def test_a_worker_with_only_a_providers_file_runs_a_parallel_tool_run(
             "AGENTRUN_DEFAULT_MODEL": "local/qwen3-8b", "LOCAL_LLM_KEY": KEY,
             "AGENTRUN_TOOLS": "bench.chaos_tools", "PYTHONPATH": str(REPO),
         })
-        port = _free_port()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", "provider-worker", "--port", str(port),
-            "--host", "127.0.0.1", "--concurrency", "1", "--poll-interval", "0.1",
-            env=env, cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )
+        port = free_port()
+        proc = await start_worker(port, "--id", "provider-worker", "--concurrency", "1", "--poll-interval", "0.1",
+                                  env=env)
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
                 deadline = time.monotonic() + 60
-                while True:
-                    try:
-                        if (await http.get("/readyz")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    assert proc.returncode is None, "the worker exited"
-                    assert time.monotonic() < deadline, "the worker's API did not come up"
-                    await asyncio.sleep(0.05)
+                await wait_ready(f"http://127.0.0.1:{port}", proc, timeout=60, what="the worker's API to come up")
                 refused = await http.post("/api/runs", json={
                     "input": "hi", "tokenBudget": 10000, "timeoutSeconds": 60, "model": "gemini/gemini-2.5-pro"})
                 created = await http.post("/api/runs", json={

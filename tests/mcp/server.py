@@ -10,7 +10,6 @@ import asyncio
 import base64
 import json
 import os
-import socket
 import threading
 import time
 from typing import Any
@@ -18,6 +17,8 @@ from typing import Any
 import uvicorn
 from mcp.server.mcpserver import Context, Image, MCPServer
 from mcp.types import ToolAnnotations
+
+from tests.support.ports import free_port
 
 # A 1x1 PNG.
 PNG = base64.b64decode(
@@ -127,13 +128,6 @@ def build(recorder: Recorder) -> MCPServer:
             return json.dumps(recorder.calls)
 
     return server
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class GarbageOnCall:

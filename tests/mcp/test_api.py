@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +18,14 @@ from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox, ToolContext, tool
-from tests.api.conftest import asgi_client, make_app
-from tests.helpers import MODEL, eventually
-from tests.mcp.conftest import REPO, sessions
-from tests.mcp.server import HttpServer, free_port
+from tests.mcp.server import HttpServer
+from tests.support.api import make_app
+from tests.support.builders import MODEL
+from tests.support.mcp import REPO, sessions
+from tests.support.ports import free_port
+from tests.support.processes import worker_argv
+from tests.support.serving import asgi_client
+from tests.support.waiting import eventually
 
 
 @tool(name="local_lookup", description="A Python tool.", idempotent=False)
@@ -108,8 +111,7 @@ async def test_a_worker_whose_server_is_unreachable_at_start_is_ready_and_lists_
     log = tmp_path / "worker.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "agentrun.worker.cli", "worker", "--port", str(port), "--host", "127.0.0.1",
-             "--concurrency", "0"],
+            worker_argv(port, "--concurrency", "0"),
             env={**os.environ, "AGENTRUN_DATABASE_URL": database_url, "AGENTRUN_MCP_SERVERS": str(config),
                  "SHOP_TOKEN": "s3cret", "AGENTRUN_DEFAULT_MODEL": MODEL},
             stdout=out, stderr=subprocess.STDOUT, cwd=REPO,

@@ -20,7 +20,7 @@ from agentrun.worker.tools import ToolBox, ToolContext, ToolResult, tool
 from agentrun.worker.tools.mcp import McpConfigError, McpServers, load_servers
 from agentrun.worker.tools.mcp.config import Approval, parse_servers, secret_variables
 from agentrun.worker.tools.mcp.results import TOOL_NAME, exposed_name, idempotent, requires_approval, tool_result
-from tests.mcp.conftest import REPO
+from tests.support.mcp import REPO
 
 
 def one(**server: Any) -> dict[str, Any]:

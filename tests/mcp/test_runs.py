@@ -18,9 +18,10 @@ from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import Tool, ToolBox, ToolContext, ToolResult, ToolSource
 from agentrun.worker.tools.mcp import McpServer
-from tests.helpers import SimulatedCrash, eventually, new_run, worker
-from tests.mcp.conftest import sessions, stdio_server
 from tests.mcp.server import PNG, HttpServer
+from tests.support.builders import SimulatedCrash, new_run, worker
+from tests.support.mcp import sessions, stdio_server
+from tests.support.waiting import eventually
 
 
 async def expire_lease(db: psycopg.AsyncConnection[Any], run_id: uuid.UUID) -> None:

@@ -60,7 +60,7 @@ from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.store.pool import open_pool
 from agentrun.worker.tools import ToolBox, ToolContext, tool
-from tests.helpers import MODEL, SimulatedCrash
+from tests.support.builders import MODEL, SimulatedCrash
 
 # For developing the model only: "1", "7" or "1,7" leaves out the scenario of that known bug of issue 24.
 SKIPPED = set(os.environ.get("AGENTRUN_MODEL_SKIP", "").split(","))

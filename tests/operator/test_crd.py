@@ -4,7 +4,6 @@ pass, bad specs are refused with 422 Invalid naming the field, and only `cancel`
 from __future__ import annotations
 
 import copy
-import json
 import pathlib
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 import yaml
 
 from agentrun.operator import mapping
-from tests.operator.conftest import PATH, Cluster
+from tests.support.cluster import PATH, Cluster, agentrun_manifest, assert_invalid, post_manifest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "agentrun.yaml"
@@ -29,32 +28,9 @@ def _version() -> dict[str, Any]:
     return version  # type: ignore[no-any-return]
 
 
-def _valid() -> dict[str, Any]:
-    return {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": {"name": "x"},
-            "spec": {"input": "hello"}}
-
-
-async def _post(cluster: Cluster, doc: dict[str, Any]) -> httpx.Response:
-    try:
-        body = json.dumps(doc, ensure_ascii=False).encode()
-    except UnicodeEncodeError:  # a lone surrogate: sent as JSON's escape, as any client would
-        body = json.dumps(doc).encode()
-    return await cluster.http.post(PATH, content=body, headers={"Content-Type": "application/json"})
-
-
 async def _patch(cluster: Cluster, name: str, patch: dict[str, Any], subresource: str = "") -> httpx.Response:
     return await cluster.http.patch(f"{PATH}/{name}{subresource}", json=patch,
                                     headers={"Content-Type": "application/merge-patch+json"})
-
-
-def _invalid(r: httpx.Response, *words: str) -> str:
-    """The 422 Invalid a real API server gives, with a message naming the problem."""
-    assert r.status_code == 422, r.text
-    body = r.json()
-    assert (body["kind"], body["reason"]) == ("Status", "Invalid"), body
-    for word in words:
-        assert word in body["message"], body["message"]
-    return body["message"]  # type: ignore[no-any-return]
 
 
 def test_crd_names_and_shape() -> None:
@@ -85,16 +61,16 @@ def test_minimal_manifest_has_defaults_for_the_runtime() -> None:
 
 
 async def test_the_api_server_applies_the_defaults(cluster: Cluster) -> None:
-    created = (await _post(cluster, _valid())).json()
+    created = (await post_manifest(cluster, agentrun_manifest())).json()
     assert created["spec"] == {"input": "hello", "model": mapping.DEFAULT_MODEL, "cancel": False,
                                "tokenBudget": mapping.DEFAULT_TOKEN_BUDGET, "maxSteps": mapping.DEFAULT_MAX_STEPS,
                                "timeoutSeconds": mapping.DEFAULT_TIMEOUT_SECONDS}
 
 
 async def test_unknown_fields_are_pruned(cluster: Cluster) -> None:
-    doc = _valid()
+    doc = agentrun_manifest()
     doc["spec"]["inputt"] = "typo"
-    created = (await _post(cluster, doc)).json()
+    created = (await post_manifest(cluster, doc)).json()
     assert "inputt" not in created["spec"]
 
 
@@ -103,7 +79,7 @@ async def test_examples_are_accepted(cluster: Cluster, path: pathlib.Path) -> No
     doc = yaml.safe_load(path.read_text())
     assert doc["apiVersion"] == "agentrun.dev/v1alpha1" and doc["kind"] == "AgentRun"
     doc["metadata"].pop("namespace", None)
-    r = await _post(cluster, doc)
+    r = await post_manifest(cluster, doc)
     assert r.status_code == 201, r.text
 
 
@@ -145,20 +121,20 @@ def test_there_are_examples() -> None:
     ids=repr,
 )
 async def test_invalid_specs_are_rejected(cluster: Cluster, change: dict[str, Any], words: list[str]) -> None:
-    doc = _valid()
+    doc = agentrun_manifest()
     for key, value in change.items():
         if value is None:
             doc["spec"].pop(key)
         else:
             doc["spec"][key] = value
-    _invalid(await _post(cluster, doc), 'AgentRun.agentrun.dev "x" is invalid', *words)
+    assert_invalid(await post_manifest(cluster, doc), 'AgentRun.agentrun.dev "x" is invalid', *words)
     assert await cluster.get("x") is None  # nothing stored
 
 
 async def test_missing_spec_is_rejected(cluster: Cluster) -> None:
-    doc = copy.deepcopy(_valid())
+    doc = copy.deepcopy(agentrun_manifest())
     del doc["spec"]
-    _invalid(await _post(cluster, doc), "spec: Required value")
+    assert_invalid(await post_manifest(cluster, doc), "spec: Required value")
 
 
 FULL = {"input": "hello", "model": "claude-haiku-4-5", "tokenBudget": 5000, "timeoutSeconds": 30,
@@ -172,10 +148,10 @@ FULL = {"input": "hello", "model": "claude-haiku-4-5", "tokenBudget": 5000, "tim
     ("ttlSecondsAfterFinished", 61),
 ])
 async def test_everything_but_cancel_is_immutable(cluster: Cluster, field: str, value: Any) -> None:
-    doc = _valid()
+    doc = agentrun_manifest()
     doc["spec"] = dict(FULL)
-    assert (await _post(cluster, doc)).status_code == 201
-    _invalid(await _patch(cluster, "x", {"spec": {field: value}}), f"spec.{field}", f"{field} is immutable")
+    assert (await post_manifest(cluster, doc)).status_code == 201
+    assert_invalid(await _patch(cluster, "x", {"spec": {field: value}}), f"spec.{field}", f"{field} is immutable")
     assert ((await cluster.get("x")) or {})["spec"][field] == FULL[field]  # unchanged
     r = await _patch(cluster, "x", {"spec": {"cancel": True}})
     assert r.status_code == 200 and r.json()["spec"]["cancel"] is True, r.text
@@ -184,17 +160,17 @@ async def test_everything_but_cancel_is_immutable(cluster: Cluster, field: str, 
 @pytest.mark.parametrize("field, value", [("system", "new"), ("tools", ["lookup"]), ("costBudgetUsd", 1),
                                           ("ttlSecondsAfterFinished", 5)])
 async def test_optional_fields_cannot_be_added_or_removed(cluster: Cluster, field: str, value: Any) -> None:
-    assert (await _post(cluster, _valid())).status_code == 201
-    _invalid(await _patch(cluster, "x", {"spec": {field: value}}), "cannot be added or removed after creation")
-    doc = _valid()
+    assert (await post_manifest(cluster, agentrun_manifest())).status_code == 201
+    assert_invalid(await _patch(cluster, "x", {"spec": {field: value}}), "cannot be added or removed after creation")
+    doc = agentrun_manifest()
     doc["metadata"]["name"] = "y"
     doc["spec"][field] = value
-    assert (await _post(cluster, doc)).status_code == 201
-    _invalid(await _patch(cluster, "y", {"spec": {field: None}}), "cannot be added or removed after creation")
+    assert (await post_manifest(cluster, doc)).status_code == 201
+    assert_invalid(await _patch(cluster, "y", {"spec": {field: None}}), "cannot be added or removed after creation")
 
 
 async def test_a_status_the_operator_writes_is_accepted_and_a_bad_one_is_not(cluster: Cluster) -> None:
-    assert (await _post(cluster, _valid())).status_code == 201
+    assert (await post_manifest(cluster, agentrun_manifest())).status_code == 201
     status = {
         "phase": "Succeeded", "runId": "6f1c0a52-0000-0000-0000-000000000000", "tokensUsed": 15,
         "costUsd": "0.000105", "steps": 1, "startedAt": "2025-01-01T00:00:00Z",
@@ -204,9 +180,9 @@ async def test_a_status_the_operator_writes_is_accepted_and_a_bad_one_is_not(clu
     }
     r = await _patch(cluster, "x", {"status": status}, "/status")
     assert r.status_code == 200 and r.json()["status"]["phase"] == "Succeeded", r.text
-    _invalid(await _patch(cluster, "x", {"status": {"phase": "Done"}}, "/status"), "status.phase",
+    assert_invalid(await _patch(cluster, "x", {"status": {"phase": "Done"}}, "/status"), "status.phase",
              "Unsupported value")
-    _invalid(await _patch(cluster, "x", {"status": {"finishedAt": "yesterday"}}, "/status"), "status.finishedAt")
-    _invalid(await _patch(cluster, "x", {"status": {"conditions": [{"type": "Ready"}]}}, "/status"),
+    assert_invalid(await _patch(cluster, "x", {"status": {"finishedAt": "yesterday"}}, "/status"), "status.finishedAt")
+    assert_invalid(await _patch(cluster, "x", {"status": {"conditions": [{"type": "Ready"}]}}, "/status"),
              "status.conditions[0].status", "Required value")
     assert (await cluster.status_of("x"))["phase"] == "Succeeded"

@@ -10,8 +10,9 @@ import pytest
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolContext, tool
-from tests.helpers import SimulatedCrash, eventually, worker
-from tests.operator.conftest import Cluster, uid_of
+from tests.support.builders import SimulatedCrash, worker
+from tests.support.cluster import Cluster, uid_of
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("operator")
 

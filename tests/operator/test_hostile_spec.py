@@ -14,9 +14,8 @@ import pytest
 from agentrun.operator import mapping
 from agentrun.worker.core.records import RunStatus
 from agentrun.worker.store import RunStore
-from tests.helpers import eventually
-from tests.operator.conftest import Cluster, uid_of
-from tests.operator.test_crd import _invalid, _post, _valid
+from tests.support.cluster import Cluster, agentrun_manifest, assert_invalid, post_manifest, uid_of
+from tests.support.waiting import eventually
 
 
 def _nested(depth: int) -> Any:
@@ -47,10 +46,10 @@ CRD_REFUSES: list[dict[str, Any]] = [
 
 @pytest.mark.parametrize("change", CRD_REFUSES, ids=lambda c: repr(c)[:60])
 async def test_the_crd_schema_refuses_oversized_and_malformed_specs(cluster: Cluster, change: dict[str, Any]) -> None:
-    doc = copy.deepcopy(_valid())
+    doc = copy.deepcopy(agentrun_manifest())
     doc["spec"].update(change)
     (field,) = change
-    _invalid(await _post(cluster, doc), f"spec.{field}")
+    assert_invalid(await post_manifest(cluster, doc), f"spec.{field}")
 
 
 # What passes the schema but PostgreSQL cannot store: the mapping refuses it, naming the field.
@@ -68,9 +67,9 @@ SCHEMA_PASSES: list[tuple[dict[str, Any], str]] = [
 async def test_what_the_schema_lets_through_the_mapping_refuses(
     cluster: Cluster, change: dict[str, Any], message: str
 ) -> None:
-    doc = copy.deepcopy(_valid())
+    doc = copy.deepcopy(agentrun_manifest())
     doc["spec"].update(change)
-    r = await _post(cluster, doc)
+    r = await post_manifest(cluster, doc)
     assert r.status_code == 201, r.text  # really past the schema, as an API server applies it
     with pytest.raises(mapping.InvalidSpec, match=message.replace(".", r"\.")):
         mapping.new_run(r.json()["spec"], str(uuid.uuid4()), "ns", "x")

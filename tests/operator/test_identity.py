@@ -10,8 +10,8 @@ import pytest
 from agentrun.operator import mapping
 from agentrun.worker.core.records import RunStatus
 from agentrun.worker.store import RunStore
-from tests.helpers import eventually
-from tests.operator.conftest import NAMESPACE, PATH, Cluster, uid_of
+from tests.support.cluster import NAMESPACE, PATH, Cluster, uid_of
+from tests.support.waiting import eventually
 
 
 def _entry(manager: str, fields: dict[str, Any], time: str, subresource: str | None = None) -> dict[str, Any]:

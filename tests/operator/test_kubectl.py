@@ -19,8 +19,9 @@ import pytest
 
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
-from tests.helpers import eventually, worker
-from tests.operator.conftest import Cluster, uid_of
+from tests.support.builders import worker
+from tests.support.cluster import Cluster, uid_of
+from tests.support.waiting import eventually
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "crds" / "examples"

@@ -11,7 +11,8 @@ import psycopg
 from agentrun.operator.notify import listen
 from agentrun.worker.store import RunStore
 from agentrun.worker.store.channels import RUN_CHANNEL as CHANNEL
-from tests.helpers import eventually, new_run
+from tests.support.builders import new_run
+from tests.support.waiting import eventually
 
 
 async def _notes_until(conn: psycopg.AsyncConnection[Any], last: str, count: int, timeout: float = 30) -> list[str]:

@@ -9,8 +9,9 @@ import pytest
 from agentrun.worker.core.records import RunStatus
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
-from tests.helpers import eventually, worker
-from tests.operator.conftest import Cluster, assert_events_precede_their_phase, uid_of
+from tests.support.builders import worker
+from tests.support.cluster import Cluster, assert_events_precede_their_phase, uid_of
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("operator")
 

@@ -11,9 +11,10 @@ from kmock._internal import enums, rendering
 
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
-from tests.helpers import eventually, worker
-from tests.operator.conftest import Cluster, assert_events_precede_their_phase, operator_running, settings_for, uid_of
 from tests.operator.emulator import ApiServer
+from tests.support.builders import worker
+from tests.support.cluster import Cluster, assert_events_precede_their_phase, operator_running, settings_for, uid_of
+from tests.support.waiting import eventually
 
 
 async def test_a_run_that_finished_unseen_announces_each_phase(

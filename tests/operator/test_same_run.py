@@ -22,7 +22,7 @@ from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox, ToolContext, tool
-from tests.helpers import worker
+from tests.support.builders import worker
 
 
 @tool(name="lookup", description="Looks a thing up.")

@@ -18,14 +18,9 @@ from psycopg.conninfo import make_conninfo
 
 from agentrun.worker.store import RunStore
 from agentrun.worker.store.pool import open_pool
-from tests.helpers import eventually
-from tests.operator.conftest import Cluster, operator_running, settings_for, uid_of
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from tests.support.cluster import Cluster, operator_running, settings_for, uid_of
+from tests.support.ports import free_port
+from tests.support.waiting import eventually
 
 
 @pytest.fixture
@@ -41,7 +36,7 @@ async def test_starts_healthy_and_waits_for_the_database(
     cluster: Cluster, postgres_url: str, missing_database: tuple[str, str]
 ) -> None:
     name, url = missing_database
-    port = _free_port()
+    port = free_port()
     settings = settings_for(url, port=port, health_host="127.0.0.1", db_retry_max_seconds=0.5)
     async with operator_running(cluster, settings, wait_ready=False), httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", timeout=5
@@ -86,7 +81,7 @@ async def test_the_agentrun_operator_command_waits_out_an_unreachable_database(
     dead = socket.socket()
     dead.bind(("127.0.0.1", 0))  # bound, never listening: every connection is refused
     db_port = dead.getsockname()[1]
-    port = _free_port()
+    port = free_port()
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(f"""apiVersion: v1
 kind: Config

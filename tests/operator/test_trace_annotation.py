@@ -8,8 +8,8 @@ import pytest
 
 from agentrun.operator import mapping
 from agentrun.worker.store import RunStore
-from tests.helpers import eventually
-from tests.operator.conftest import NAMESPACE, PATH, Cluster, uid_of
+from tests.support.cluster import NAMESPACE, PATH, Cluster, uid_of
+from tests.support.waiting import eventually
 
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from agentrun.worker.store import RunStore
-from tests.helpers import http_app
+from tests.support.builders import http_app
 
 ROOT = Path(__file__).resolve().parents[2]
 UI = ROOT / "worker" / "ui"

@@ -27,8 +27,8 @@ from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.fake_server import AgentResponder, FakeAnthropic, Reply
 from agentrun.worker.tools import ToolBox, ToolContext, tool
-from tests.api.conftest import serving
-from tests.helpers import MODEL, worker
+from tests.support.builders import MODEL, worker
+from tests.support.serving import serving
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
@@ -328,7 +328,7 @@ async def test_a_call_in_doubt_shows_its_attempt_and_a_handed_back_run_when_it_i
     store: RunStore, page: Page
 ) -> None:
     from agentrun.worker.core.records import DecisionKind
-    from tests.helpers import new_run
+    from tests.support.builders import new_run
 
     # Held by a worker that is not part of the stack, then parked and handed back as a worker would.
     doubtful, _ = await store.create(new_run())

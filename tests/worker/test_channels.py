@@ -11,7 +11,7 @@ import pytest
 
 from agentrun.worker.store import RunStore, channels, migrate
 from agentrun.worker.store.channels import CHANNELS, EVENT_LOCK_GATE, NAMES, render
-from tests.helpers import new_run
+from tests.support.builders import new_run
 
 
 def _raw() -> dict[str, str]:

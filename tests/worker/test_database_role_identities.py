@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import re
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,41 +24,15 @@ from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore, migrate
 from agentrun.worker.store.pool import open_pool
 from agentrun.worker.tools import ToolBox
-from tests.api.conftest import serving
-from tests.helpers import MODEL
+from tests.support.builders import MODEL
+from tests.support.cli import restore_logging  # noqa: F401  (a fixture)
+from tests.support.roles import run_section, sections
+from tests.support.serving import serving
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "database-role.sql"
 TOKENS = {"submitter": ("agrt_role-test-submitter-0123456789", ["submit", "read"]),
           "canceller": ("agrt_role-test-canceller-0123456789", ["cancel"])}
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
-
-
-@pytest.fixture
-def restore_logging() -> Iterator[None]:
-    import logging
-
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level
-    yield
-    root.handlers[:] = handlers
-    root.setLevel(level)
-
-
-def _sections(names: dict[str, str]) -> dict[str, str]:
-    text = DOC.read_text()
-    for old, new in names.items():
-        text = re.sub(rf"\b{old}\b", new, text)
-    parts = re.split(r"^-- \[([a-z ]+)\].*$", text, flags=re.MULTILINE)
-    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
-
-
-def _execute(url: str, script: str) -> None:
-    code = "\n".join(line.split("--")[0] for line in script.splitlines())
-    with psycopg.connect(url, autocommit=True) as conn:
-        for statement in (s.strip() for s in code.split(";")):
-            if statement:
-                conn.execute(statement.encode())
 
 
 @pytest.fixture
@@ -68,14 +41,14 @@ def urls(postgres_url: str) -> Iterator[dict[str, str]]:
     runtime role's URLs, with passwords, so that it works under password authentication too."""
     suffix = uuid.uuid4().hex[:8]
     names = {"agentrun_owner": f"ar_own_{suffix}", "agentrun_runtime": f"ar_rt_{suffix}", "agentrun": f"ar_id_{suffix}"}
-    parts = _sections(names)
+    parts = sections(names)
     try:
-        _execute(postgres_url, parts["cluster"])
+        run_section(postgres_url, parts["cluster"])
         with psycopg.connect(postgres_url, autocommit=True) as admin:
             for role in (names["agentrun_owner"], names["agentrun_runtime"]):
                 admin.execute(sql.SQL("ALTER ROLE {} PASSWORD {}").format(sql.Identifier(role), sql.Literal(suffix)))
         db_url = make_conninfo(postgres_url, dbname=names["agentrun"])
-        _execute(db_url, parts["database"])
+        run_section(db_url, parts["database"])
         yield {"owner": make_conninfo(db_url, user=names["agentrun_owner"], password=suffix),
                "runtime": make_conninfo(db_url, user=names["agentrun_runtime"], password=suffix),
                "after migrate": parts["after migrate"]}
@@ -99,7 +72,7 @@ async def test_owner_migrates_and_the_runtime_role_records_identities_but_change
     # The migrate init container, as the owner.
     assert await asyncio.to_thread(cli.main, ["migrate", "--database-url", urls["owner"]]) == 0
     assert "applied 0006_identities" in capsys.readouterr().out
-    _execute(urls["owner"], urls["after migrate"])
+    run_section(urls["owner"], urls["after migrate"])
     assert await migrate.migrate(urls["runtime"]) == []  # a worker without --no-migrate finds nothing to do
 
     tokens = tmp_path / "tokens.yaml"

@@ -4,20 +4,18 @@ a stolen lease, a model that stays overloaded, tools that hang or say too much."
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import logging
 import random
 import threading
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
 
-from agentrun.worker.core.records import Run, RunStatus, StepStatus
+from agentrun.worker.core.records import RunStatus, StepStatus
 from agentrun.worker.llm.anthropic_client import AnthropicClient
 from agentrun.worker.llm.factory import LlmSettings, build_llm
 from agentrun.worker.llm.retry import Retrying
@@ -29,30 +27,10 @@ from agentrun.worker.testing.fake_server import FakeAnthropic, Reply
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolContext, tool
 from bench.local_postgres import LocalPostgres
-from tests.helpers import eventually, http_app, new_run, worker
-
-
-@contextlib.asynccontextmanager
-async def serving(w: Worker) -> AsyncIterator[Worker]:
-    task = asyncio.create_task(w.run())
-    try:
-        yield w
-    finally:
-        w.stop()
-        await asyncio.wait_for(task, 30)
-
-
-async def finished(store: RunStore, run_id: uuid.UUID, timeout: float = 30) -> Run:
-    async def done() -> bool:
-        with contextlib.suppress(psycopg.OperationalError):
-            r = await store.get(run_id)
-            return r is not None and r.status.terminal
-        return False
-
-    await eventually(done, timeout, "the run to finish")
-    run = await store.get(run_id)
-    assert run is not None
-    return run
+from tests.support.builders import http_app, new_run, worker
+from tests.support.running import finished
+from tests.support.running import running as serving
+from tests.support.waiting import eventually
 
 
 async def assert_whole(store: RunStore, run_id: uuid.UUID) -> None:

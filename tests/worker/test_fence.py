@@ -23,7 +23,8 @@ from agentrun.worker.store.groupcommit import GroupCommit, transient
 from agentrun.worker.store.pool import open_pool
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox, ToolContext, tool
-from tests.helpers import eventually, new_run
+from tests.support.builders import new_run
+from tests.support.waiting import eventually
 
 
 class GatedLlm(ScriptedLlm):

@@ -15,8 +15,9 @@ from agentrun.worker.store import LeaseLost, RunStore, groupcommit
 from agentrun.worker.store.groupcommit import GroupCommit
 from agentrun.worker.testing.scripted import TurnBasedLlm
 from agentrun.worker.tools import ToolContext, tool
-from tests.helpers import eventually, new_run, worker
-from tests.worker.test_hardening import serving
+from tests.support.builders import new_run, worker
+from tests.support.running import running as serving
+from tests.support.waiting import eventually
 
 
 def _checkpoint(store: RunStore, run_id: uuid.UUID, worker: str, input_tokens: int = 10) -> Any:

@@ -17,7 +17,8 @@ from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm, TurnBasedLlm
 from agentrun.worker.tools import ToolBox, ToolContext, ToolOutcome, ToolThreads, tool
-from tests.helpers import SimulatedCrash, eventually, new_run, worker
+from tests.support.builders import SimulatedCrash, new_run, worker
+from tests.support.waiting import eventually
 
 
 @tool(name="noop")

@@ -7,10 +7,8 @@ restart, a failover or an idle-connection timeout would cut them.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -19,23 +17,13 @@ import pytest
 from agentrun.worker import cli
 from agentrun.worker.core.records import RunStatus, StepStatus
 from agentrun.worker.core.types import LlmRequest, LlmResponse
-from agentrun.worker.runtime.runner import Worker
 from agentrun.worker.store import LIVENESS_LOCK_CLASS, RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolContext, tool
-from tests.helpers import eventually, new_run, worker
-from tests.worker.test_faults import finished
-
-
-@contextlib.asynccontextmanager
-async def serving(*workers: Worker) -> AsyncIterator[None]:
-    tasks = [asyncio.create_task(w.run()) for w in workers]
-    try:
-        yield
-    finally:
-        for w in workers:
-            w.stop()
-        await asyncio.wait_for(asyncio.gather(*tasks), 60)
+from tests.support.builders import new_run, worker
+from tests.support.running import finished
+from tests.support.running import running as serving
+from tests.support.waiting import eventually
 
 
 async def cut_every_connection(db: psycopg.AsyncConnection[Any]) -> int:

@@ -18,7 +18,7 @@ from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolContext, tool
-from tests.helpers import SimulatedCrash, new_run, worker
+from tests.support.builders import SimulatedCrash, new_run, worker
 
 ODD = "\u202eevil\u202c \u200d\U0001f469\u200d\U0001f4bb e\u0301\u0301\u0301 \uffff \ufeff 𝔘𝔫𝔦 \x01\x1b[31m"
 

@@ -14,7 +14,8 @@ from agentrun.worker.runtime.presence import DuplicateWorker, Presence
 from agentrun.worker.store import LIVENESS_LOCK_CLASS, Claim, RunStore
 from agentrun.worker.testing.scripted import TurnBasedLlm
 from agentrun.worker.tools import ToolContext, tool
-from tests.helpers import eventually, new_run, worker
+from tests.support.builders import new_run, worker
+from tests.support.waiting import eventually
 
 
 @tool(name="noop")

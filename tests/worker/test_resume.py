@@ -13,7 +13,8 @@ from agentrun.worker.core.records import RunStatus, StepStatus
 from agentrun.worker.store import LeaseLost, RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm, TurnBasedLlm
 from agentrun.worker.tools import ToolContext, tool
-from tests.helpers import SimulatedCrash, eventually, new_run, worker
+from tests.support.builders import SimulatedCrash, new_run, worker
+from tests.support.waiting import eventually
 
 
 async def expire_lease(db: psycopg.AsyncConnection[Any], run_id: uuid.UUID) -> None:

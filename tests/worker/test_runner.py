@@ -4,20 +4,21 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import uuid
 from typing import Any
 
-import httpx
 import psycopg
 
 from agentrun.worker.core.records import RunStatus
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolContext, tool
-from tests.helpers import eventually, new_run, worker
+from tests.support.builders import new_run, worker
+from tests.support.ports import free_port
+from tests.support.processes import wait_ready, worker_argv
+from tests.support.waiting import eventually
 
 
 async def test_stop_lets_the_step_finish_and_releases_the_lease(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
@@ -51,33 +52,19 @@ async def test_stop_lets_the_step_finish_and_releases_the_lease(store: RunStore,
     assert len(llm.seen) == 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_cli_migrate_and_worker_serve_health(database_url: str) -> None:
     env = {**os.environ, "AGENTRUN_DATABASE_URL": database_url, "ANTHROPIC_BASE_URL": "http://127.0.0.1:9"}
     out = subprocess.run([sys.executable, "-m", "agentrun.worker.cli", "migrate"], env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "up to date" in out.stdout
 
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", "cli-worker", "--port", str(port),
-         "--host", "127.0.0.1", "--concurrency", "0"],
+        worker_argv(port, "--id", "cli-worker", "--concurrency", "0"),
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        async def healthy() -> bool:
-            try:
-                async with httpx.AsyncClient() as c:
-                    r = await c.get(f"http://127.0.0.1:{port}/readyz")
-                    return r.status_code == 200
-            except httpx.TransportError:
-                return proc.poll() is not None
-        asyncio.run(eventually(healthy, timeout=30, what="the worker to be ready"))
+        asyncio.run(wait_ready(f"http://127.0.0.1:{port}", proc, timeout=30))
         assert proc.poll() is None
         proc.terminate()
         assert proc.wait(timeout=30) == 0

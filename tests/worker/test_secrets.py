@@ -10,8 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -28,7 +26,9 @@ from agentrun.worker.core.records import RunStatus
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.fake_server import FakeAnthropic, Reply
 from bench.chaos_tools import EXEC_TABLE
-from tests.helpers import new_run
+from tests.support.builders import new_run
+from tests.support.ports import free_port
+from tests.support.processes import start_worker, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 API_KEY = "sk-ant-api03-SECRETKEY-0123456789"
@@ -37,26 +37,10 @@ DB_PASSWORD = "SECRETPASS-5555"
 SECRETS = (API_KEY, API_TOKEN, DB_PASSWORD)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _use_the_api(url: str) -> str:
     """API calls with the token in the header, right and wrong; returns everything the API answered."""
     answers = []
     async with httpx.AsyncClient(base_url=url, timeout=10) as http:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                # /readyz, not /healthz: a worker is alive (healthz) before it has reached its database.
-                if (await http.get("/readyz")).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the worker's API did not come up"
-            await asyncio.sleep(0.05)
         good = {"Authorization": f"Bearer {API_TOKEN}"}
         for headers in (good, {"Authorization": f"Bearer {API_KEY}"}, {"Authorization": API_TOKEN},
                         {"Authorization": f"Bearer {API_TOKEN}{DB_PASSWORD}"}):
@@ -128,13 +112,12 @@ async def test_secrets_stay_out_of_rows_timeline_errors_and_logs(
             "AGENTRUN_LLM_BACKOFF_BASE_SECONDS": "0.01",
             "PYTHONPATH": str(REPO),
         }
-        port = _free_port()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", "secret-worker", "--port", str(port),
-            "--host", "127.0.0.1", "--concurrency", "1", "--poll-interval", "0.1",
-            env=env, cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-        )
+        port = free_port()
+        proc = await start_worker(port, "--id", "secret-worker", "--concurrency", "1", "--poll-interval", "0.1",
+                                  env=env)
         try:
+            # /readyz, not /healthz: a worker is alive (healthz) before it has reached its database.
+            await wait_ready(f"http://127.0.0.1:{port}", proc, timeout=30, what="the worker's API to come up")
             answers = await _use_the_api(f"http://127.0.0.1:{port}")
             deadline = time.monotonic() + 60
             while True:
@@ -198,26 +181,14 @@ async def test_tokens_of_the_tokens_file_stay_out_of_logs_errors_metrics_and_row
     env = {**os.environ, "AGENTRUN_DATABASE_URL": database_url, "AGENTRUN_API_TOKENS": str(tokens),
            "AGENTRUN_LOG_LEVEL": "DEBUG", "AGENTRUN_LOG_FORMAT": log_format, "PYTHONPATH": str(REPO)}
     env.pop("AGENTRUN_API_TOKEN", None)
-    port = _free_port()
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", "token-worker", "--port", str(port),
-        "--host", "127.0.0.1", "--concurrency", "0", "--no-migrate",
-        env=env, cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-    )
+    port = free_port()
+    proc = await start_worker(port, "--id", "token-worker", "--concurrency", "0", "--no-migrate", env=env)
     answers: list[str] = []
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
             deadline = time.monotonic() + 30
-            while True:
-                try:
-                    # /readyz, not /healthz: the API answers 503 until the worker has reached its database.
-                    if (await http.get("/readyz")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert proc.returncode is None, "the worker exited"
-                assert time.monotonic() < deadline, "the worker's API did not come up"
-                await asyncio.sleep(0.05)
+            # /readyz, not /healthz: the API answers 503 until the worker has reached its database.
+            await wait_ready(f"http://127.0.0.1:{port}", proc, timeout=30, what="the worker's API to come up")
 
             def bearer(name: str, suffix: str = "") -> dict[str, str]:
                 return {"Authorization": f"Bearer {FILE_TOKENS[name]}{suffix}"}

@@ -32,7 +32,7 @@ from agentrun.worker.obs.tracing.spans import RunTracer, new_provider, provider_
 from agentrun.worker.store import LeaseLost, RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolContext, tool
-from tests.helpers import MODEL, SimulatedCrash, new_run, worker
+from tests.support.builders import MODEL, SimulatedCrash, new_run, worker
 
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 CONTENT_KEYS = {"gen_ai.input.messages", "gen_ai.output.messages", "gen_ai.system_instructions",
@@ -335,7 +335,8 @@ async def test_a_lost_lease_is_an_event_not_an_error(store: RunStore, db: psycop
 
 
 async def test_a_cancel_is_an_event_on_the_interrupted_step(store: RunStore) -> None:
-    from tests.worker.test_hardening import finished, serving
+    from tests.support.running import finished
+    from tests.support.running import running as serving
 
     t = Traced()
     started = asyncio.Event()

@@ -17,7 +17,7 @@ from agentrun.worker.obs.tracing import tracer_from_env
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolContext, tool
-from tests.helpers import SimulatedCrash, new_run, worker
+from tests.support.builders import SimulatedCrash, new_run, worker
 from tests.worker.otlp_receiver import Receiver, receiving
 
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
-import sys
 import time
 from pathlib import Path
 
@@ -17,16 +15,12 @@ from agentrun.worker.core.records import RunStatus
 from agentrun.worker.obs.tracing import parse_traceparent
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.fake_server import FakeAnthropic, Reply
+from tests.support.ports import free_port
+from tests.support.processes import start_worker, wait_ready
 from tests.worker.otlp_receiver import receiving
 
 REPO = Path(__file__).resolve().parents[2]
 CALLER = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _env(database_url: str, **extra: str) -> dict[str, str]:
@@ -37,28 +31,19 @@ def _env(database_url: str, **extra: str) -> dict[str, str]:
 
 
 async def test_a_worker_process_exports_its_runs_trace(store: RunStore, database_url: str) -> None:
-    port = _free_port()
+    port = free_port()
     with receiving() as receiver:
         async with FakeAnthropic() as api:
             api.script(Reply.rate_limited(0), Reply.text("done"))
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "agentrun.worker.cli", "worker", "--id", "traced-worker", "--port", str(port),
-                "--host", "127.0.0.1", "--concurrency", "1", "--poll-interval", "0.1",
+            proc = await start_worker(
+                port, "--id", "traced-worker", "--concurrency", "1", "--poll-interval", "0.1",
                 env=_env(database_url, ANTHROPIC_BASE_URL=api.base_url, OTEL_EXPORTER_OTLP_ENDPOINT=receiver.url),
-                cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
             )
             try:
                 async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as http:
                     deadline = time.monotonic() + 60
-                    while True:
-                        try:
-                            if (await http.get("/readyz")).status_code == 200:  # migrated and serving
-                                break
-                        except httpx.TransportError:
-                            pass
-                        assert proc.returncode is None, "the worker exited"
-                        assert time.monotonic() < deadline, "the worker did not become ready"
-                        await asyncio.sleep(0.05)
+                    # migrated and serving
+                    await wait_ready(f"http://127.0.0.1:{port}", proc, timeout=60, what="the worker to become ready")
                     r = await http.post("/api/runs", json={"input": "hello", "tokenBudget": 1000, "timeoutSeconds": 60},
                                         headers={"traceparent": CALLER})
                     assert r.status_code == 201, r.text
@@ -97,10 +82,8 @@ async def test_a_worker_process_exports_its_runs_trace(store: RunStore, database
 
 
 async def test_a_bad_tracing_variable_stops_the_worker_with_its_name(database_url: str) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agentrun.worker.cli", "worker", "--port", str(_free_port()), "--host", "127.0.0.1",
-        env=_env(database_url, ANTHROPIC_BASE_URL="http://127.0.0.1:9", OTEL_TRACES_EXPORTER="zipkin"),
-        cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+    proc = await start_worker(
+        free_port(), env=_env(database_url, ANTHROPIC_BASE_URL="http://127.0.0.1:9", OTEL_TRACES_EXPORTER="zipkin"),
     )
     output, _ = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode != 0

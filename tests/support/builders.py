@@ -1,10 +1,7 @@
-"""Small builders shared by the tests."""
+"""Small builders shared by the tests: a new run, an in-process worker, the health-only HTTP app."""
 
 from __future__ import annotations
 
-import asyncio
-import time
-from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any
 
@@ -48,15 +45,6 @@ def worker(
     )
     box = tools if isinstance(tools, ToolBox) else ToolBox(tools)
     return Worker(settings, store, llm, box, prices or PriceTable.load(), observer=observer)
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 10.0, what: str = "condition") -> None:
-    """Wait on a condition with a deadline (never a bare sleep)."""
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def dec(x: str) -> Decimal:

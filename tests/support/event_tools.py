@@ -1,4 +1,4 @@
-"""Tools for the events tests' worker processes (AGENTRUN_TOOLS=tests.api.event_tools)."""
+"""Tools for the events tests' worker processes (AGENTRUN_TOOLS=tests.support.event_tools)."""
 
 from __future__ import annotations
 

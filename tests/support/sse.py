@@ -1,4 +1,4 @@
-"""A small asynchronous SSE reader for the events tests, on the CLI's own parser."""
+"""Reading an events stream in the tests (on the CLI's own SSE parser), and what a resumed stream must hold."""
 
 from __future__ import annotations
 
@@ -82,3 +82,22 @@ async def streaming(client: httpx.AsyncClient, url: str, **kw: Any) -> AsyncIter
         yield s
     finally:
         await s.close()
+
+
+def assert_resumed_whole(first: Stream, resumed: Stream, whole: Stream,
+                         what: str = "") -> tuple[list[ServerEvent], dict[int, Any]]:
+    """A stream cut (`first`) and resumed with its last id (`resumed`) has no duplicate and no gap: no step
+    or run event comes twice, and every step's last state seen across the two is its final state, as a
+    client that watched the whole run (`whole`) sees it. Returns the two connections' step and run events,
+    in order, and the final steps by seq."""
+    both = [e for e in first.events + resumed.events if e.event in ("step", "run")]
+    ids = [e.id for e in both]
+    assert len(ids) == len(set(ids)), f"an event was sent twice: {ids}"
+    last: dict[int, Any] = {}
+    for e in both:
+        if e.event == "step":
+            step = Stream.decode(e)
+            last[step["seq"]] = step
+    final = {s["seq"]: s for s in whole.of("step")}
+    assert last == final, f"{what}: the resumed stream missed a change" if what else "the resumed stream missed a change"
+    return both, final

@@ -1,0 +1,46 @@
+"""An ASGI app served for a test: over real HTTP by uvicorn on an ephemeral port, or in-process by httpx."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+from tests.support.waiting import eventually
+
+
+@contextlib.asynccontextmanager
+async def asgi_client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client calling `app` in this process, without a socket."""
+    # raise_app_exceptions=False: the client sees what a real one would, a 500 included.
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://agentrun.test") as client:
+        yield client
+
+
+@contextlib.asynccontextmanager
+async def serving(app: FastAPI) -> AsyncIterator[str]:
+    """A real uvicorn server on an ephemeral port in this event loop; yields its base URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+
+    async def started() -> bool:
+        if task.done():
+            task.result()
+        return server.started
+
+    await eventually(started, what="uvicorn to start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        await task
+        sock.close()

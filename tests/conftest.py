@@ -23,7 +23,9 @@ from agentrun.worker import migrate
 from agentrun.worker.db import open_pool
 from agentrun.worker.store import RunStore
 
-TEMPLATE = "agentrun_template"
+# Under pytest-xdist every worker has a session of its own: its own embedded server, or its own template
+# in a server they share (AGENTRUN_TEST_DATABASE_URL).
+TEMPLATE = f"agentrun_template_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -31,13 +33,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if any(item.nodeid.endswith("test_static.py::test_packages_pass_mypy_strict") for item in session.items):
         from tests import test_static
 
-        test_static.start_mypy()
+        test_static.start_mypy(session.config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist's controller: every worker shares the session's one mypy run (tests/test_static.py)."""
+    from tests import test_static
+
+    node.workerinput[test_static.MYPY_DIR_KEY] = str(test_static.mypy_dir(node.config))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     from tests import test_static
 
-    test_static.stop_mypy()
+    test_static.stop_mypy(session.config)
 
 
 def _docker_answers() -> bool:

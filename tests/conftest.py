@@ -25,7 +25,9 @@ from agentrun.worker.store.pool import open_pool
 # The shared helpers' asserts fail with the values compared, as a test's own do.
 pytest.register_assert_rewrite("tests.support")
 
-TEMPLATE = "agentrun_template"
+# Under pytest-xdist every worker has a session of its own: its own embedded server, or its own template
+# in a server they share (AGENTRUN_TEST_DATABASE_URL).
+TEMPLATE = f"agentrun_template_{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
@@ -33,13 +35,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if any(item.nodeid.endswith("test_static.py::test_packages_pass_mypy_strict") for item in session.items):
         from tests import test_static
 
-        test_static.start_mypy()
+        test_static.start_mypy(session.config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist's controller: every worker shares the session's one mypy run (tests/test_static.py)."""
+    from tests import test_static
+
+    node.workerinput[test_static.MYPY_DIR_KEY] = str(test_static.mypy_dir(node.config))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     from tests import test_static
 
-    test_static.stop_mypy()
+    test_static.stop_mypy(session.config)
 
 
 def _docker_answers() -> bool:

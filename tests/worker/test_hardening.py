@@ -251,6 +251,93 @@ async def test_a_worker_that_cannot_renew_gives_up_before_the_lease_lapses(
     assert [s.status for s in steps] == [StepStatus.DONE, StepStatus.STARTED]
 
 
+class StubbornRenewals(RunStore):
+    """Renewals that answer once, then hang and take their time to give in when cancelled: psycopg waits
+    for the query and then for its cancel request, seconds each, on a connection that has stalled."""
+
+    renewed = 0
+
+    async def renew(self, run_ids: Any, worker: str, lease_seconds: float, epochs: Any = None) -> dict[uuid.UUID, bool]:
+        if not self.renewed:
+            self.renewed += 1
+            return await super().renew(run_ids, worker, lease_seconds, epochs)
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            await asyncio.sleep(lease_seconds * 3)  # deaf to the cancel for three leases
+            raise
+        raise AssertionError("unreachable")
+
+
+async def test_a_renewal_deaf_to_its_cancel_still_gives_the_run_up_in_time(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """The give-up mark does not wait for a stuck renewal to end: the run is let go with a third of its
+    lease left, however long the stuck query takes to be cancelled."""
+    cancelled = asyncio.Event()
+    given_up_with_lease_left: list[float] = []
+
+    @tool(name="slow")
+    async def slow(args: dict[str, Any], ctx: ToolContext) -> str:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cur = await db.execute(
+                "SELECT extract(epoch FROM locked_until - now()) FROM run WHERE id = %s", (ctx.run_id,)
+            )
+            row = await cur.fetchone()
+            given_up_with_lease_left.append(float(row[0]) if row else -1.0)
+            cancelled.set()
+            raise
+        return "never"
+
+    run, _ = await store.create(new_run())
+    lease = 6.0
+    a = worker(StubbornRenewals(store.pool), ScriptedLlm().then_tool_use("toolu_1", "slow", {}), [slow],
+               name="worker-A", lease=lease)
+    async with serving(a):
+        await asyncio.wait_for(cancelled.wait(), 30)
+        assert given_up_with_lease_left and given_up_with_lease_left[0] > lease / 6
+        assert await lease_holders(db, run.id) == ["worker-A"]  # given up, not lapsed and claimed again
+
+
+async def test_a_stalled_connection_under_the_renewal_gives_the_run_up_in_time(database_url: str) -> None:
+    """The same with a real stall: the pool's one connection stops answering (psycopg then waits for the
+    query, and for its cancel request): the run is given up while the database still counts it leased."""
+    from agentrun.worker.runtime.lease import LeaseKeeper
+    from agentrun.worker.store.pool import open_pool
+    from bench.fault_proxy import Fault, FaultProxy
+
+    proxy = await FaultProxy(database_url).start()
+    pool = await open_pool(proxy.url, max_size=1)
+    stall: asyncio.Task[None] | None = None
+    try:
+        store = RunStore(pool)
+        run, _ = await store.create(new_run())
+        lease = 4.5
+        claimed = await store.claim("worker-A", lease)
+        assert claimed is not None
+        driver = asyncio.create_task(asyncio.Event().wait())
+        keeper = LeaseKeeper(store, "worker-A", lease)
+        keeper.hold(run.id, driver, claimed.run.lease_epoch)
+        heartbeat = asyncio.create_task(keeper.run())
+        await eventually(lambda: _true(keeper.renewals > 0), 20, "a first renewal")
+        stall = asyncio.create_task(proxy.inject(Fault(0, "stall", lease * 3, 0.0), 0))
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(driver, lease * 2)
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            cur = await conn.execute("SELECT locked_until > now() FROM run WHERE id = %s", (run.id,))
+            assert await cur.fetchone() == (True,)  # given up before anyone else could take it
+        heartbeat.cancel()
+        await asyncio.gather(heartbeat, return_exceptions=True)
+    finally:
+        if stall is not None:
+            stall.cancel()
+            await asyncio.gather(stall, return_exceptions=True)
+        await proxy.stop()
+        await pool.close()
+
+
 async def test_renewals_are_bounded_in_time(store: RunStore) -> None:
     from agentrun.worker.runtime.lease import LeaseKeeper
 

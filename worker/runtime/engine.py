@@ -115,17 +115,20 @@ class RunDriver:
     def me(self) -> str:
         return self.settings.worker_id
 
-    async def drive(self, run: Run, progress: Progress, *, fresh: bool = False) -> RunStatus | None:
+    async def drive(
+        self, run: Run, progress: Progress, *, fresh: bool = False, leased_at: float | None = None
+    ) -> RunStatus | None:
         """Drive a claimed run until it ends (its final status) or is handed back (None).
 
         `fresh`: the run was claimed QUEUED with no step (Claim.fresh), so there is no step log to read.
+        `leased_at`: when its claim was sent (Claim.sent_at), which the heartbeat counts its lease from.
 
         Raises LeaseLost if another worker took the run; lets database errors and BaseExceptions
         through, leaving the run to whichever worker claims it next.
         """
         task = asyncio.current_task()
         assert task is not None
-        self.keeper.hold(run.id, task, run.lease_epoch)
+        self.keeper.hold(run.id, task, run.lease_epoch, since=leased_at)
         try:
             with logs.step_context(run_id=str(run.id)), self.observer.driving(run):
                 return await self._resume(run, progress, fresh)

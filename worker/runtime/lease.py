@@ -5,9 +5,12 @@ one fenced UPDATE. A run missing from the answer was taken over (or stopped); it
 at once so the in-flight step writes nothing more. A run whose cancel flag the answer (or a cancel
 notification) carries has the call or tool in flight interrupted.
 
-Every renewal is bounded in time, and after a failed one the next comes sooner. When no renewal has
-succeeded for two thirds of the lease, the held runs are given up and their steps cancelled: the lease
-may lapse for others a third of a lease later, and by then this worker has stopped.
+Every renewal is bounded in time, and after a failed one the next comes sooner. When no renewal of a
+run has succeeded for two thirds of its lease, counted from when the last good one (or its claim) was
+sent, the run is given up and its step cancelled: the lease may lapse for others a third of a lease
+later, and by then this worker has stopped. The mark is kept by the clock, never by the renewal's
+query: a query on a stalled connection can take seconds to give in when cancelled (psycopg waits for
+it and then for its cancel request), so a renewal past its time is abandoned, not waited for.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from agentrun.worker.core.errors import CancelRequested as CancelRequested
 from agentrun.worker.store import RunStore
@@ -40,17 +43,22 @@ class LeaseKeeper:
         self._lost: set[uuid.UUID] = set()
         self._cancel: set[uuid.UUID] = set()  # held runs someone asked to stop
         self._interruptible: dict[uuid.UUID, asyncio.Future[object]] = {}  # the call or tool in flight, per run
-        self._renewed_at = time.monotonic()  # when the last renewal that succeeded was sent
+        self._since: dict[uuid.UUID, float] = {}  # per held run: when its lease was last known extended (sent)
+        self._abandoned: set[asyncio.Future[Any]] = set()  # renewals past their time, still being cancelled
+        self.renewals = 0  # renewals that succeeded
 
     @property
     def renew_timeout(self) -> float:
         """The longest one renewal may take, pool checkout included: it must never outlast the lease."""
         return self.lease_seconds / 10
 
-    def hold(self, run_id: uuid.UUID, task: asyncio.Task[object], epoch: int | None = None) -> None:
-        """Renew the run's lease from now on (its claim, of lease epoch `epoch`, has just written it)."""
-        if not self._held:
-            self._renewed_at = time.monotonic()  # no older lease is held whose renewal could be overdue
+    def hold(
+        self, run_id: uuid.UUID, task: asyncio.Task[object], epoch: int | None = None, since: float | None = None
+    ) -> None:
+        """Renew the run's lease from now on. Its claim, of lease epoch `epoch`, wrote it; `since` is when
+        that claim was sent (time.monotonic()), the latest moment its lease can have begun: the give-up
+        mark counts from there. Without it, from now."""
+        self._since[run_id] = time.monotonic() if since is None else since
         self._lost.discard(run_id)
         self._cancel.discard(run_id)
         self._held[run_id] = task
@@ -63,11 +71,13 @@ class LeaseKeeper:
         """Stop renewing: the run is about to be finished or released by its driver."""
         self._held.pop(run_id, None)
         self._epochs.pop(run_id, None)
+        self._since.pop(run_id, None)
 
     def forget(self, run_id: uuid.UUID) -> None:
         """The run's driver has ended: stop renewing and drop the record of a loss, once it was read."""
         self._held.pop(run_id, None)
         self._epochs.pop(run_id, None)
+        self._since.pop(run_id, None)
         self._lost.discard(run_id)
         self._cancel.discard(run_id)
 
@@ -116,23 +126,54 @@ class LeaseKeeper:
             if self._interruptible.get(run_id) is step:
                 del self._interruptible[run_id]
 
+    def _give_up_at(self, run_ids: list[uuid.UUID]) -> float:
+        """The monotonic time at which the first of these runs must be given up."""
+        return min(self._since.get(i, 0.0) for i in run_ids) + self.lease_seconds * GIVE_UP_AT
+
     async def renew(self) -> None:
+        """Renew every held run in one fenced statement, within `renew_timeout` and never past the give-up
+        mark (a renewal still waiting then would be too late to count). Raises TimeoutError past that:
+        the statement is cancelled and left to end in the background, never waited for."""
         ids = list(self._held)
         if not ids:
-            self._renewed_at = time.monotonic()
             return
+        if len(self._abandoned) >= 2:  # connections stuck in earlier renewals: do not pile more on them
+            raise TimeoutError("earlier renewals are still being cancelled")
         started = time.monotonic()
-        # Never past the give-up mark either: a renewal still waiting then would be too late to count.
-        give_up_in = self._renewed_at + self.lease_seconds * GIVE_UP_AT - started
-        async with asyncio.timeout(max(min(self.renew_timeout, give_up_in), 0.0)):
-            alive = await self.store.renew(
-                ids, self.worker_id, self.lease_seconds, {i: self._epochs[i] for i in ids if i in self._epochs}
-            )
-        self._renewed_at = started
+        budget = max(min(self.renew_timeout, self._give_up_at(ids) - started), 0.0)
+        renewal: asyncio.Future[dict[uuid.UUID, bool]] = asyncio.ensure_future(self.store.renew(
+            ids, self.worker_id, self.lease_seconds, {i: self._epochs[i] for i in ids if i in self._epochs}
+        ))
+        try:
+            done, _ = await asyncio.wait({renewal}, timeout=budget)
+        except asyncio.CancelledError:
+            self._abandon(renewal)
+            raise
+        if not done:
+            self._abandon(renewal)
+            raise TimeoutError(f"no answer to the renewal in {budget:.2f}s")
+        alive = renewal.result()
+        self.renewals += 1
+        for run_id in ids:
+            if run_id in alive and run_id in self._since:
+                self._since[run_id] = max(self._since[run_id], started)
         self.give_up([run_id for run_id in ids if run_id not in alive])
         for run_id, cancel in alive.items():
             if cancel:
                 self.request_cancel(run_id)
+
+    def _abandon(self, renewal: asyncio.Future[Any]) -> None:
+        renewal.cancel()
+        if renewal.done():
+            return
+        self._abandoned.add(renewal)
+
+        def ended(f: asyncio.Future[Any]) -> None:
+            self._abandoned.discard(f)
+            if not f.cancelled():
+                f.exception()  # retrieved: its outcome no longer counts either way
+
+        renewal.add_done_callback(ended)
 
     def give_up(self, run_ids: list[uuid.UUID]) -> None:
         """Count the runs as lost and cancel their drivers, which then raise LeaseLost."""
@@ -140,28 +181,31 @@ class LeaseKeeper:
             self._lost.add(run_id)
             task = self._held.pop(run_id, None)
             self._epochs.pop(run_id, None)
+            self._since.pop(run_id, None)
             if task is not None:
                 task.cancel("lease lost")
 
-    def lapsed(self) -> bool:
-        """No renewal has succeeded for two thirds of a lease: the runs must be given up now, before
+    def lapsed(self) -> list[uuid.UUID]:
+        """The held runs with no renewal for two thirds of their lease: they must be given up now, before
         the database could count their leases as lapsed and let another worker take them."""
-        return time.monotonic() - self._renewed_at >= self.lease_seconds * GIVE_UP_AT
+        mark = time.monotonic() - self.lease_seconds * GIVE_UP_AT
+        return [run_id for run_id in self._held if self._since.get(run_id, 0.0) <= mark]
 
     async def run(self) -> None:
-        """Renew forever: every third of the lease, and every fifteenth after a failure, until the
-        two-thirds mark, when the held runs are given up. The fence would refuse their writes anyway
-        once another worker has them; stopping first keeps a tool from running on meanwhile."""
+        """Renew forever: every third of the lease, and every fifteenth after a failure, and give up each
+        run at its two-thirds mark. The fence would refuse their writes anyway once another worker has
+        them; stopping first keeps a tool from running on meanwhile."""
         interval = self.lease_seconds / 3
         while True:
-            give_up_in = self._renewed_at + self.lease_seconds * GIVE_UP_AT - time.monotonic()
-            await asyncio.sleep(max(min(interval, give_up_in), 0.0) if self._held else interval)
-            if self.lapsed() and self._held:
+            held = list(self._held)
+            give_up_in = self._give_up_at(held) - time.monotonic() if held else interval
+            await asyncio.sleep(max(min(interval, give_up_in), 0.0))
+            if lapsed := self.lapsed():
                 log.warning(
-                    "%s gives up %d runs: no lease renewal succeeded for %.1fs", self.worker_id, len(self._held),
-                    time.monotonic() - self._renewed_at,
+                    "%s gives up %d runs: no lease renewal succeeded for %.1fs", self.worker_id, len(lapsed),
+                    self.lease_seconds * GIVE_UP_AT,
                 )
-                self.give_up(list(self._held))
+                self.give_up(lapsed)
                 continue
             try:
                 await self.renew()

@@ -13,7 +13,7 @@ import psycopg
 
 from agentrun.worker.core.observer import NoObserver, Observer
 from agentrun.worker.core.pricing import PriceTable
-from agentrun.worker.core.records import Progress, Run, RunStatus
+from agentrun.worker.core.records import Run, RunStatus
 from agentrun.worker.core.types import LlmClient
 from agentrun.worker.runtime.engine import DriverSettings, RunDriver
 from agentrun.worker.runtime.lease import LeaseKeeper
@@ -88,7 +88,7 @@ class Worker:
             heartbeat = asyncio.create_task(self.keeper.run())
             self.observer.in_flight(1)
             try:
-                await self.driver.drive(claimed.run, claimed.progress, fresh=claimed.fresh)
+                await self.driver.drive(claimed.run, claimed.progress, fresh=claimed.fresh, leased_at=claimed.sent_at)
             except LeaseLost:
                 self.observer.lease_lost()
                 raise
@@ -165,7 +165,7 @@ class Worker:
                 for claimed in claims:
                     await self._supersede(claimed.run.id)
                     task = asyncio.create_task(
-                        self._drive(claimed.run, claimed.progress, claimed.fresh), name=f"run-{claimed.run.id}"
+                        self._drive(claimed), name=f"run-{claimed.run.id}"
                     )
                     self.driving[claimed.run.id] = task
                     task.add_done_callback(functools.partial(self._done, claimed.run.id))
@@ -240,9 +240,10 @@ class Worker:
             async with asyncio.timeout(self.keeper.renew_timeout):
                 await self.store.finish(run.id, self.id, RunStatus.FAILED, reason, epoch=run.lease_epoch)
 
-    async def _drive(self, run: Run, progress: Progress, fresh: bool) -> RunStatus | None:
+    async def _drive(self, claimed: Claim) -> RunStatus | None:
+        run = claimed.run
         try:
-            return await self.driver.drive(run, progress, fresh=fresh)
+            return await self.driver.drive(run, claimed.progress, fresh=claimed.fresh, leased_at=claimed.sent_at)
         except LeaseLost:
             self.observer.lease_lost()
             # Logged here and only here, whichever way the loss was noticed (the heartbeat or a fenced write).

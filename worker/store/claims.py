@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -44,6 +45,7 @@ class Claims(Gateway):
         is gone loses its runs early. The CASE keeps the lock attempt to RUNNING candidates with a live
         lease whose holder is suspected, and runs it last.
         """
+        sent_at = time.monotonic()
         rows = await self._all(
             f"""WITH next AS (
                     SELECT id, CASE WHEN status = 'RUNNING' THEN locked_by END AS taken_from FROM run
@@ -69,7 +71,9 @@ class Claims(Gateway):
             db_now = row.pop("db_now")
             taken_from = row.pop("taken_from")
             run = _run(row)
-            claims.append(Claim(run, Progress(run.tokens_used, run.cost_usd, run.cancel_requested, db_now), taken_from))
+            claims.append(Claim(
+                run, Progress(run.tokens_used, run.cost_usd, run.cancel_requested, db_now), taken_from, sent_at
+            ))
         # Highest priority first, as they were chosen (UPDATE … RETURNING keeps no order of its own).
         claims.sort(key=lambda c: (-c.run.priority, c.run.run_at or c.progress.db_now))
         return claims

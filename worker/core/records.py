@@ -83,6 +83,9 @@ class NewRun:
     priority: int = 0  # higher first among claimable runs
     run_at: datetime.datetime | None = None  # not claimable before; None: at once (or `delay_seconds` from now)
     delay_seconds: float | None = None  # claimable this long after the insert, by the database's clock
+    spawned_by: tuple[uuid.UUID, str] | None = None  # a sub-agent's run: (the parent run, its tool_use id)
+    root_run_id: uuid.UUID | None = None  # a sub-agent's run: the top run of its tree
+    depth: int = 0  # sub-agent calls between the root and this run
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,9 +125,27 @@ class Run:
     forked_at_seq: int | None = None
     inherited_steps: int = 0
     lease_epoch: int = 0  # claims of the run so far: each one names its fenced writes (store.FENCE)
-    pending: int = 0  # undecided calls while WAITING
+    pending: int = 0  # undecided calls (or unfinished children) while WAITING
+    parent_tool_use_id: str | None = None  # a sub-agent's run: the parent's call that started it
+    root_run_id: uuid.UUID | None = None  # a sub-agent's run: the top run of its tree (None: itself)
+    depth: int = 0
+    children_active: int = 0  # children started and not finished
+    children_tokens: int = 0  # what its finished descendants spent
+    children_cost: Decimal = Decimal(0)
+    waiting_for: str | None = None  # WAITING: "children", or None (decisions)
+    children_tokens_live: int = 0  # what its descendants still at work have spent so far (reads only)
+    children_cost_live: Decimal = Decimal(0)
 
     traceparent: str | None = None
+
+    @property
+    def tokens_used_total(self) -> int:
+        """Its own tokens and its descendants' (the parent's budget bounds the sum)."""
+        return self.tokens_used + self.children_tokens + self.children_tokens_live
+
+    @property
+    def cost_usd_total(self) -> Decimal:
+        return self.cost_usd + self.children_cost + self.children_cost_live
 
     def needs_approval(self, tool: str) -> bool:
         return self.require_approval is not None and ("*" in self.require_approval or tool in self.require_approval)

@@ -152,8 +152,9 @@ class Decisions(Gateway):
         """End the waiting runs whose deadline has passed (no worker holds them to notice)."""
         rows = await self._all(
             """UPDATE run SET status = 'TIMED_OUT', finished_at = now(),
-                   error = 'deadline passed while waiting for a decision: the run may take '
-                           || timeout_seconds || 's'
+                   error = 'deadline passed while waiting for '
+                           || CASE WHEN waiting_for = 'children' THEN 'its sub-agents' ELSE 'a decision' END
+                           || ': the run may take ' || timeout_seconds || 's'
                WHERE status = 'WAITING' AND deadline_at <= now() RETURNING id""",
             (),
         )

@@ -4,6 +4,7 @@ starts with, and the records rows become."""
 from __future__ import annotations
 
 import dataclasses
+from decimal import Decimal
 from enum import Enum
 from typing import Any
 
@@ -20,16 +21,33 @@ from agentrun.worker.core.records import (
     StepStatus,
 )
 
+# The descendants of run `r` still at work, through its running children (a finished child's finished
+# descendants are in its own totals): what they have spent so far counts in `r`'s totals.
+ACTIVE_DESCENDANTS = """WITH RECURSIVE t AS (
+        SELECT c.id, c.tokens_used, c.cost_usd, c.children_tokens, c.children_cost FROM run c
+        WHERE c.parent_run_id = r.id AND c.parent_tool_use_id IS NOT NULL
+          AND c.status IN ('QUEUED', 'RUNNING', 'WAITING')
+        UNION ALL
+        SELECT c.id, c.tokens_used, c.cost_usd, c.children_tokens, c.children_cost
+        FROM run c JOIN t ON c.parent_run_id = t.id
+        WHERE c.parent_tool_use_id IS NOT NULL AND c.status IN ('QUEUED', 'RUNNING', 'WAITING'))
+    SELECT * FROM t"""
+
 RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_budget, r.tokens_used,
     r.cost_budget_usd, r.cost_usd, r.max_steps, r.timeout_seconds, r.deadline_at, r.cancel_requested,
     r.error, r.locked_by, r.locked_until, r.created_at, r.started_at, r.finished_at,
     r.idempotency_key, r.k8s_namespace, r.k8s_name, r.crashes, r.model_retries, r.created_by,
     r.cancelled_by, r.traceparent, r.priority, r.run_at,
     r.require_approval, r.output_schema, r.output, r.parent_run_id, r.forked_at_seq, r.inherited_steps,
-    r.lease_epoch,
-    CASE WHEN r.status = 'WAITING' THEN (SELECT count(*) FROM run_decision d
-         WHERE d.run_id = r.id AND d.decision IS NULL) ELSE 0 END AS pending,
-    (SELECT coalesce(max(s.seq), 0) FROM run_step s WHERE s.run_id = r.id) AS steps"""
+    r.lease_epoch, r.parent_tool_use_id, r.root_run_id, r.depth, r.children_active, r.children_tokens,
+    r.children_cost, r.waiting_for,
+    CASE WHEN r.children_active > 0 THEN (SELECT row(coalesce(sum(t.tokens_used + t.children_tokens), 0),
+                                                     coalesce(sum(t.cost_usd + t.children_cost), 0))
+        FROM ({ACTIVE_DESCENDANTS}) t) END AS live,
+    CASE WHEN r.status <> 'WAITING' THEN 0 WHEN r.waiting_for = 'children' THEN r.children_active
+         ELSE (SELECT count(*) FROM run_decision d WHERE d.run_id = r.id AND d.decision IS NULL) END AS pending,
+    (SELECT coalesce(max(s.seq), 0) FROM run_step s WHERE s.run_id = r.id) AS steps""".replace(
+    "{ACTIVE_DESCENDANTS}", ACTIVE_DESCENDANTS)
 
 STEP_COLUMNS = """run_id, seq, kind, status, tool_name, tool_use_id, request, response, stop_reason,
     input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd,
@@ -80,6 +98,9 @@ def _run(row: dict[str, Any]) -> Run:
     row["tools"] = tuple(row["tools"]) if row["tools"] is not None else None
     if row.get("require_approval") is not None:
         row["require_approval"] = tuple(row["require_approval"])
+    live = row.pop("live", None)
+    if live is not None:  # (tokens, cost) of the descendants at work, as a record
+        row["children_tokens_live"], row["children_cost_live"] = int(live[0]), Decimal(live[1])
     return Run(**row)
 
 

@@ -12,6 +12,7 @@ from agentrun.worker.core.records import (
     Run,
 )
 from agentrun.worker.core.text import unstorable
+from agentrun.worker.store.children import CANCEL_DESCENDANTS
 from agentrun.worker.store.gateway import Gateway
 
 # A continued or forked run starts with the steps of its parent, copied and marked inherited: replay
@@ -157,10 +158,16 @@ class Submissions(Gateway):
                    finished_at = CASE WHEN status IN ('QUEUED', 'WAITING') THEN now() ELSE finished_at END,
                    error = CASE WHEN status = 'QUEUED' AND started_at IS NULL THEN 'cancelled before it started'
                                 WHEN status = 'QUEUED' THEN 'cancelled while handed back, before a worker resumed it'
+                                WHEN status = 'WAITING' AND waiting_for = 'children'
+                                    THEN 'cancelled while waiting for its sub-agents'
                                 WHEN status = 'WAITING' THEN 'cancelled while waiting for a decision'
                                 ELSE error END
                WHERE id = %s AND status IN ('QUEUED', 'RUNNING', 'WAITING')
                RETURNING id""",
             (by, run_id),
         )
-        return await self.get(run_id)
+        run = await self.get(run_id)
+        if run is not None and run.children_active > 0:  # it waited for its sub-agents: they stop too
+            await self._all(CANCEL_DESCENDANTS, {"id": run_id, "by": by, "reason": "cancelled with its parent run"})
+            run = await self.get(run_id)
+        return run

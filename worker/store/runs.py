@@ -9,11 +9,13 @@ zero rows means the lease is gone (`LeaseLost`). The store is split by concern, 
 - steps.py: the fenced writes of a held run (group-committed, groupcommit.py)
 - decisions.py: runs parked for people, their decisions, reconcile probes
 - children.py: sub-agents' child runs, the parent's wait for them, cancels that cascade
+- agents.py: agent definitions, versioned, and their resolution for a new run
 - rows.py: the columns, the fence and the records rows become; gateway.py: the pool and query helpers
 """
 
 from __future__ import annotations
 
+from agentrun.worker.store.agents import Agents
 from agentrun.worker.store.children import Children
 from agentrun.worker.store.claims import Claims
 from agentrun.worker.store.decisions import Decisions
@@ -22,6 +24,6 @@ from agentrun.worker.store.steps import StepWrites
 from agentrun.worker.store.submit import Submissions
 
 
-class RunStore(Submissions, Reads, Claims, StepWrites, Decisions, Children):
+class RunStore(Submissions, Reads, Claims, StepWrites, Decisions, Children, Agents):
     """The run tables' one gateway. `writes` sends the fenced writes of held runs; by default they are
     group-committed (groupcommit.py)."""

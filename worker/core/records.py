@@ -83,15 +83,12 @@ class NewRun:
     priority: int = 0  # higher first among claimable runs
     run_at: datetime.datetime | None = None  # not claimable before; None: at once (or `delay_seconds` from now)
     delay_seconds: float | None = None  # claimable this long after the insert, by the database's clock
-<<<<<<< HEAD
     spawned_by: tuple[uuid.UUID, str] | None = None  # a sub-agent's run: (the parent run, its tool_use id)
     root_run_id: uuid.UUID | None = None  # a sub-agent's run: the top run of its tree
     depth: int = 0  # sub-agent calls between the root and this run
-=======
     agent: str | None = None  # the agent definition the run was made from (its fields are applied already)
     agent_version: int | None = None
     sub_agents: tuple[str, ...] | None = None  # pinned: each "name@version"
->>>>>>> agents
 
 
 @dataclasses.dataclass(frozen=True)

@@ -144,9 +144,8 @@ def _child_row(new: NewRun) -> dict[str, Any]:
         "max_steps": new.max_steps, "timeout_seconds": new.timeout_seconds,
         "require_approval": list(new.require_approval) if new.require_approval is not None else None,
         "output_schema": new.output_schema, "created_by": new.created_by, "traceparent": new.traceparent,
-        "priority": new.priority, "agent": getattr(new, "agent", None),
-        "agent_version": getattr(new, "agent_version", None),
-        "sub_agents": list(new.sub_agents) if getattr(new, "sub_agents", None) is not None else None,
+        "priority": new.priority, "agent": new.agent, "agent_version": new.agent_version,
+        "sub_agents": list(new.sub_agents) if new.sub_agents is not None else None,
         "tool_use_id": new.spawned_by[1], "root_run_id": str(new.root_run_id) if new.root_run_id else None,
         "depth": new.depth,
     }

@@ -39,9 +39,8 @@ RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_bu
     r.idempotency_key, r.k8s_namespace, r.k8s_name, r.crashes, r.model_retries, r.created_by,
     r.cancelled_by, r.traceparent, r.priority, r.run_at,
     r.require_approval, r.output_schema, r.output, r.parent_run_id, r.forked_at_seq, r.inherited_steps,
-<<<<<<< HEAD
-    r.lease_epoch, r.parent_tool_use_id, r.root_run_id, r.depth, r.children_active, r.children_tokens,
-    r.children_cost, r.waiting_for,
+    r.lease_epoch, r.agent, r.agent_version, r.sub_agents, r.parent_tool_use_id, r.root_run_id, r.depth,
+    r.children_active, r.children_tokens, r.children_cost, r.waiting_for,
     CASE WHEN r.children_active > 0 THEN (SELECT row(coalesce(sum(t.tokens_used + t.children_tokens), 0),
                                                      coalesce(sum(t.cost_usd + t.children_cost), 0))
         FROM ({ACTIVE_DESCENDANTS}) t) END AS live,
@@ -49,12 +48,6 @@ RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_bu
          ELSE (SELECT count(*) FROM run_decision d WHERE d.run_id = r.id AND d.decision IS NULL) END AS pending,
     (SELECT coalesce(max(s.seq), 0) FROM run_step s WHERE s.run_id = r.id) AS steps""".replace(
     "{ACTIVE_DESCENDANTS}", ACTIVE_DESCENDANTS)
-=======
-    r.lease_epoch, r.agent, r.agent_version, r.sub_agents,
-    CASE WHEN r.status = 'WAITING' THEN (SELECT count(*) FROM run_decision d
-         WHERE d.run_id = r.id AND d.decision IS NULL) ELSE 0 END AS pending,
-    (SELECT coalesce(max(s.seq), 0) FROM run_step s WHERE s.run_id = r.id) AS steps"""
->>>>>>> agents
 
 STEP_COLUMNS = """run_id, seq, kind, status, tool_name, tool_use_id, request, response, stop_reason,
     input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd,
@@ -105,14 +98,11 @@ def _run(row: dict[str, Any]) -> Run:
     row["tools"] = tuple(row["tools"]) if row["tools"] is not None else None
     if row.get("require_approval") is not None:
         row["require_approval"] = tuple(row["require_approval"])
-<<<<<<< HEAD
+    if row.get("sub_agents") is not None:
+        row["sub_agents"] = tuple(row["sub_agents"])
     live = row.pop("live", None)
     if live is not None:  # (tokens, cost) of the descendants at work, as a record
         row["children_tokens_live"], row["children_cost_live"] = int(live[0]), Decimal(live[1])
-=======
-    if row.get("sub_agents") is not None:
-        row["sub_agents"] = tuple(row["sub_agents"])
->>>>>>> agents
     return Run(**row)
 
 

@@ -109,6 +109,14 @@ class WorkerSettings:
     FAILED instead of being taken again (AGENTRUN_MAX_CRASH_CLAIMS, --max-crash-claims): a step that
     kills its worker (out of memory, a segfault in a tool) must not kill every worker in turn."""
 
+    max_agent_depth: int = 4
+    """Sub-agent calls between a root run and its deepest descendant (AGENTRUN_MAX_AGENT_DEPTH); a call past
+    it is an error result the model sees."""
+
+    max_children_per_turn: int = 8
+    """Sub-agent calls one model turn may start (AGENTRUN_MAX_CHILDREN_PER_TURN); later ones in the turn are
+    error results the model sees."""
+
     tool_threads: int = 32
     """Synchronous tools running at once (AGENTRUN_TOOL_THREADS). A timed-out tool's thread keeps its slot
     until the tool returns (agentrun_tool_threads_overdue); with every slot busy a call is refused with an

@@ -72,7 +72,7 @@ WORKER_ENV = (
     "AGENTRUN_PRICES_FILE (price table, TOML); AGENTRUN_API_TOKEN (bearer token the /api routes require, "
     "the identity `default` with every scope; unset with AGENTRUN_API_TOKENS: open); AGENTRUN_API_TOKENS "
     "(YAML/JSON file of named identities with scopes, re-read on change); AGENTRUN_MAX_BODY_BYTES; "
-    "AGENTRUN_LIVENESS_LOCK; AGENTRUN_MAX_CRASH_CLAIMS; "
+    "AGENTRUN_LIVENESS_LOCK; AGENTRUN_MAX_CRASH_CLAIMS; AGENTRUN_MAX_AGENT_DEPTH; AGENTRUN_MAX_CHILDREN_PER_TURN; "
     "AGENTRUN_TOOL_THREADS (plain-def tools running at once, default 32; a timed-out one keeps its slot "
     "until it returns); AGENTRUN_LOG_FORMAT; OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_TRACES_EXPORTER (traces over "
     "OTLP/HTTP, off unless set; the other standard OTEL_* variables apply) and "

@@ -59,6 +59,8 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
         liveness_lock=not args.no_liveness_lock and _env_flag("AGENTRUN_LIVENESS_LOCK", True),
         max_crash_claims=args.max_crash_claims
         or _env_positive_int("AGENTRUN_MAX_CRASH_CLAIMS", WorkerSettings.max_crash_claims),
+        max_agent_depth=_env_positive_int("AGENTRUN_MAX_AGENT_DEPTH", WorkerSettings.max_agent_depth),
+        max_children_per_turn=_env_positive_int("AGENTRUN_MAX_CHILDREN_PER_TURN", WorkerSettings.max_children_per_turn),
         tool_threads=_env_positive_int("AGENTRUN_TOOL_THREADS", WorkerSettings.tool_threads),
         retention_days=args.retention_days if args.retention_days is not None
         else _env_positive_float("AGENTRUN_RETENTION_DAYS"),

@@ -18,8 +18,12 @@ from typing import Any, TypeVar
 import orjson
 import psycopg
 
+from agentrun.worker.core import children as sub
+from agentrun.worker.core.agents import Agent, with_agent
 from agentrun.worker.core.answer import FINAL_ANSWER, INSTRUCTION, MAX_CORRECTIONS, answer_of, definition, problem
+from agentrun.worker.core.children import MAX_CHILDREN_PER_TURN, MAX_DEPTH
 from agentrun.worker.core.decisions import Execute, Fail, Key, Park, Settle, key_of, next_call
+from agentrun.worker.core.errors import Refused
 from agentrun.worker.core.guard import Stop, deadline_passed, final, guard, remaining
 from agentrun.worker.core.observer import NO_NOTES, UNKNOWN_TOOL, NoObserver, Observer, StepNotes
 from agentrun.worker.core.pricing import PriceTable
@@ -27,6 +31,7 @@ from agentrun.worker.core.records import (
     Decision,
     DecisionKind,
     ModelTurn,
+    NewRun,
     PendingCall,
     Progress,
     Run,
@@ -36,6 +41,7 @@ from agentrun.worker.core.records import (
     StepStatus,
 )
 from agentrun.worker.core.replay import CORRECTION, Conversation, dump_content
+from agentrun.worker.core.submission import Defaults, Offer, RunSpec, new_run
 from agentrun.worker.core.text import clean, clean_json
 from agentrun.worker.core.types import LlmClient, LlmError, LlmRequest, Message, Usage
 from agentrun.worker.obs import logs
@@ -60,6 +66,8 @@ class DriverSettings:
     """The `max_tokens` of every model request."""
     max_crash_claims: int = 10
     """Claims after a holder died mid-step before the run ends FAILED (WorkerSettings.max_crash_claims)."""
+    max_agent_depth: int = MAX_DEPTH
+    max_children_per_turn: int = MAX_CHILDREN_PER_TURN
     outage_backoff_base: float = 10.0
     outage_backoff_cap: float = 300.0
     """A model step whose every attempt failed on a retryable error (the API is down or overloaded for
@@ -109,6 +117,8 @@ class RunDriver:
         self._decisions: dict[uuid.UUID, dict[Key, PendingCall]] = {}
         # Calls in doubt whose reconcile probe could not tell, per drive: asked once, then a person is.
         self._unsettled: dict[uuid.UUID, set[Key]] = {}
+        # The pinned sub-agents of each run driven, by tool name, read once per drive.
+        self._agents: dict[uuid.UUID, dict[str, Agent]] = {}
         self.deltas = DeltaPublisher(store.pool)  # the text of a call in flight, for live watchers only
 
     @property
@@ -141,6 +151,7 @@ class RunDriver:
             self.keeper.forget(run.id)
             self._decisions.pop(run.id, None)
             self._unsettled.pop(run.id, None)
+            self._agents.pop(run.id, None)
 
     async def _resume(self, run: Run, progress: Progress, fresh: bool) -> RunStatus | None:
         if run.crashes >= self.settings.max_crash_claims:
@@ -187,7 +198,7 @@ class RunDriver:
             if stop is not None:
                 return stop
             if conv.pending:
-                step = await self._owed(run, conv)
+                step = await self._owed(run, progress, conv)
                 if isinstance(step, Stop):
                     return step
                 if step is None:  # parked: people decide now
@@ -222,15 +233,23 @@ class RunDriver:
                     await self._hand_back_in_outage(run, e)
                     return None
 
-    async def _owed(self, run: Run, conv: Conversation) -> Progress | Stop | None:
+    async def _owed(self, run: Run, progress: Progress, conv: Conversation) -> Progress | Stop | None:
         """Take the next step about the tool calls the run owes: a structured answer, a call that runs, a
-        result recorded without running it, the run's end; or park the run for people (None)."""
+        result recorded without running it, the run's end; or park the run for people (None), or for its
+        sub-agents once every other call of the turn has its result."""
         answer = next((u for u in conv.pending.values() if u.get("name") == FINAL_ANSWER), None)
         if answer is not None and run.output_schema is not None:
             return await self._final_answer(run, conv, answer)
+        agents = sub.refs_by_tool(run.sub_agents)
+        others = [u for u in conv.pending.values() if u.get("name") not in agents]
+        if not others:
+            try:
+                return await self._children(run, progress, conv, list(conv.pending.values()))
+            except CancelRequested:
+                return Stop(RunStatus.CANCELLED, "cancel requested")
         decided = self._decisions.get(run.id)
         step = next_call(
-            list(conv.pending.values()), {u: conv.attempts[u] for u in conv.started},
+            others, {u: conv.attempts[u] for u in conv.started},
             in_doubt_if_started=self._not_idempotent,
             needs_approval=lambda name: self._needs_approval(run, name),
             decisions=decided or {},
@@ -239,11 +258,11 @@ class RunDriver:
             known = await self.store.decisions(run.id)
             self.observer.decisions_read(run, known)
             self._decisions[run.id] = {key_of(d): d for d in known}
-            return await self._owed(run, conv)
+            return await self._owed(run, progress, conv)
         if isinstance(step, Park) and decided is not None:
             try:
                 if await self._reconcile(run, step, decided):  # a probe settled a call: act on its decision
-                    return await self._owed(run, conv)
+                    return await self._owed(run, progress, conv)
             except CancelRequested:
                 return Stop(RunStatus.CANCELLED, "cancel requested")
         try:
@@ -269,6 +288,100 @@ class RunDriver:
                       for tool_use_id, kind, name, _, attempt in calls),
         )
         return None
+
+    async def _children(
+        self, run: Run, progress: Progress, conv: Conversation, calls: list[dict[str, Any]]
+    ) -> Progress | None:
+        """The turn's sub-agent calls, once every other call has its result: the result of each child that
+        has ended is recorded; otherwise the children not made yet are made and the run waits for them
+        (None), holding no lease and no slot. A call that cannot start a child gets an error result."""
+        ids = {u["id"] for u in calls}
+        known = {c.parent_tool_use_id: c for c in await self.store.children(run.id) if c.parent_tool_use_id in ids}
+        ended = [(u, known[u["id"]]) for u in calls if u["id"] in known and known[u["id"]].status.terminal]
+        if ended:
+            for use, child in ended:
+                ok, output = sub.result_of(child, use["name"].removeprefix(sub.TOOL_PREFIX))
+                progress = await self._settle(run, conv, use, ok, output)
+            return progress
+        made: list[NewRun] = []
+        refused: list[tuple[dict[str, Any], str]] = []
+        new = [u for u in calls if u["id"] not in known]
+        room = max(self.settings.max_children_per_turn - len(known), 0)
+        for use in new[room:]:
+            refused.append((use, f"error: at most {self.settings.max_children_per_turn} sub-agent calls start in "
+                                 "one turn; call it again in a later turn"))
+        new = new[:room]
+        if new and run.depth + 1 > self.settings.max_agent_depth:
+            refused += [(u, f"error: sub-agents nest at most {self.settings.max_agent_depth} deep; this run is "
+                            f"at depth {run.depth}") for u in new]
+            new = []
+        tasks: list[tuple[dict[str, Any], str, Agent]] = []
+        for use in new:
+            try:
+                tasks.append((use, sub.task_of(use.get("input")), await self._agent(run, use["name"])))
+            except (ValueError, Refused) as e:
+                refused.append((use, f"error: {e}"))
+        if tasks:
+            try:
+                share = sub.shares(run, progress.tokens_used, progress.cost_usd, progress.db_now, len(tasks))
+            except ValueError as e:
+                refused += [(use, f"error: {e}") for use, _, _ in tasks]
+                tasks = []
+        for use, task, agent in tasks:
+            try:
+                made.append(await self._child(run, use, task, agent, share))
+            except (ValueError, Refused) as e:
+                refused.append((use, f"error: {e}"))
+        for use, why in refused:
+            progress = await self._settle(run, conv, use, False, why)
+        if not made and len(known) == 0:
+            return progress  # nothing to wait for: the model hears of the errors
+        since = self.keeper.since(run.id)
+        self.keeper.drop(run.id)  # a renewal must not find it parked and count it lost
+        parked = await self._durably(lambda again: self.store.spawn(
+            run.id, self.me, made, epoch=run.lease_epoch, again=again
+        ))
+        if not parked:  # every child had ended by then: their results are next
+            driver = asyncio.current_task()
+            assert driver is not None
+            self.keeper.hold(run.id, driver, run.lease_epoch, since=since)
+            return await self._children(run, progress, conv, list(conv.pending.values()))
+        log.info("%s run=%s waiting for %d sub-agents: %s", self.me, run.id.hex[:8], len(made) + len(known),
+                 ", ".join(f"{n.agent}@{n.agent_version} {n.spawned_by[1] if n.spawned_by else ''}" for n in made))
+        return None
+
+    async def _agent(self, run: Run, tool: str) -> Agent:
+        """The pinned agent version the sub-agent tool `tool` of the run starts (read once per drive)."""
+        agents = self._agents.setdefault(run.id, {})
+        if tool not in agents:
+            name, version = sub.refs_by_tool(run.sub_agents)[tool]
+            found = await self.store.agent(name, version, deleted=True)
+            if found is None:
+                raise ValueError(f"sub-agent {name}@{version} is no longer defined")
+            agents[tool] = found
+        return agents[tool]
+
+    async def _child(self, run: Run, use: dict[str, Any], task: str, agent: Agent, share: sub.Share) -> NewRun:
+        """The child run a call asks for: the agent's definition, with budgets cut to its share of the
+        parent's remainder and the parent's model, approvals policy, author and trace where the agent
+        names none of its own. Raises Refused or ValueError when it cannot run."""
+        spec = with_agent(RunSpec(
+            input=task, token_budget=sub.lowered(agent.token_budget, share.token_budget),
+            cost_budget_usd=sub.lowered_cost(agent.cost_budget_usd, share.cost_budget_usd),
+            timeout_seconds=sub.lowered(agent.timeout_seconds, share.timeout_seconds),
+        ), agent)
+        if spec.model is None:
+            spec = dataclasses.replace(spec, model=run.model)
+        if spec.require_approval is None:
+            spec = dataclasses.replace(spec, require_approval=run.require_approval)
+        made = new_run(spec, None, Defaults(), Offer(has_tool=lambda name: self.tools.get(name) is not None,
+                                                    tool_names=self.tools.names))
+        pinned = await self.store.resolve_sub_agents(agent.sub_agents) if agent.sub_agents else None
+        return dataclasses.replace(
+            made, id=uuid.uuid4(), created_by=run.created_by, traceparent=sub.traceparent(run, use["id"]),
+            priority=run.priority, spawned_by=(run.id, use["id"]), root_run_id=run.root_run_id or run.id,
+            depth=run.depth + 1, agent=agent.name, agent_version=agent.version, sub_agents=pinned,
+        )
 
     async def _reconcile(self, run: Run, park: Park, decided: dict[Key, PendingCall]) -> bool:
         """Ask the reconcile probes of the calls in doubt that have one, before a person is asked: whether
@@ -403,6 +516,9 @@ class RunDriver:
             return Stop(RunStatus.FAILED, f"model output refused: {conv.refused}")
         model_next = not conv.pending and not conv.finished
         own_steps = conv.steps - run.inherited_steps  # the step cap counts what this run did, not its parent
+        if run.children_tokens or run.children_cost:  # the budgets bound the run with its sub-agents
+            progress = dataclasses.replace(progress, tokens_used=progress.tokens_used + run.children_tokens,
+                                           cost_usd=progress.cost_usd + run.children_cost)
         return guard(run, progress, own_steps, before_model_step=model_next, owed=conv.owed)
 
     async def _finish(self, run: Run, stop: Stop) -> RunStatus:
@@ -418,13 +534,25 @@ class RunDriver:
         log.info("%s run=%s %s tokens=%d%s", self.me, run.id.hex[:8], stop.status.value, tokens, why)
         return stop.status
 
+    async def _agent_definitions(self, run: Run) -> list[dict[str, Any]]:
+        """The run's sub-agents as tools: one per pinned sub-agent still defined."""
+        found = []
+        for tool in sub.refs_by_tool(run.sub_agents):
+            try:
+                agent = await self._agent(run, tool)
+            except ValueError:
+                continue  # not offered; a call of it anyway gets an error result
+            found.append(sub.definition(agent.name, agent.version, agent.description))
+        return found
+
     async def _model_step(self, run: Run, conv: Conversation, notes: StepNotes = NO_NOTES) -> Progress:
         request = LlmRequest(
             model=run.model,
             max_tokens=self.settings.max_tokens,
             messages=list(conv.messages),
             system=run.system if run.output_schema is None else "\n\n".join(filter(None, [run.system, INSTRUCTION])),
-            tools=self.tools.definitions(run.tools) + ([definition(run.output_schema)] if run.output_schema else []),
+            tools=self.tools.definitions(run.tools) + await self._agent_definitions(run)
+            + ([definition(run.output_schema)] if run.output_schema else []),
             on_text=(deltas := self.deltas.sink(run.id, conv.steps + 1)),
         )
         notes.sent(request)

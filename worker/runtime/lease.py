@@ -81,6 +81,10 @@ class LeaseKeeper:
         self._lost.discard(run_id)
         self._cancel.discard(run_id)
 
+    def since(self, run_id: uuid.UUID) -> float | None:
+        """When the held run's lease was last known extended (as `hold` takes it), or None."""
+        return self._since.get(run_id)
+
     def lost(self, run_id: uuid.UUID) -> bool:
         return run_id in self._lost
 

@@ -50,7 +50,10 @@ class Worker:
             on_cancel=self.keeper.request_cancel, grace=settings.takeover_grace,
         )
         self.driver = RunDriver(
-            DriverSettings(settings.worker_id, settings.lease_seconds, settings.max_tokens, settings.max_crash_claims),
+            DriverSettings(
+                settings.worker_id, settings.lease_seconds, settings.max_tokens, settings.max_crash_claims,
+                max_agent_depth=settings.max_agent_depth, max_children_per_turn=settings.max_children_per_turn,
+            ),
             store,
             llm,
             tools,
@@ -179,13 +182,15 @@ class Worker:
             await self.presence.close()  # only now: the runs it covered are finished or released
 
     async def _housekeeping(self) -> None:
-        """Every couple of seconds, end the waiting runs whose deadline has passed: no worker holds them,
-        so none would notice otherwise. Cheap (an index on their deadline) and harmless from many workers."""
+        """Every couple of seconds, end the waiting runs whose deadline has passed, and cancel the children
+        of parents that have ended: no worker holds them, so none would notice otherwise. Cheap (an index on their deadline) and harmless from many workers."""
         while True:
             await asyncio.sleep(random.uniform(1.0, 2.0))
             try:
                 for run_id in await self.store.expire_waiting():
-                    log.info("%s run=%s TIMED_OUT while waiting for a decision", self.id, run_id.hex[:8])
+                    log.info("%s run=%s TIMED_OUT while waiting", self.id, run_id.hex[:8])
+                for run_id in await self.store.cancel_orphans():
+                    log.info("%s run=%s cancelled: its parent run ended", self.id, run_id.hex[:8])
             except Exception as e:
                 log.debug("%s could not look for expired waiting runs: %s", self.id, e)
 

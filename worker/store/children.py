@@ -65,11 +65,12 @@ class Children(Gateway):
                     INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd, max_steps,
                                      timeout_seconds, deadline_at, require_approval, output_schema, created_by,
                                      traceparent, priority, run_at, agent, agent_version, sub_agents,
-                                     parent_run_id, parent_tool_use_id, root_run_id, depth)
+                                     parent_run_id, parent_tool_use_id, root_run_id, depth, created_at)
                     SELECT c.id, c.input, c.model, c.system, c.tools, c.token_budget, c.cost_budget_usd, c.max_steps,
                            c.timeout_seconds, now() + make_interval(secs => c.timeout_seconds), c.require_approval,
                            c.output_schema, c.created_by, c.traceparent, c.priority, now(), c.agent, c.agent_version,
-                           c.sub_agents, fence.id, c.tool_use_id, c.root_run_id, c.depth
+                           c.sub_agents, fence.id, c.tool_use_id, c.root_run_id, c.depth,
+                           clock_timestamp()  -- in the calls' order: children list in the order they were asked for
                     FROM fence, jsonb_to_recordset(%(children)s::jsonb) AS c (
                         id uuid, input text, model text, system text, tools text[], token_budget bigint,
                         cost_budget_usd numeric, max_steps int, timeout_seconds int, require_approval text[],

@@ -79,3 +79,43 @@ class TurnBasedLlm:
             for i in range(self.tools_per_turn)
         ]
         return LlmResponse(blocks, "tool_use", self.usage)
+
+
+class TreeLlm:
+    """A stateless scripted model for runs with sub-agents, shared by every run of a tree.
+
+    A run offered `agent__*` tools calls each of them once, all in its first turn (parallel sub-agent
+    calls), each with a task naming its part of the run's input; given their results, it answers with
+    them joined. A run offered none answers `<system>: <task>` at once. With `hold`, a run without
+    sub-agents waits for it before answering (a child at work, for as long as a test needs).
+    """
+
+    def __init__(self, in_: int = 10, out: int = 5, hold: asyncio.Event | None = None) -> None:
+        self.usage = Usage(in_, out)
+        self.hold = hold
+        self.seen: list[LlmRequest] = []
+
+    async def send(self, request: LlmRequest) -> LlmResponse:
+        self.seen.append(request)
+        await asyncio.sleep(0)
+        agents = [t["name"] for t in request.tools if str(t.get("name", "")).startswith("agent__")]
+        first = request.messages[0]["content"] if request.messages else ""
+        task = first if isinstance(first, str) else " ".join(str(b.get("text", "")) for b in first)
+        results = [b for m in request.messages if m["role"] == "user" and isinstance(m["content"], list)
+                   for b in m["content"] if b.get("type") == "tool_result"]
+        if agents and not results:
+            blocks = [{"type": "tool_use", "id": f"toolu_{i}_{name}", "name": name,
+                       "input": {"task": f"part {i + 1} of: {task}"}} for i, name in enumerate(agents)]
+            return LlmResponse(blocks, "tool_use", self.usage)
+        if agents:
+            joined = " | ".join(f"{'ERROR ' if r.get('is_error') else ''}{_text(r.get('content'))}" for r in results)
+            return LlmResponse([{"type": "text", "text": f"combined: {joined}"}], "end_turn", self.usage)
+        if self.hold is not None:
+            await self.hold.wait()
+        return LlmResponse([{"type": "text", "text": f"{request.system or 'agent'}: {task}"}], "end_turn", self.usage)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return " ".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
+    return str(content)

@@ -183,7 +183,8 @@ class Worker:
 
     async def _housekeeping(self) -> None:
         """Every couple of seconds, end the waiting runs whose deadline has passed, and cancel the children
-        of parents that have ended: no worker holds them, so none would notice otherwise. Cheap (an index on their deadline) and harmless from many workers."""
+        of parents that have ended: no worker holds them, so none would notice otherwise. Cheap (indexes on
+        both) and harmless from many workers."""
         while True:
             await asyncio.sleep(random.uniform(1.0, 2.0))
             try:

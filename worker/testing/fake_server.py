@@ -195,6 +195,34 @@ class ScriptResponder:
         return Reply.message(blocks, "tool_use", usage).after(self.latency)
 
 
+@dataclasses.dataclass(frozen=True)
+class TreeResponder:
+    """A stateless planner and its sub-agents, like `scripted.TreeLlm` but over HTTP: a request offering
+    `agent__*` tools calls each once, in one turn, with a task naming its part of the run's input, then
+    joins the answers it gets back; a request offering none answers `<system>: <task>` after
+    `child_latency` seconds (a sub-agent at work, for as long as a test needs to kill its worker)."""
+
+    child_latency: float = 0.0
+
+    def __call__(self, body: Json) -> Reply:
+        messages: list[Json] = body.get("messages") or [{}]
+        agents = [t.get("name") for t in body.get("tools", []) if str(t.get("name", "")).startswith("agent__")]
+        task = _as_text(messages[0].get("content")) if not isinstance(messages[0].get("content"), str) \
+            else messages[0]["content"]
+        results = [r for m in messages if m.get("role") == "user" for r in tool_results(m)]
+        if agents and not results:
+            blocks = [{"type": "tool_use", "id": f"toolu_{i}_{name}", "name": name,
+                       "input": {"task": f"part {i + 1} of: {task}"}} for i, name in enumerate(agents)]
+            return Reply.message(blocks, "tool_use")
+        if agents:
+            joined = " | ".join(f"{'ERROR ' if r.get('is_error') else ''}{_as_text(r.get('content'))}"
+                                if not isinstance(r.get("content"), str) else r["content"] for r in results)
+            return Reply.text(f"combined: {joined}")
+        system = body.get("system")
+        who = system if isinstance(system, str) else _as_text(system) if system else "agent"
+        return Reply.text(f"{who}: {task}").after(self.child_latency)
+
+
 def _as_text(content: Any) -> str:
     if isinstance(content, list):
         return " ".join(str(b.get("text", "")) for b in content if isinstance(b, dict))

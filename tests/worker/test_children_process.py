@@ -4,7 +4,6 @@ children, the parent gets both answers, and no call ever made a second child."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 

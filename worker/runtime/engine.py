@@ -345,6 +345,9 @@ class RunDriver:
             driver = asyncio.current_task()
             assert driver is not None
             self.keeper.hold(run.id, driver, run.lease_epoch, since=since)
+            if not made and not any(c.status.terminal for c in await self.store.children(run.id)):
+                # The parent's count says none is at work, its children's rows say otherwise: never loop.
+                raise RuntimeError(f"run {run.id} counts no sub-agent at work but none of its children has ended")
             return await self._children(run, progress, conv, list(conv.pending.values()))
         log.info("%s run=%s waiting for %d sub-agents: %s", self.me, run.id.hex[:8], len(made) + len(known),
                  ", ".join(f"{n.agent}@{n.agent_version} {n.spawned_by[1] if n.spawned_by else ''}" for n in made))

@@ -381,3 +381,23 @@ async def test_human_decisions_are_events_on_the_run_span(store: RunStore) -> No
         "agentrun.decision": "approve", "agentrun.decision.by": "alice"}]
     assert {s.context.trace_id for s in first.spans() + second.spans()} == {run.id.int}
     assert [s.name for s in second.named("execute_tool")] == ["execute_tool lookup"]
+
+
+async def test_a_sub_agents_run_is_a_child_span_of_its_parents_in_one_trace(store: RunStore) -> None:
+    from agentrun.worker.core.agents import Agent
+    from agentrun.worker.testing.scripted import TreeLlm
+    from tests.support.running import finished, running
+
+    agent, _ = await store.put_agent(Agent(name="researcher", version=0, system="researcher"))
+    parent, _ = await store.create(new_run("q", system="planner", sub_agents=(agent.ref,), traceparent=CALLER))
+    traced = Traced()
+    async with running(worker(store, TreeLlm(), observer=traced.tracer)):
+        done = await finished(store, parent.id, 60)
+    assert done.status is RunStatus.SUCCEEDED
+    (child,) = await store.children(parent.id)
+    spans = traced.named("invoke_agent")
+    mine = [s for s in spans if s.attributes and s.attributes["agentrun.run.id"] == str(parent.id)]
+    (theirs,) = [s for s in spans if s.attributes and s.attributes["agentrun.run.id"] == str(child.id)]
+    assert len(mine) == 2  # the drive that made the child, and the one that took its answer
+    assert theirs.context.trace_id == parse_traceparent(CALLER).trace_id
+    assert theirs.parent is not None and theirs.parent.span_id in {s.context.span_id for s in mine}

@@ -73,6 +73,11 @@ class Observer(Protocol):
     def decisions_read(self, run: Run, calls: Sequence[PendingCall]) -> None:
         """The run's calls that needed a person, as the worker read them before going on: decided or not."""
 
+    def traceparent(self, run: Run) -> str | None:
+        """The W3C traceparent of the span the run's drive is in now (a sub-agent's child run goes under
+        it), or None when nothing is traced."""
+        ...
+
     def parked(self, run: Run, calls: Sequence[tuple[str, DecisionKind, str]]) -> None:
         """The run now waits for people to decide on these calls (tool_use id, kind, tool name)."""
 
@@ -129,6 +134,9 @@ class NoObserver:
 
     def decisions_read(self, run: Run, calls: Sequence[PendingCall]) -> None:
         pass
+
+    def traceparent(self, run: Run) -> str | None:
+        return None
 
     def parked(self, run: Run, calls: Sequence[tuple[str, DecisionKind, str]]) -> None:
         pass
@@ -209,6 +217,9 @@ class Observers:
     def decisions_read(self, run: Run, calls: Sequence[PendingCall]) -> None:
         for o in self.observers:
             o.decisions_read(run, calls)
+
+    def traceparent(self, run: Run) -> str | None:
+        return next((t for o in self.observers if (t := o.traceparent(run)) is not None), None)
 
     def parked(self, run: Run, calls: Sequence[tuple[str, DecisionKind, str]]) -> None:
         for o in self.observers:

@@ -381,7 +381,7 @@ class RunDriver:
                                                     tool_names=self.tools.names))
         pinned = await self.store.resolve_sub_agents(agent.sub_agents) if agent.sub_agents else None
         return dataclasses.replace(
-            made, id=uuid.uuid4(), created_by=run.created_by, traceparent=sub.traceparent(run, use["id"]),
+            made, id=uuid.uuid4(), created_by=run.created_by, traceparent=self.observer.traceparent(run) or sub.traceparent(run, use["id"]),
             priority=run.priority, spawned_by=(run.id, use["id"]), root_run_id=run.root_run_id or run.id,
             depth=run.depth + 1, agent=agent.name, agent_version=agent.version, sub_agents=pinned,
         )

@@ -262,6 +262,12 @@ class RunTracer(NoObserver):
             when = int(call.decided_at.timestamp() * 1e9) if call.decided_at else None
             span.add_event("human_decision", attributes, timestamp=when)
 
+    def traceparent(self, run: Run) -> str | None:
+        found = trace.get_current_span().get_span_context()  # the invoke_agent span, between steps
+        if not found.is_valid:
+            return None
+        return f"00-{found.trace_id:032x}-{found.span_id:016x}-{int(found.trace_flags):02x}"
+
     def parked(self, run: Run, calls: Sequence[tuple[str, DecisionKind, str]]) -> None:
         span = trace.get_current_span()
         for tool_use_id, kind, name in calls:

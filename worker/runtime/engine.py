@@ -380,9 +380,10 @@ class RunDriver:
         made = new_run(spec, None, Defaults(), Offer(has_tool=lambda name: self.tools.get(name) is not None,
                                                     tool_names=self.tools.names))
         pinned = await self.store.resolve_sub_agents(agent.sub_agents) if agent.sub_agents else None
+        trace = self.observer.traceparent(run) or sub.traceparent(run, use["id"])
         return dataclasses.replace(
-            made, id=uuid.uuid4(), created_by=run.created_by, traceparent=self.observer.traceparent(run) or sub.traceparent(run, use["id"]),
-            priority=run.priority, spawned_by=(run.id, use["id"]), root_run_id=run.root_run_id or run.id,
+            made, id=uuid.uuid4(), created_by=run.created_by, traceparent=trace, priority=run.priority,
+            spawned_by=(run.id, use["id"]), root_run_id=run.root_run_id or run.id,
             depth=run.depth + 1, agent=agent.name, agent_version=agent.version, sub_agents=pinned,
         )
 

@@ -169,3 +169,32 @@ async def test_the_parent_holds_no_lease_and_a_cancel_cascades_to_its_children(s
     done = await store.get(parent.id)
     assert done is not None and done.status is RunStatus.CANCELLED
     assert done.error == "cancelled while waiting for its sub-agents"
+
+
+async def test_a_child_runs_out_of_time_before_its_parent_which_hears_of_it(store: RunStore) -> None:
+    hold = asyncio.Event()  # the child never answers
+    parent = await planner(store, "researcher", timeout_seconds=4)
+    async with running(worker(store, TreeLlm(hold=hold), concurrency=3)):
+        done = await finished(store, parent.id, 60)
+    (child,) = await store.children(parent.id)
+    assert child.status is RunStatus.TIMED_OUT and child.deadline_at <= done.deadline_at
+    assert done.status is RunStatus.SUCCEEDED and "ERROR" in str(done.output) and "TIMED_OUT" in str(done.output)
+
+
+async def test_a_parent_past_its_deadline_while_waiting_ends_and_its_children_are_cancelled(
+    store: RunStore, db: Any
+) -> None:
+    hold = asyncio.Event()
+    parent = await planner(store, "researcher")
+    async with running(worker(store, TreeLlm(hold=hold), concurrency=3)):
+        async def child_at_work() -> bool:
+            children = await store.children(parent.id)
+            return len(children) == 1 and children[0].status is RunStatus.RUNNING
+
+        await eventually(child_at_work, 60, "the child running")
+        await db.execute("UPDATE run SET deadline_at = now() WHERE id = %s", (parent.id,))  # its time is up
+        done = await finished(store, parent.id, 60)
+        (child,) = await store.children(parent.id)
+        ended = await finished(store, child.id, 60)
+    assert done.status is RunStatus.TIMED_OUT and done.error is not None and "its sub-agents" in done.error
+    assert ended.status is RunStatus.CANCELLED

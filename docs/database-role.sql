@@ -31,6 +31,8 @@ GRANT SELECT, INSERT, UPDATE ON run_decision TO agentrun_runtime;
 GRANT SELECT ON schema_migration TO agentrun_runtime;
 -- Fleet-wide model limits (worker/llm/limits.py): one row per limit, reserved and freed by workers.
 GRANT SELECT, INSERT, UPDATE ON model_limit TO agentrun_runtime;
+-- Agent definitions (migration 0014): made and deleted via the API and the operator, read at submission.
+GRANT SELECT, INSERT, UPDATE ON agent, agent_version TO agentrun_runtime;
 -- Live events (migration 0013): each transaction that changes a run, step or decision takes a position
 -- from the sequence agentrun_event_position, which the migration grants to PUBLIC (a role made before
 -- the upgrade goes on writing steps); nothing to grant here.

@@ -41,7 +41,7 @@ from agentrun.worker.store import DecideOutcome, RunStore
 from agentrun.worker.tools import ToolBox
 
 MAX_PAGE = 200
-REFUSAL_STATUS = {Refusal.INVALID: 422, Refusal.CONFLICT: 409, Refusal.UNFIT: 400}
+REFUSAL_STATUS = {Refusal.INVALID: 422, Refusal.CONFLICT: 409, Refusal.UNFIT: 400, Refusal.NOT_FOUND: 404}
 MAX_IDEMPOTENCY_KEY = 255
 # Printable ASCII: what every HTTP stack carries unchanged (other bytes arrive as Latin-1 guesses).
 IDEMPOTENCY_KEY = re.compile(rf"[\x20-\x7e]{{1,{MAX_IDEMPOTENCY_KEY}}}")

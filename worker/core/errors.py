@@ -95,6 +95,7 @@ class Refusal(enum.Enum):
     INVALID = "invalid"  # incomplete or contradictory (422)
     CONFLICT = "conflict"  # the source is in no state for it: a continuation of a run that did not succeed (409)
     UNFIT = "unfit"  # well formed, but not runnable: a fork past its source's steps, a bad schema... (400)
+    NOT_FOUND = "not_found"  # it names something there is none of: an agent, or a version of one (404)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -83,6 +83,9 @@ class NewRun:
     priority: int = 0  # higher first among claimable runs
     run_at: datetime.datetime | None = None  # not claimable before; None: at once (or `delay_seconds` from now)
     delay_seconds: float | None = None  # claimable this long after the insert, by the database's clock
+    agent: str | None = None  # the agent definition the run was made from (its fields are applied already)
+    agent_version: int | None = None
+    sub_agents: tuple[str, ...] | None = None  # pinned: each "name@version"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,6 +133,9 @@ class Run:
         return self.require_approval is not None and ("*" in self.require_approval or tool in self.require_approval)
     priority: int = 0
     run_at: datetime.datetime | None = None  # when the run is (or became) claimable
+    agent: str | None = None
+    agent_version: int | None = None
+    sub_agents: tuple[str, ...] | None = None  # pinned: each "name@version"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -47,6 +47,8 @@ class RunSpec:
     priority: int = 0
     run_at: datetime.datetime | None = None
     delay_seconds: float | None = None
+    agent: tuple[str, int | None] | None = None  # the agent's name and version (None: the latest)
+    sub_agents: tuple[str, ...] | None = None  # as the caller gave them: `name` or `name@N`
 
 
 @dataclasses.dataclass(frozen=True)

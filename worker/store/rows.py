@@ -26,7 +26,7 @@ RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_bu
     r.idempotency_key, r.k8s_namespace, r.k8s_name, r.crashes, r.model_retries, r.created_by,
     r.cancelled_by, r.traceparent, r.priority, r.run_at,
     r.require_approval, r.output_schema, r.output, r.parent_run_id, r.forked_at_seq, r.inherited_steps,
-    r.lease_epoch,
+    r.lease_epoch, r.agent, r.agent_version, r.sub_agents,
     CASE WHEN r.status = 'WAITING' THEN (SELECT count(*) FROM run_decision d
          WHERE d.run_id = r.id AND d.decision IS NULL) ELSE 0 END AS pending,
     (SELECT coalesce(max(s.seq), 0) FROM run_step s WHERE s.run_id = r.id) AS steps"""
@@ -80,6 +80,8 @@ def _run(row: dict[str, Any]) -> Run:
     row["tools"] = tuple(row["tools"]) if row["tools"] is not None else None
     if row.get("require_approval") is not None:
         row["require_approval"] = tuple(row["require_approval"])
+    if row.get("sub_agents") is not None:
+        row["sub_agents"] = tuple(row["sub_agents"])
     return Run(**row)
 
 

@@ -8,11 +8,13 @@ zero rows means the lease is gone (`LeaseLost`). The store is split by concern, 
 - claims.py: claims, leases, liveness, handing a run back
 - steps.py: the fenced writes of a held run (group-committed, groupcommit.py)
 - decisions.py: runs parked for people, their decisions, reconcile probes
+- agents.py: agent definitions, versioned, and their resolution for a new run
 - rows.py: the columns, the fence and the records rows become; gateway.py: the pool and query helpers
 """
 
 from __future__ import annotations
 
+from agentrun.worker.store.agents import Agents
 from agentrun.worker.store.claims import Claims
 from agentrun.worker.store.decisions import Decisions
 from agentrun.worker.store.reads import Reads
@@ -20,6 +22,6 @@ from agentrun.worker.store.steps import StepWrites
 from agentrun.worker.store.submit import Submissions
 
 
-class RunStore(Submissions, Reads, Claims, StepWrites, Decisions):
+class RunStore(Submissions, Reads, Claims, StepWrites, Decisions, Agents):
     """The run tables' one gateway. `writes` sends the fenced writes of held runs; by default they are
     group-committed (groupcommit.py)."""

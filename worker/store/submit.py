@@ -97,6 +97,8 @@ class Submissions(Gateway):
             "schema": Jsonb(new.output_schema) if new.output_schema is not None else None,
             "parent": new.continue_from or (new.fork_from[0] if new.fork_from else None),
             "fork_seq": new.fork_from[1] if new.fork_from else None,
+            "agent": new.agent, "agent_version": new.agent_version,
+            "sub_agents": list(new.sub_agents) if new.sub_agents is not None else None,
         })
         # The deadline counts from when the run becomes claimable: a run scheduled for tomorrow has its
         # whole timeout from tomorrow. A time already past means at once.
@@ -111,12 +113,13 @@ class Submissions(Gateway):
                         INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd,
                                          max_steps, timeout_seconds, deadline_at, idempotency_key,
                                          k8s_namespace, k8s_name, require_approval, output_schema,
-                                         parent_run_id, forked_at_seq, created_by, traceparent, priority, run_at)
+                                         parent_run_id, forked_at_seq, created_by, traceparent, priority, run_at,
+                                         agent, agent_version, sub_agents)
                         SELECT %(id)s, %(input)s, %(model)s, %(system)s, %(tools)s, %(token_budget)s,
                                %(cost_budget_usd)s, %(max_steps)s, %(timeout_seconds)s,
                                at.run_at + make_interval(secs => %(timeout_seconds)s), %(key)s, %(ns)s, %(name)s,
                                %(approval)s, %(schema)s, %(parent)s, %(fork_seq)s, %(by)s, %(traceparent)s,
-                               %(priority)s, at.run_at
+                               %(priority)s, at.run_at, %(agent)s, %(agent_version)s, %(sub_agents)s
                         FROM at
                         ON CONFLICT DO NOTHING
                         RETURNING id)

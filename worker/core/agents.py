@@ -1,0 +1,118 @@
+"""Agent definitions: a named, versioned run configuration, and how a run's request is made from one. Pure."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import re
+from decimal import Decimal
+from typing import Any
+
+from agentrun.worker.core.errors import Problem, Refusal, Refused
+from agentrun.worker.core.records import NewRun, Run
+from agentrun.worker.core.submission import RunSpec
+
+AGENT_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # DNS label
+"""An agent's name: a DNS label, so that one Kubernetes object (an `Agent`) can bear it unchanged."""
+
+_NAME = re.compile(AGENT_NAME)
+_REF = re.compile(r"^(?P<name>[^@]*)(?:@(?P<version>[^@]*))?$")
+MAX_VERSION = 2**31 - 1  # an INT column
+
+
+@dataclasses.dataclass(frozen=True)
+class Agent:
+    """One version of an agent's definition. A field left None is left to the run that names the agent."""
+
+    name: str
+    version: int
+    description: str | None = None
+    system: str | None = None
+    model: str | None = None
+    tools: tuple[str, ...] | None = None
+    require_approval: tuple[str, ...] | None = None
+    output_schema: dict[str, Any] | None = None
+    max_steps: int | None = None
+    token_budget: int | None = None
+    cost_budget_usd: Decimal | None = None
+    timeout_seconds: int | None = None
+    sub_agents: tuple[str, ...] | None = None  # as given in the definition (names, optionally name@N)
+    created_at: datetime.datetime | None = None
+    created_by: str | None = None
+
+    @property
+    def ref(self) -> str:
+        """The pinned reference to this version: `name@version`."""
+        return f"{self.name}@{self.version}"
+
+
+DEFINITION = ("description", "system", "model", "tools", "require_approval", "output_schema", "max_steps",
+              "token_budget", "cost_budget_usd", "timeout_seconds", "sub_agents")
+"""The fields that make a definition: two versions with the same values are the same definition."""
+
+# Applied to a run; the spec may give its own. The first four may only be lowered.
+_APPLIED = ("model", "system", "tools", "require_approval", "output_schema", "token_budget", "cost_budget_usd",
+            "max_steps", "timeout_seconds", "sub_agents")
+LOWER_ONLY = {"token_budget": "tokenBudget", "cost_budget_usd": "costBudgetUsd", "max_steps": "maxSteps",
+              "timeout_seconds": "timeoutSeconds"}
+
+
+def same_definition(a: Agent, b: Agent) -> bool:
+    return all(getattr(a, f) == getattr(b, f) for f in DEFINITION)
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name an agent, or None."""
+    if not _NAME.fullmatch(name):
+        return ("must be a DNS label: 1 to 63 lowercase letters, digits and '-', starting and ending with a "
+                "letter or digit")
+    return None
+
+
+def parse_ref(text: str, field: str = "agent") -> tuple[str, int | None]:
+    """`"researcher"` -> `("researcher", None)` (the latest); `"researcher@3"` -> `("researcher", 3)`.
+
+    Raises Refused (INVALID, naming `field`) for anything else."""
+    m = _REF.fullmatch(text)
+    problem = None
+    if m is None:
+        problem = "must be an agent's name, optionally with @version: researcher or researcher@3"
+    elif (why := name_problem(m["name"])) is not None:
+        problem = f"names no agent: its name {why}"
+    elif m["version"] is not None and not (m["version"].isascii() and m["version"].isdigit()
+                                          and 1 <= int(m["version"]) <= MAX_VERSION):
+        problem = "has a bad version: after @ comes a version number, from 1"
+    if problem is not None or m is None:
+        raise Refused.of(Refusal.INVALID, [Problem(field, problem or "is malformed")])
+    return m["name"], int(m["version"]) if m["version"] is not None else None
+
+
+def with_agent(spec: RunSpec, agent: Agent) -> RunSpec:
+    """`spec` with the agent's fields where it gives none; the result has `agent` cleared (it is applied).
+
+    Budgets, step cap and timeout given on the spec may only be lower than (or equal to) the agent's:
+    else Refused (INVALID), naming every such field."""
+    problems = []
+    for attr, field in LOWER_ONLY.items():
+        mine, theirs = getattr(spec, attr), getattr(agent, attr)
+        if mine is not None and theirs is not None and mine > theirs:
+            problems.append(Problem(field, f"may only lower agent {agent.ref}'s {theirs}"))
+    if problems:
+        raise Refused.of(Refusal.INVALID, problems)
+    given = {attr: getattr(spec, attr) if getattr(spec, attr) is not None else getattr(agent, attr)
+             for attr in _APPLIED}
+    return dataclasses.replace(spec, agent=None, **given)
+
+
+def pinned(
+    new: NewRun, agent: Agent | None, sub_agents: tuple[str, ...] | None, source: Run | None
+) -> NewRun:
+    """`new` with the agent it was made from and its sub-agents pinned (`name@version`).
+
+    A continuation or fork keeps its source's agent, and its sub-agents unless it names its own: what
+    the source was pinned to, never the agent's latest."""
+    if agent is None and source is not None:
+        return dataclasses.replace(new, agent=source.agent, agent_version=source.agent_version,
+                                   sub_agents=sub_agents if sub_agents is not None else source.sub_agents)
+    return dataclasses.replace(new, agent=agent.name if agent else None, agent_version=agent.version if agent else None,
+                               sub_agents=sub_agents)

@@ -9,21 +9,25 @@ import datetime
 import logging
 import random
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import kopf
 import psycopg
 import psycopg_pool
 
 from agentrun.operator import health, mapping
+from agentrun.operator.agents import Agents
 from agentrun.operator.errors import DatabaseNotReady
 from agentrun.operator.kube import KubeApi, KubeError
-from agentrun.operator.mapping import GROUP, PLURAL, VERSION, Ref
+from agentrun.operator.mapping import AGENT_PLURAL, GROUP, PLURAL, VERSION, Ref
 from agentrun.operator.notify import listen
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.status import StatusSync
+from agentrun.worker.core.errors import Refused
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import Decision, NewRun, Run
+from agentrun.worker.core.submission import RunSpec
 from agentrun.worker.store import DecideOutcome, RunStore
 
 log = logging.getLogger("agentrun.operator")
@@ -34,6 +38,8 @@ CANCEL_FIELD = ("spec", "cancel")
 DECISIONS_FIELD = ("spec", "decisions")
 
 log_db = logging.getLogger("agentrun.operator.database")
+
+T = TypeVar("T")
 
 
 # What an unreachable database looks like from here: retried, never a lost AgentRun.
@@ -63,6 +69,15 @@ class Operator:
 
     def retry_in(self, retry: int) -> float:
         return float(min(self.settings.retry_seconds * 2**retry, 60.0))
+
+    async def guarded(self, call: Callable[[RunStore], Awaitable[T]], what: str, retry: int) -> T:
+        """`call` on the store; while there is none yet or the database is unreachable, a TemporaryError
+        kopf retries."""
+        try:
+            return await call(self.store)
+        except DATABASE_DOWN as e:
+            message = f"cannot {what}, waiting for the database: {e}"
+            raise kopf.TemporaryError(message, delay=self.retry_in(retry)) from e
 
     async def cancel(self, uid: uuid.UUID, retry: int, by: str = "k8s") -> Run | None:
         """Ask for the run to stop; while the database is unreachable, a TemporaryError kopf retries."""
@@ -160,9 +175,10 @@ class Operator:
         now = datetime.datetime.now(datetime.UTC)
         source = await self.source(spec, ref, retry)
         try:
+            resolved = await self.resolve(mapping.run_spec(spec, source), retry)
             new = mapping.new_run(
                 spec, str(ref.uid), ref.namespace, ref.name, self.settings.tool_names, self.prices, source,
-                annotations=body.metadata.annotations,
+                annotations=body.metadata.annotations, resolved=resolved,
             )
             new = dataclasses.replace(new, created_by=mapping.requester(body))
         except mapping.InvalidSpec as e:
@@ -175,6 +191,16 @@ class Operator:
         run, created = await self.insert(new, cancel_by, ref, patch, retry, now)
         log.info("%s/%s %s run %s", ref.namespace, ref.name, "created" if created else "found", run.id)
         await self.show(run, ref)
+
+    async def resolve(self, asked: RunSpec, retry: int) -> mapping.Resolved:
+        """The spec with the agent of spec.agentRef applied and its sub-agents pinned, as the REST API
+        does it; an unknown agent or version (or a budget above the agent's) is an InvalidSpec."""
+        if asked.agent is None and asked.sub_agents is None:
+            return asked, None, None
+        try:
+            return await self.guarded(lambda store: store.for_run(asked), "look up the agent", retry)
+        except Refused as e:
+            raise mapping.InvalidSpec(mapping.refusal_message(e, self.settings.tool_names)) from None
 
     async def insert(
         self, new: NewRun, cancel_by: str | None, ref: Ref, patch: kopf.Patch, retry: int, now: datetime.datetime
@@ -319,6 +345,26 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     @kopf.on.delete(GROUP, VERSION, PLURAL, **on)  # type: ignore[arg-type]
     async def delete(body: kopf.Body, retry: int, **_: Any) -> None:
         await op.deleted(body, retry)
+
+    agents = Agents(op.settings.tool_names, op.prices, op.guarded)
+
+    # An Agent's spec is stored when it is created or changed, and again (as no new version, if it is
+    # the same) when the operator starts: a change made while no operator ran is not lost.
+    @kopf.on.create(GROUP, VERSION, AGENT_PLURAL, **on)  # type: ignore[arg-type]
+    async def agent_created(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int, **_: Any) -> None:
+        await agents.reconcile(body, spec, patch, retry)
+
+    @kopf.on.update(GROUP, VERSION, AGENT_PLURAL, **on)  # type: ignore[arg-type]
+    async def agent_updated(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int, **_: Any) -> None:
+        await agents.reconcile(body, spec, patch, retry)
+
+    @kopf.on.resume(GROUP, VERSION, AGENT_PLURAL, **on)  # type: ignore[arg-type]
+    async def agent_resumed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int, **_: Any) -> None:
+        await agents.reconcile(body, spec, patch, retry)
+
+    @kopf.on.delete(GROUP, VERSION, AGENT_PLURAL, **on)  # type: ignore[arg-type]
+    async def agent_deleted(body: kopf.Body, retry: int, **_: Any) -> None:
+        await agents.deleted(body, retry)
 
 
 def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:

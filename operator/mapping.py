@@ -29,8 +29,9 @@ KIND = "AgentRun"
 AGENT_PLURAL = "agents"
 AGENT_KIND = "Agent"
 
-# What an AgentRun naming no agent gets for the fields it leaves out: the submission policy's, applied
-# here rather than by the CRD's schema, which would fill them in before an agent's values could apply.
+# What an AgentRun gets for a field that neither its spec, nor its agent (spec.agentRef), nor its source
+# (continueFrom, forkFrom) gives: the submission policy's, as for the REST API. Not the CRD schema's
+# defaults: the API server would put them in every spec, overriding the agent's and the source's values.
 DEFAULT_MODEL = submission.DEFAULT_MODEL
 DEFAULT_TOKEN_BUDGET = submission.DEFAULT_TOKEN_BUDGET
 DEFAULT_TIMEOUT_SECONDS = submission.DEFAULT_TIMEOUT_SECONDS

@@ -211,6 +211,11 @@ async def test_each_change_of_spec_is_a_version_and_deleting_refuses_new_runs(cl
     status = await cluster.wait_status("late", "Failed", lambda s: s.get("phase") == "Failed")
     assert "spec.agentRef" in status["message"] and "no agent 'researcher'" in status["message"]
 
+    # Defined again: undeleted, as a new version since its spec differs from the last one stored.
+    await cluster.create_agent("researcher", **RESEARCHER)
+    await cluster.wait_agent("researcher", "version 3", _has_version(3))
+    assert ((await store.agent("researcher")) or stored).version == 3
+
 
 async def test_an_operator_restart_stores_no_new_version(cluster: Cluster, store: RunStore, database_url: str) -> None:
     settings = settings_for(database_url)

@@ -344,7 +344,8 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
             "/readyz", "/metrics"} <= set(doc["paths"])
     props = doc["components"]["schemas"]["RunRequest"]["properties"]
     assert {"input", "model", "tokenBudget", "timeoutSeconds", "maxSteps", "tools", "system", "costBudgetUsd",
-            "requireApproval", "continueFrom", "forkFrom", "outputSchema", "priority", "runAt", "delaySeconds"} == set(props)
+            "requireApproval", "continueFrom", "forkFrom", "outputSchema", "priority", "runAt", "delaySeconds",
+            "agent", "subAgents"} == set(props)
     assert "next" in doc["paths"]["/api/runs"]["get"]["description"]
 
 

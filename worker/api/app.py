@@ -11,6 +11,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from agentrun.worker.api import answers
+from agentrun.worker.api.agents import agents_router
 from agentrun.worker.api.events import EventHub, events_router
 from agentrun.worker.api.guards import BearerAuth, BodyLimit
 from agentrun.worker.api.identities import Identities
@@ -57,11 +58,10 @@ def create_app(
     if identities is None:
         identities = Identities(settings.api_token, settings.api_tokens_file)
     app = FastAPI(title="agentrun", version="0.1.0", description=DESCRIPTION)
-    app.include_router(runs_router(
-        store, tools, settings, prices if prices is not None else PriceTable.load(settings.prices_file), identities,
-        metrics, providers,
-    ))
+    prices = prices if prices is not None else PriceTable.load(settings.prices_file)
+    app.include_router(runs_router(store, tools, settings, prices, identities, metrics, providers))
     app.include_router(whoami_router(identities.enabled))
+    app.include_router(agents_router(store, tools, prices, identities, providers))
     app.include_router(tools_router(tools, identities.enabled))
     app.state.events = EventHub(store)
     app.include_router(events_router(store, app.state.events, identities.enabled))
@@ -145,15 +145,17 @@ def _document_tools(app: FastAPI, tools: ToolBox) -> None:
 
     FastAPI builds the document once and caches it; it is amended in that cache.
     """
-    schema = app.openapi()["components"]["schemas"]["RunRequest"]
+    schemas = app.openapi()["components"]["schemas"]
+    schema = schemas["RunRequest"]
     for field, extra in (("tools", []), ("requireApproval", ["*"])):
-        request = schema["properties"][field]
-        for branch in request.get("anyOf", [request]):
-            if branch.get("type") == "array" and not tools.dynamic:  # MCP tools come and go: no enum
-                if tools.names or extra:
-                    branch["items"]["enum"] = [*tools.names, *extra]
-                else:
-                    branch["maxItems"] = 0
+        for model in (schema, schemas["AgentRequest"]):  # an agent's tools are checked as a run's
+            request = model["properties"][field]
+            for branch in request.get("anyOf", [request]):
+                if branch.get("type") == "array" and not tools.dynamic:  # MCP tools come and go: no enum
+                    if tools.names or extra:
+                        branch["items"]["enum"] = [*tools.names, *extra]
+                    else:
+                        branch["maxItems"] = 0
     # What may be left out but not sent as null, and which fields go together (schemas.REQUIRED_FIELDS).
     for field in NOT_NULL:
         prop = schema["properties"][field]

@@ -30,9 +30,10 @@ from agentrun.worker.api.schemas import (
     StepDetail,
     TimelineStep,
 )
+from agentrun.worker.core.agents import pinned
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import Decision, NewRun, PendingCall, Run, RunStatus, StepKind
-from agentrun.worker.core.submission import Defaults, Offer, Refusal, Refused, new_run
+from agentrun.worker.core.submission import Defaults, Offer, Refusal, Refused, RunSpec, new_run
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.obs.tracing.context import TRACEPARENT_PATTERN, checked_traceparent
@@ -86,9 +87,9 @@ def _not_found(run_id: uuid.UUID) -> ApiError:
 def _same_request(run: Run, new: NewRun) -> bool:
     # The identity too: another identity reusing a key is not retrying, and must not be handed the run.
     return (run.input, run.model, run.token_budget, run.timeout_seconds, run.max_steps, run.tools, run.system,
-            run.cost_budget_usd, run.created_by, run.priority) == (
+            run.cost_budget_usd, run.created_by, run.priority, run.agent, run.agent_version, run.sub_agents) == (
                 new.input, new.model, new.token_budget, new.timeout_seconds, new.max_steps, new.tools, new.system,
-                new.cost_budget_usd, new.created_by, new.priority)
+                new.cost_budget_usd, new.created_by, new.priority, new.agent, new.agent_version, new.sub_agents)
 
 
 def _traceparent_schema(schema: dict[str, Any]) -> None:
@@ -140,15 +141,16 @@ class RunRoutes:
             return source
         return None
 
-    def planned(self, body: RunRequest, source: Run | None) -> NewRun:
-        """The run the submission policy makes of `body`, or its refusal as the API answers it."""
+    async def planned(self, spec: RunSpec, source: Run | None) -> NewRun:
+        """The run the submission policy makes of `spec` (its agent applied and pinned, its sub-agents
+        pinned), or its refusal as the API answers it."""
         offer = Offer(has_tool=lambda name: self.tools.get(name) is not None, tool_names=self.tools.names,
                       prices=self.prices, model_problem=self.providers.problem)
         try:
-            return new_run(body.spec(), source, self.defaults, offer)
+            applied, agent, sub_agents = await self.store.for_run(spec)
+            return pinned(new_run(applied, source, self.defaults, offer), agent, sub_agents, source)
         except Refused as e:
-            raise ApiError(REFUSAL_STATUS[e.kind], e.message,
-                           [FieldProblem(field=p.field, problem=p.problem) for p in e.problems]) from None
+            raise refusal(e) from None
 
     async def submit(
         self,
@@ -173,9 +175,19 @@ class RunRoutes:
         `delaySeconds` from now). Scope: `submit`; the run records who as `createdBy`."""
         key = _idempotency_key(idempotency_key)
         caller_span = _caller_span(traceparent, response)
-        new = self.planned(body, await self.source(body))
-        new = dataclasses.replace(new, idempotency_key=key, created_by=caller_name(request), traceparent=caller_span)
+        spec, source = body.spec(), await self.source(body)
+
+        async def planned(spec: RunSpec) -> NewRun:
+            new = await self.planned(spec, source)
+            return dataclasses.replace(new, idempotency_key=key, created_by=caller_name(request),
+                                       traceparent=caller_span)
+
+        new = await planned(spec)
         run, created = await self.store.create(new)
+        if not created and spec.agent is not None and spec.agent[1] is None and run.agent == new.agent \
+                and run.agent_version is not None and run.agent_version != new.agent_version:
+            # A retry after the agent got a new version: the first request was made of the version it pinned.
+            new = await planned(dataclasses.replace(spec, agent=(spec.agent[0], run.agent_version)))
         if not created:
             _check_replay(run, new, key)
             response.headers["Idempotent-Replayed"] = "true"
@@ -289,6 +301,12 @@ class RunRoutes:
         return RunView.of(after)
 
 
+def refusal(e: Refused) -> ApiError:
+    """A refusal of the submission policy as the API answers it: its status, the fields named."""
+    fields = [FieldProblem(field=p.field, problem=p.problem) for p in e.problems]
+    return ApiError(REFUSAL_STATUS[e.kind], e.message, fields)
+
+
 def _caller_span(traceparent: str | None, response: Response) -> str | None:
     try:
         return checked_traceparent(traceparent)
@@ -327,6 +345,8 @@ Responses = dict[int | str, dict[str, Any]]
 SUBMIT_ERRORS: Responses = {
     400: {"model": ErrorBody, "description": "The body is not JSON, or over the size limit, or `costBudgetUsd` is "
           "set for a model without a price, or the model names an unknown provider"},
+    404: {"model": ErrorBody, "description": "No run to continue or fork, or no agent (or version of it) named "
+          "by `agent` or `subAgents`: `fields` names which"},
 }
 DECIDE_ERRORS: Responses = {
     409: {"model": ErrorBody, "description": "The decision does not fit the call's kind, or the call was already "

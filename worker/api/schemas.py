@@ -13,6 +13,8 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from agentrun.worker.api.identities import Scope
+from agentrun.worker.core.agents import AGENT_REF, parse_ref
+from agentrun.worker.core.errors import Refused
 from agentrun.worker.core.records import Decision, DecisionKind, PendingCall, Run, RunStatus, Step, StepKind, StepStatus
 from agentrun.worker.core.submission import DEFAULT_MAX_STEPS, RunSpec
 from agentrun.worker.core.text import unstorable
@@ -83,6 +85,19 @@ Name = Annotated[
 ]
 
 
+def _agent_ref(value: str) -> str:
+    try:
+        parse_ref(value)
+    except Refused as e:
+        raise ValueError(e.problems[0].problem) from None
+    return value
+
+
+MAX_SUB_AGENTS = 64
+# An agent's name, or name@version; the pattern is stated for clients, the validator words the problem.
+AgentRef = Annotated[str, AfterValidator(_agent_ref), Field(json_schema_extra={"pattern": AGENT_REF})]
+
+
 class _Camel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
 
@@ -96,6 +111,8 @@ REQUIRED_FIELDS: list[dict[str, Any]] = [
     {"required": ["input", "tokenBudget", "timeoutSeconds"], "not": {"required": ["forkFrom"]}},
     {"required": ["continueFrom", "input"], "not": {"required": ["forkFrom"]}},
     {"required": ["forkFrom"], "not": {"anyOf": [{"required": ["input"]}, {"required": ["continueFrom"]}]}},
+    # An agent gives what it defines (budgets included); what it leaves out the request must give.
+    {"required": ["agent", "input"], "not": {"anyOf": [{"required": ["forkFrom"]}, {"required": ["continueFrom"]}]}},
 ]
 
 
@@ -111,7 +128,9 @@ class RunRequest(_Camel):
 
     # strict: a number must be a JSON number and text a JSON string; nothing is coerced (but see Whole).
     model_config = ConfigDict(extra="forbid", strict=True,  # merged with _Camel's
-                              json_schema_extra={"not": {"required": ["runAt", "delaySeconds"]}})
+                              json_schema_extra={"not": {"anyOf": [
+                                  {"required": ["runAt", "delaySeconds"]}, {"required": ["agent", "continueFrom"]},
+                                  {"required": ["agent", "forkFrom"]}]}})
 
     input: Annotated[
         str, Field(min_length=1, description="The user's request: the first message (with `continueFrom`, the "
@@ -176,6 +195,15 @@ class RunRequest(_Camel):
                                         description="Seconds from now before the run may be claimed; its "
                                         "timeout counts from then. Not with `runAt`.")
 
+    agent: AgentRef | None = Field(
+        None, description="An agent definition (`researcher`, or `researcher@3` for that version; else the latest) "
+        "whose fields the run takes where the request gives none; the run is pinned to that version "
+        "(`agentVersion`). Budgets, `maxSteps` and `timeoutSeconds` given here may only be lower than the "
+        "agent's. Not with `continueFrom` or `forkFrom`: those keep their source's agent.")
+    sub_agents: list[AgentRef] | None = Field(
+        None, max_length=MAX_SUB_AGENTS, description="Agents this run may hand work to (`name` or `name@N`), "
+        "pinned at submission (`name@version`); when absent the agent's, or the source's.")
+
     @model_validator(mode="after")
     def _one_schedule(self) -> RunRequest:
         if {"run_at", "delay_seconds"} <= self.model_fields_set:
@@ -201,6 +229,8 @@ class RunRequest(_Camel):
             output_schema=self.output_schema, continue_from=self.continue_from,
             fork_from=(self.fork_from.run_id, self.fork_from.seq) if self.fork_from is not None else None,
             priority=self.priority, run_at=self.run_at, delay_seconds=self.delay_seconds,
+            agent=parse_ref(self.agent) if self.agent is not None else None,
+            sub_agents=tuple(self.sub_agents) if self.sub_agents is not None else None,
         )
 
 
@@ -266,6 +296,10 @@ class RunView(_Camel):
                                "retryable error (an API outage); reset by a model step that succeeds.")
     lease_epoch: int = Field(0, description="Claims of the run so far; every write of a worker names the claim "
                              "it holds the run under, and tools see it (`ToolContext.lease_epoch`).")
+    agent: str | None = Field(None, description="The agent definition the run was made from (or its source was).")
+    agent_version: int | None = Field(None, description="The version of that agent the run is pinned to.")
+    sub_agents: list[str] | None = Field(None, description="The agents the run may hand work to, pinned: "
+                                         "`name@version`.")
 
     @classmethod
     def of(cls, run: Run) -> RunView:
@@ -281,6 +315,8 @@ class RunView(_Camel):
             require_approval=list(run.require_approval) if run.require_approval is not None else None,
             output_schema=run.output_schema, parent_run_id=run.parent_run_id, forked_at_seq=run.forked_at_seq,
             priority=run.priority, run_at=run.run_at, model_retries=run.model_retries, lease_epoch=run.lease_epoch,
+            agent=run.agent, agent_version=run.agent_version,
+            sub_agents=list(run.sub_agents) if run.sub_agents is not None else None,
         )
 
 

@@ -8,16 +8,21 @@ import re
 from decimal import Decimal
 from typing import Any
 
+from agentrun.worker.core.answer import schema_problem
 from agentrun.worker.core.errors import Problem, Refusal, Refused
 from agentrun.worker.core.records import NewRun, Run
-from agentrun.worker.core.submission import RunSpec
+from agentrun.worker.core.submission import Offer, RunSpec, check_runnable, unknown_tools
 
 AGENT_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # DNS label
 """An agent's name: a DNS label, so that one Kubernetes object (an `Agent`) can bear it unchanged."""
 
+AGENT_REF = AGENT_NAME.removesuffix("$") + r"(@[1-9][0-9]{0,8})?$"
+"""A reference to an agent: its name, or `name@version` (versions count from 1; nine digits at most)."""
+
 _NAME = re.compile(AGENT_NAME)
-_REF = re.compile(r"^(?P<name>[^@]*)(?:@(?P<version>[^@]*))?$")
-MAX_VERSION = 2**31 - 1  # an INT column
+_REF = re.compile(r"(?P<name>[^@]*)(?:@(?P<version>[^@]*))?")
+_VERSION = re.compile(r"[1-9][0-9]{0,8}")
+MAX_VERSION = 999_999_999  # what a reference can name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,16 +79,14 @@ def parse_ref(text: str, field: str = "agent") -> tuple[str, int | None]:
 
     Raises Refused (INVALID, naming `field`) for anything else."""
     m = _REF.fullmatch(text)
-    problem = None
     if m is None:
         problem = "must be an agent's name, optionally with @version: researcher or researcher@3"
-    elif (why := name_problem(m["name"])) is not None:
-        problem = f"names no agent: its name {why}"
-    elif m["version"] is not None and not (m["version"].isascii() and m["version"].isdigit()
-                                          and 1 <= int(m["version"]) <= MAX_VERSION):
-        problem = "has a bad version: after @ comes a version number, from 1"
-    if problem is not None or m is None:
-        raise Refused.of(Refusal.INVALID, [Problem(field, problem or "is malformed")])
+        raise Refused.of(Refusal.INVALID, [Problem(field, problem)])
+    if (why := name_problem(m["name"])) is not None:
+        raise Refused.of(Refusal.INVALID, [Problem(field, f"names no agent: its name {why}")])
+    if m["version"] is not None and not _VERSION.fullmatch(m["version"]):
+        problem = "has a bad version: after @ comes a version number from 1, without leading zeros, 9 digits at most"
+        raise Refused.of(Refusal.INVALID, [Problem(field, problem)])
     return m["name"], int(m["version"]) if m["version"] is not None else None
 
 
@@ -116,3 +119,20 @@ def pinned(
                                    sub_agents=sub_agents if sub_agents is not None else source.sub_agents)
     return dataclasses.replace(new, agent=agent.name if agent else None, agent_version=agent.version if agent else None,
                                sub_agents=sub_agents)
+
+
+def check_definition(agent: Agent, offer: Offer) -> None:
+    """Refuse a definition no run could be made of, with the statuses a run's request gets for the same
+    fault: unknown tools (the same check as a run's) or a sub-agent naming the agent itself (INVALID,
+    every such field at once); then a bad output schema, a model no provider serves, a cost budget on a
+    model without a price (UNFIT). Malformed sub-agent references raise INVALID too (parse_ref)."""
+    problems = unknown_tools(RunSpec(tools=agent.tools, require_approval=agent.require_approval), offer)
+    for i, ref in enumerate(agent.sub_agents or ()):
+        if parse_ref(ref, f"subAgents[{i}]")[0] == agent.name:
+            problems.append(Problem(f"subAgents[{i}]", "names the agent itself: an agent is not its own sub-agent"))
+    if problems:
+        raise Refused.of(Refusal.INVALID, problems)
+    if agent.model is not None:
+        check_runnable(RunSpec(output_schema=agent.output_schema), agent.model, agent.cost_budget_usd, offer)
+    elif agent.output_schema is not None and (why := schema_problem(agent.output_schema)) is not None:
+        raise Refused(Refusal.UNFIT, f"outputSchema {why}", [Problem("outputSchema", why)])

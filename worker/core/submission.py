@@ -84,14 +84,14 @@ def new_run(spec: RunSpec, source: Run | None, defaults: Defaults = Defaults(), 
     contradictory request at once; then the first of a bad output schema, a model no provider serves,
     a cost budget on a model without a price."""
     check_source(spec, source)
-    problems = [*_unknown_tools(spec, offer), *_missing(spec, source, defaults), *_contradictions(spec)]
+    problems = [*unknown_tools(spec, offer), *_missing(spec, source, defaults), *_contradictions(spec)]
     if problems:
         raise Refused.of(Refusal.INVALID, problems)
     fields = {attr: _inherited(spec, source, attr) for attr in INHERITED}
     for attr in ("model", "max_steps", "token_budget", "timeout_seconds"):
         if fields[attr] is None:
             fields[attr] = getattr(defaults, attr)
-    _check_runnable(spec, fields["model"], fields["cost_budget_usd"], offer)
+    check_runnable(spec, fields["model"], fields["cost_budget_usd"], offer)
     for attr in ("tools", "require_approval"):  # each name once, in the order given
         fields[attr] = tuple(dict.fromkeys(fields[attr])) if fields[attr] is not None else None
     return NewRun(
@@ -125,7 +125,7 @@ def _inherited(spec: RunSpec, source: Run | None, attr: str) -> Any:
     return value
 
 
-def _unknown_tools(spec: RunSpec, offer: Offer) -> list[Problem]:
+def unknown_tools(spec: RunSpec, offer: Offer) -> list[Problem]:
     if offer.has_tool is None:
         return []
     offered = ", ".join(offer.tool_names) or "no tools"
@@ -157,7 +157,7 @@ def _contradictions(spec: RunSpec) -> list[Problem]:
     return problems
 
 
-def _check_runnable(spec: RunSpec, model: str, cost_budget: Decimal | None, offer: Offer) -> None:
+def check_runnable(spec: RunSpec, model: str, cost_budget: Decimal | None, offer: Offer) -> None:
     """The output schema is one, a provider serves the model, and a cost budget's model has a price."""
     if spec.output_schema is not None and (why := schema_problem(spec.output_schema)) is not None:
         raise Refused(Refusal.UNFIT, f"outputSchema {why}", [Problem("outputSchema", why)])

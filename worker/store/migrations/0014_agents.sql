@@ -22,8 +22,8 @@ CREATE TABLE agent_version (
     require_approval TEXT[],
     output_schema    JSONB,
     max_steps        INT CHECK (max_steps >= 1),
-    token_budget     INT CHECK (token_budget >= 1),
-    cost_budget_usd  NUMERIC CHECK (cost_budget_usd >= 0),
+    token_budget     BIGINT CHECK (token_budget >= 1),
+    cost_budget_usd  NUMERIC(14, 6) CHECK (cost_budget_usd > 0),
     timeout_seconds  INT CHECK (timeout_seconds >= 1),
     sub_agents       TEXT[],                            -- as defined: `name` (the latest at submission) or `name@N`
     created_at       TIMESTAMPTZ NOT NULL DEFAULT now(),

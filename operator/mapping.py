@@ -15,7 +15,7 @@ import orjson
 
 from agentrun.operator.errors import InvalidSpec as InvalidSpec
 from agentrun.worker.core import submission
-from agentrun.worker.core.agents import AGENT_NAME, Agent, parse_ref, pinned
+from agentrun.worker.core.agents import AGENT_NAME, MAX_VERSION, Agent, check_definition, parse_ref, pinned
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import NewRun, PendingCall, Run, RunStatus
 from agentrun.worker.core.submission import Defaults, Offer, Refused, RunSpec
@@ -144,7 +144,7 @@ def agent_ref(spec: Mapping[str, Any]) -> tuple[str, int | None] | None:
         raise InvalidSpec(f"spec.agentRef.name must be an agent's name (a DNS label), got {str(name)[:80]!r}")
     version = ref.get("version")
     if version is not None and (isinstance(version, bool) or not isinstance(version, int)
-                                or not 0 < version <= INT_MAX):
+                                or not 0 < version <= MAX_VERSION):
         raise InvalidSpec(f"spec.agentRef.version must be a positive integer, got {str(version)[:40]}")
     return name, version
 
@@ -307,17 +307,17 @@ def agent_definition(
     if description is not None and (why := unstorable(description)):
         raise InvalidSpec(f"spec.description {why}")
     shared = run_spec({field: spec[field] for field in AGENT_FIELDS if field in spec}, None)
-    try:
-        # A run of the agent with nothing of its own must be one the runtime can make.
-        submission.new_run(dataclasses.replace(shared, input="-"), None, Defaults(), _offer(known_tools, prices))
-    except Refused as e:
-        raise InvalidSpec(refusal_message(e, known_tools)) from None
-    return Agent(
+    agent = Agent(
         name=name, version=0, description=description, system=shared.system, model=shared.model,
         tools=shared.tools, require_approval=shared.require_approval, output_schema=shared.output_schema,
         max_steps=shared.max_steps, token_budget=shared.token_budget, cost_budget_usd=shared.cost_budget_usd,
         timeout_seconds=shared.timeout_seconds, sub_agents=_sub_agents(spec),
     )
+    try:
+        check_definition(agent, _offer(known_tools, prices))  # as POST /api/agents checks it
+    except Refused as e:
+        raise InvalidSpec(refusal_message(e, known_tools)) from None
+    return agent
 
 
 def _sub_agents(spec: Mapping[str, Any]) -> tuple[str, ...] | None:

@@ -148,6 +148,7 @@ def test_an_agent_spec_is_a_definition() -> None:
     ("a", {"model": "m", "costBudgetUsd": 1}, "costBudgetUsd"),
     ("a", {"subAgents": ["x@y"]}, "spec.subAgents[0]"),
     ("a", {"maxSteps": True}, "spec.maxSteps"),
+    ("a", {"subAgents": ["b", "a@2"]}, "spec.subAgents[1] names the agent itself"),
 ])
 def test_agent_specs_the_runtime_cannot_use(name: str, spec: dict[str, Any], words: str) -> None:
     from agentrun.worker.core.pricing import PriceTable

@@ -315,3 +315,13 @@ async def test_one_agent_name_per_database_the_first_namespace_keeps_it(cluster:
     await eventually(gone, 60, "team-b's Agent deleted")
     latest = await store.agent("researcher")
     assert latest is not None and latest.version == 1 and latest.system == "You research."
+
+
+@pytest.mark.usefixtures("operator")
+async def test_an_agentrun_applied_with_its_agent_waits_for_it(cluster: Cluster, store: RunStore) -> None:
+    # As `kubectl apply -f dir/` does it: both at once, the AgentRun even first; their watches are two.
+    obj = await cluster.create("early", agentRef={"name": "late-agent"}, input="x")
+    await cluster.create_agent("late-agent", **RESEARCHER)
+    await cluster.wait_status("early", "Queued", lambda s: s.get("phase") == "Queued")
+    run = await _run_row(store, obj)
+    assert (run.agent, run.agent_version, run.system) == ("late-agent", 1, "You research.")

@@ -9,31 +9,38 @@ import datetime
 import logging
 import random
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, NoReturn, TypeVar
 
 import kopf
 import psycopg
 import psycopg_pool
 
 from agentrun.operator import health, mapping
+from agentrun.operator.agents import Agents
 from agentrun.operator.errors import DatabaseNotReady
 from agentrun.operator.kube import KubeApi, KubeError
-from agentrun.operator.mapping import GROUP, PLURAL, VERSION, Ref
+from agentrun.operator.mapping import AGENT_PLURAL, GROUP, PLURAL, VERSION, Ref
 from agentrun.operator.notify import listen
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.status import StatusSync
+from agentrun.worker.core.errors import Refusal, Refused
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import Decision, NewRun, Run
+from agentrun.worker.core.submission import RunSpec
 from agentrun.worker.store import DecideOutcome, RunStore
 
 log = logging.getLogger("agentrun.operator")
 
 FINALIZER = "agentrun.dev/finalizer"
 INDEX = "agentruns_by_uid"
+AGENT_INDEX = "agents_by_name"
 CANCEL_FIELD = ("spec", "cancel")
 DECISIONS_FIELD = ("spec", "decisions")
 
 log_db = logging.getLogger("agentrun.operator.database")
+
+T = TypeVar("T")
 
 
 # What an unreachable database looks like from here: retried, never a lost AgentRun.
@@ -63,6 +70,15 @@ class Operator:
 
     def retry_in(self, retry: int) -> float:
         return float(min(self.settings.retry_seconds * 2**retry, 60.0))
+
+    async def guarded(self, call: Callable[[RunStore], Awaitable[T]], what: str, retry: int) -> T:
+        """`call` on the store; while there is none yet or the database is unreachable, a TemporaryError
+        kopf retries."""
+        try:
+            return await call(self.store)
+        except DATABASE_DOWN as e:
+            message = f"cannot {what}, waiting for the database: {e}"
+            raise kopf.TemporaryError(message, delay=self.retry_in(retry)) from e
 
     async def cancel(self, uid: uuid.UUID, retry: int, by: str = "k8s") -> Run | None:
         """Ask for the run to stop; while the database is unreachable, a TemporaryError kopf retries."""
@@ -154,15 +170,22 @@ class Operator:
         self.tasks.append(asyncio.create_task(listen(self.settings.database_url, sync.notify, sync.resync),
                                               name="agentrun run listener"))
 
-    async def create(self, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int) -> None:
-        """An AgentRun's run: made (or found, on a retry), or the spec rejected in its status."""
+    async def create(
+        self, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int,
+        agent_unseen: Callable[[str, str], bool] = lambda namespace, name: False,
+    ) -> None:
+        """An AgentRun's run: made (or found, on a retry), or the spec rejected in its status.
+
+        `agent_unseen(namespace, name)` says whether an Agent of that name is there whose spec the
+        operator has not stored (or refused) yet: an AgentRun applied with its Agent waits for it."""
         ref = Ref.of(body)
         now = datetime.datetime.now(datetime.UTC)
         source = await self.source(spec, ref, retry)
         try:
+            resolved = await self.resolve(mapping.run_spec(spec, source), ref, patch, retry, now, agent_unseen)
             new = mapping.new_run(
                 spec, str(ref.uid), ref.namespace, ref.name, self.settings.tool_names, self.prices, source,
-                annotations=body.metadata.annotations,
+                annotations=body.metadata.annotations, resolved=resolved,
             )
             new = dataclasses.replace(new, created_by=mapping.requester(body))
         except mapping.InvalidSpec as e:
@@ -176,6 +199,37 @@ class Operator:
         log.info("%s/%s %s run %s", ref.namespace, ref.name, "created" if created else "found", run.id)
         await self.show(run, ref)
 
+    async def resolve(
+        self, asked: RunSpec, ref: Ref, patch: kopf.Patch, retry: int, now: datetime.datetime,
+        agent_unseen: Callable[[str, str], bool],
+    ) -> mapping.Resolved:
+        """The spec with the agent of spec.agentRef applied and its sub-agents pinned, as the REST API
+        does it; an unknown agent or version (or a budget above the agent's) is an InvalidSpec, after
+        one retry, and unless an Agent of that name is still to be stored (then kopf tries again)."""
+        if asked.agent is None and asked.sub_agents is None:
+            return asked, None, None
+        try:
+            return await self.store.for_run(asked)
+        except DATABASE_DOWN as e:
+            await self.waiting(f"waiting for the database: {e}", ref, patch, retry, now, e)
+        except Refused as e:
+            # An Agent applied with the AgentRun may not be stored yet, or not even seen (its watch is
+            # not this one): one retry for that, then as long as the Agent there waits to be stored.
+            unknown = e.kind is Refusal.NOT_FOUND and any(p.field == "agent" for p in e.problems)
+            if unknown and asked.agent is not None and (retry == 0 or agent_unseen(ref.namespace, asked.agent[0])):
+                raise kopf.TemporaryError(f"waiting for Agent {asked.agent[0]} to be stored",
+                                          delay=self.retry_in(retry)) from None
+            raise mapping.InvalidSpec(mapping.refusal_message(e, self.settings.tool_names)) from None
+
+    async def waiting(
+        self, message: str, ref: Ref, patch: kopf.Patch, retry: int, now: datetime.datetime, e: BaseException
+    ) -> NoReturn:
+        """The Pending status (and its Event, the first time), and a TemporaryError kopf retries."""
+        if ref.status.get("phase") != mapping.PENDING and (event := mapping.event_for(mapping.PENDING, message)):
+            await self.kube.event(ref.namespace, ref.name, ref.uid, *event)  # before the phase shows
+        patch.status.update(mapping.pending_status(message, ref.generation, ref.status, now))
+        raise kopf.TemporaryError(message, delay=self.retry_in(retry)) from e
+
     async def insert(
         self, new: NewRun, cancel_by: str | None, ref: Ref, patch: kopf.Patch, retry: int, now: datetime.datetime
     ) -> tuple[Run, bool]:
@@ -187,11 +241,7 @@ class Operator:
             if cancel_by is not None:
                 run = await self.store.cancel(run.id, by=cancel_by) or run
         except DATABASE_DOWN as e:
-            message = f"waiting for the database: {e}"
-            if ref.status.get("phase") != mapping.PENDING and (event := mapping.event_for(mapping.PENDING, message)):
-                await self.kube.event(ref.namespace, ref.name, ref.uid, *event)  # before the phase shows
-            patch.status.update(mapping.pending_status(message, ref.generation, ref.status, now))
-            raise kopf.TemporaryError(message, delay=self.retry_in(retry)) from e
+            await self.waiting(f"waiting for the database: {e}", ref, patch, retry, now, e)
         return run, created
 
     async def deleted(self, body: kopf.Body, retry: int) -> None:
@@ -293,9 +343,19 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         await _cancel_all(op.tasks)
         await op.close()
 
+    @kopf.index(GROUP, VERSION, AGENT_PLURAL, id=AGENT_INDEX, **on)  # type: ignore[arg-type]
+    def agents_by_name(body: kopf.Body, **_: Any) -> dict[tuple[str, str], bool]:
+        # Whether the operator has yet to store (or refuse) the Agent's current spec.
+        meta, status = body.get("metadata") or {}, body.get("status") or {}
+        return {(meta.get("namespace") or "", meta["name"]): status.get("observedGeneration") != meta.get("generation")}
+
     @kopf.on.create(GROUP, VERSION, PLURAL, **on)  # type: ignore[arg-type]
-    async def create(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int, **_: Any) -> None:
-        await op.create(body, spec, patch, retry)
+    async def create(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int,
+                     agents_by_name: kopf.Index[tuple[str, str], bool], **_: Any) -> None:
+        def unseen(namespace: str, name: str) -> bool:
+            return any(agents_by_name.get((namespace, name), ()))
+
+        await op.create(body, spec, patch, retry, unseen)
 
     @kopf.on.field(GROUP, VERSION, PLURAL, field="spec.cancel", **on)  # type: ignore[arg-type]
     async def cancel(body: kopf.Body, new: Any, retry: int, **_: Any) -> None:
@@ -319,6 +379,26 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     @kopf.on.delete(GROUP, VERSION, PLURAL, **on)  # type: ignore[arg-type]
     async def delete(body: kopf.Body, retry: int, **_: Any) -> None:
         await op.deleted(body, retry)
+
+    agents = Agents(op.settings.tool_names, op.prices, op.guarded)
+
+    # An Agent's spec is stored when it is created or changed, and again (as no new version, if it is
+    # the same) when the operator starts: a change made while no operator ran is not lost.
+    @kopf.on.create(GROUP, VERSION, AGENT_PLURAL, **on)  # type: ignore[arg-type]
+    async def agent_created(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int, **_: Any) -> None:
+        await agents.reconcile(body, spec, patch, retry)
+
+    @kopf.on.update(GROUP, VERSION, AGENT_PLURAL, **on)  # type: ignore[arg-type]
+    async def agent_updated(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int, **_: Any) -> None:
+        await agents.reconcile(body, spec, patch, retry)
+
+    @kopf.on.resume(GROUP, VERSION, AGENT_PLURAL, **on)  # type: ignore[arg-type]
+    async def agent_resumed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int, **_: Any) -> None:
+        await agents.reconcile(body, spec, patch, retry)
+
+    @kopf.on.delete(GROUP, VERSION, AGENT_PLURAL, **on)  # type: ignore[arg-type]
+    async def agent_deleted(body: kopf.Body, retry: int, **_: Any) -> None:
+        await agents.deleted(body, retry)
 
 
 def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:

@@ -1,4 +1,5 @@
-"""AgentRun ⇄ run: the spec as a NewRun, and a run row as the resource's status. Pure, no I/O."""
+"""AgentRun ⇄ run: the spec as a NewRun, and a run row as the resource's status; Agent ⇄ agent
+definition and its status. Pure, no I/O."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import orjson
 
 from agentrun.operator.errors import InvalidSpec as InvalidSpec
 from agentrun.worker.core import submission
+from agentrun.worker.core.agents import AGENT_NAME, MAX_VERSION, Agent, check_definition, parse_ref, pinned
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import NewRun, PendingCall, Run, RunStatus
 from agentrun.worker.core.submission import Defaults, Offer, Refused, RunSpec
@@ -24,13 +26,19 @@ GROUP = "agentrun.dev"
 VERSION = "v1alpha1"
 PLURAL = "agentruns"
 KIND = "AgentRun"
+AGENT_PLURAL = "agents"
+AGENT_KIND = "Agent"
 
-# The CRD's defaults are the submission policy's (tests/operator/test_crd.py holds them equal): an API
-# server applies them; an object that reached us without them gets them from the policy.
+# What an AgentRun gets for a field that neither its spec, nor its agent (spec.agentRef), nor its source
+# (continueFrom, forkFrom) gives: the submission policy's, as for the REST API. Not the CRD schema's
+# defaults: the API server would put them in every spec, overriding the agent's and the source's values.
 DEFAULT_MODEL = submission.DEFAULT_MODEL
 DEFAULT_TOKEN_BUDGET = submission.DEFAULT_TOKEN_BUDGET
 DEFAULT_TIMEOUT_SECONDS = submission.DEFAULT_TIMEOUT_SECONDS
 DEFAULT_MAX_STEPS = submission.DEFAULT_MAX_STEPS
+
+Resolved = tuple[RunSpec, Agent | None, tuple[str, ...] | None]
+"""A RunSpec with its agent applied, the agent, and the sub-agents pinned (`RunStore.for_run`)."""
 
 PHASES: dict[RunStatus, str] = {
     RunStatus.QUEUED: "Queued",
@@ -92,6 +100,7 @@ def new_run(
     prices: PriceTable | None = None,
     source: Run | None = None,
     annotations: Mapping[str, str] | None = None,
+    resolved: Resolved | None = None,
 ) -> NewRun:
     """The run an AgentRun asks for, made by the submission policy the REST API uses too; raises
     InvalidSpec naming what is wrong.
@@ -101,15 +110,43 @@ def new_run(
     `source` is the run of the AgentRun named by `spec.continueFrom` or `spec.forkFrom`, looked up; a
     continuation or fork takes what its spec leaves out from it, as through the API.
     The `agentrun.dev/traceparent` annotation, if any, makes the run's trace a child of that span.
+    `resolved` is `run_spec(spec, source)` with spec.agentRef applied by the store (`RunStore.for_run`,
+    as for the REST API): the spec, the agent version it names and the sub-agents pinned; the run keeps
+    `agent` and `agent_version`.
     """
-    offer = Offer(has_tool=known_tools.__contains__ if known_tools is not None else None,
-                  tool_names=sorted(known_tools or ()), prices=prices)
+    offer = _offer(known_tools, prices)
+    agent, sub_agents = None, None
     try:
-        new = submission.new_run(run_spec(spec, source), source, Defaults(), offer)
+        if resolved is not None:
+            asked, agent, sub_agents = resolved
+        else:
+            asked = run_spec(spec, source)
+        new = submission.new_run(asked, source, Defaults(), offer)
     except Refused as e:
-        raise InvalidSpec(_spec_message(e, known_tools)) from None
+        raise InvalidSpec(refusal_message(e, known_tools)) from None
+    new = pinned(new, agent, sub_agents, source)
     return dataclasses.replace(new, id=uuid.UUID(uid), k8s_namespace=namespace, k8s_name=name,
                                traceparent=_traceparent(annotations))
+
+
+def _offer(known_tools: Collection[str] | None, prices: PriceTable | None) -> Offer:
+    return Offer(has_tool=known_tools.__contains__ if known_tools is not None else None,
+                 tool_names=sorted(known_tools or ()), prices=prices)
+
+
+def agent_ref(spec: Mapping[str, Any]) -> tuple[str, int | None] | None:
+    """spec.agentRef as (name, version or None for the latest), checked as the CRD checks it."""
+    ref = spec.get("agentRef")
+    if ref is None:
+        return None
+    name = ref.get("name") if isinstance(ref, Mapping) else None
+    if not isinstance(name, str) or not re.fullmatch(AGENT_NAME, name):
+        raise InvalidSpec(f"spec.agentRef.name must be an agent's name (a DNS label), got {str(name)[:80]!r}")
+    version = ref.get("version")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)
+                                or not 0 < version <= MAX_VERSION):
+        raise InvalidSpec(f"spec.agentRef.version must be a positive integer, got {str(version)[:40]}")
+    return name, version
 
 
 def run_spec(spec: Mapping[str, Any], source: Run | None) -> RunSpec:
@@ -130,14 +167,17 @@ def run_spec(spec: Mapping[str, Any], source: Run | None) -> RunSpec:
         max_steps=_positive_int(spec, "maxSteps", INT_MAX),
         tools=tools, cost_budget_usd=_cost_budget(spec), require_approval=approval,
         output_schema=dict(schema) if isinstance(schema, Mapping) else schema,
-        **_lineage(spec, source), **_schedule(spec),
+        agent=agent_ref(spec), **_lineage(spec, source), **_schedule(spec),
     )
 
 
-def _spec_message(e: Refused, known_tools: Collection[str] | None) -> str:
+def refusal_message(e: Refused, known_tools: Collection[str] | None = None) -> str:
     """A refusal of the policy, naming the fields as the spec has them; unknown tools in one phrase."""
     if not e.problems:
         return f"spec.{e.message}"
+    # The REST body's `agent` is the spec's agentRef.
+    e = Refused(e.kind, e.message, [dataclasses.replace(p, field="agentRef") if p.field == "agent" else p
+                                    for p in e.problems])
     unknown = {field: sorted({p.unknown_tool for p in e.problems if p.unknown_tool and p.field.startswith(field)})
                for field in ("tools", "requireApproval")}
     offered = ", ".join(sorted(known_tools or ())) or "none"
@@ -248,6 +288,88 @@ def _cost_budget(spec: Mapping[str, Any]) -> Decimal | None:
     return cost
 
 
+# -- Agent ----------------------------------------------------------------------------------------
+
+AGENT_FIELDS = ("system", "model", "tools", "requireApproval", "outputSchema", "maxSteps", "tokenBudget",
+                "costBudgetUsd", "timeoutSeconds")
+"""The fields an Agent's spec shares with an AgentRun's: checked by the same code, as a run of it would be."""
+
+
+def agent_definition(
+    name: str, spec: Mapping[str, Any], known_tools: Collection[str] | None = None, prices: PriceTable | None = None
+) -> Agent:
+    """The agent definition an Agent's spec is (its version is the store's to give); raises InvalidSpec
+    naming what is wrong: a name that is no DNS label, a bad field, an unknown tool, a bad output
+    schema, a cost budget on a model without a price. Whether its sub-agents exist is the store's to say."""
+    if not re.fullmatch(AGENT_NAME, name):
+        raise InvalidSpec(f"metadata.name {name!r} is no agent name: a DNS label (a-z, 0-9, '-', at most 63)")
+    description = _text(spec, "description", blank=False)
+    if description is not None and (why := unstorable(description)):
+        raise InvalidSpec(f"spec.description {why}")
+    shared = run_spec({field: spec[field] for field in AGENT_FIELDS if field in spec}, None)
+    agent = Agent(
+        name=name, version=0, description=description, system=shared.system, model=shared.model,
+        tools=shared.tools, require_approval=shared.require_approval, output_schema=shared.output_schema,
+        max_steps=shared.max_steps, token_budget=shared.token_budget, cost_budget_usd=shared.cost_budget_usd,
+        timeout_seconds=shared.timeout_seconds, sub_agents=_sub_agents(spec),
+    )
+    try:
+        check_definition(agent, _offer(known_tools, prices))  # as POST /api/agents checks it
+    except Refused as e:
+        raise InvalidSpec(refusal_message(e, known_tools)) from None
+    return agent
+
+
+def _sub_agents(spec: Mapping[str, Any]) -> tuple[str, ...] | None:
+    names = spec.get("subAgents")
+    if names is None:
+        return None
+    if not isinstance(names, list):
+        raise InvalidSpec("spec.subAgents must be a list of agent names (name or name@version)")
+    for i, ref in enumerate(names):
+        try:
+            parse_ref(ref if isinstance(ref, str) else "")
+        except Refused:
+            raise InvalidSpec(
+                f"spec.subAgents[{i}] must be an agent name or name@version, got {str(ref)[:80]!r}") from None
+    return tuple(dict.fromkeys(names))
+
+
+def agent_owner(created_by: str | None) -> str | None:
+    """The namespace of the Agent resource that made an agent version (`k8s:<namespace>/<manager>`);
+    None for one made otherwise (the REST API, the CLI)."""
+    if created_by is None or not created_by.startswith("k8s:"):
+        return None
+    return created_by.removeprefix("k8s:").split("/", 1)[0]
+
+
+def agent_creator(body: Mapping[str, Any]) -> str:
+    """Who made this version: the field manager of the latest change of spec, always with the namespace
+    (which `agent_owner` reads back)."""
+    who = requester(body, latest=True)
+    return who if who != "k8s" else f"k8s:{(body.get('metadata') or {}).get('namespace') or ''}"
+
+
+def agent_status(
+    agent: Agent, created: bool, generation: int | None, previous: Mapping[str, Any] | None, now: datetime.datetime
+) -> dict[str, Any]:
+    """The status of an Agent whose spec is stored as `agent` (a new version, or the same as before)."""
+    message = f"version {agent.version} {'stored' if created else 'is this spec'}"
+    ready = ("Ready", "True", "Stored", message)
+    return _status({"version": agent.version, "message": message}, [ready], generation, previous, now)
+
+
+def agent_refused_status(
+    reason: str, message: str, generation: int | None, previous: Mapping[str, Any] | None, now: datetime.datetime
+) -> dict[str, Any]:
+    """The status of an Agent whose spec was not stored: the version runs get (if any) stays shown."""
+    fields: dict[str, Any] = {"message": message}
+    if isinstance((previous or {}).get("version"), int):
+        fields["version"] = (previous or {})["version"]
+        fields["message"] = f"{message} (runs naming it still get version {fields['version']})"
+    return _status(fields, [("Ready", "False", reason, fields["message"])], generation, previous, now)
+
+
 # -- status ---------------------------------------------------------------------------------------
 
 
@@ -282,6 +404,7 @@ def run_status(
         "finishedAt": timestamp(run.finished_at) if run.finished_at else None,
         "message": run.error or _phase_message(run),
         "lockedBy": run.locked_by,
+        "agent": f"{run.agent}@{run.agent_version}" if run.agent is not None else None,
         "pending": [
             {"toolUseId": c.tool_use_id, "tool": c.tool_name, "kind": c.kind.value, "attempt": c.attempt,
              "since": timestamp(c.since), "input": _cut(c.input or "", MAX_PENDING_INPUT)[0]}

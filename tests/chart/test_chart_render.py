@@ -114,7 +114,8 @@ def test_defaults(render: Render) -> None:
     dashboard = find(manifests, "ConfigMap", "-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert dashboard["data"]["agentrun.json"] == (CHART / "dashboards" / "agentrun.json").read_text().rstrip("\n")
-    assert find(manifests, "CustomResourceDefinition")["spec"]["names"]["kind"] == "AgentRun"
+    assert find(manifests, "CustomResourceDefinition", "agentruns.agentrun.dev")["spec"]["names"]["kind"] == "AgentRun"
+    assert find(manifests, "CustomResourceDefinition", "agents.agentrun.dev")["spec"]["names"]["kind"] == "Agent"
 
 
 def test_operator_is_single_and_scoped(render: Render) -> None:
@@ -128,6 +129,8 @@ def test_operator_is_single_and_scoped(render: Render) -> None:
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
     assert rules[(("agentrun.dev",), ("agentruns",))] == {"get", "list", "watch", "patch", "delete"}  # delete: ttlSecondsAfterFinished
     assert rules[(("agentrun.dev",), ("agentruns/status",))] == {"get", "patch"}
+    assert rules[(("agentrun.dev",), ("agents",))] == {"get", "list", "watch", "patch"}  # never delete an Agent
+    assert rules[(("agentrun.dev",), ("agents/status",))] == {"get", "patch"}
     assert "create" in rules[(("", "events.k8s.io"), ("events",))]
     discovery = find(manifests, "ClusterRole", "-operator-discovery")
     assert {r["resources"][0] for r in discovery["rules"]} == {"customresourcedefinitions", "namespaces"}

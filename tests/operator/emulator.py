@@ -6,7 +6,7 @@
 - writes to the `status` subresource change only the status, other writes never change it;
 - a watch resumes after `?resourceVersion=` and never loses events written while it starts;
 - POST answers 201, names `generateName` objects, and namespaces namespaced ones;
-- the AgentRun resource is declared from crds/agentrun.yaml, and every write to one is pruned, defaulted
+- the AgentRun and Agent resources are declared from crds/, and every write to one is pruned, defaulted
   and validated against its structural schema and CEL rules (tests/operator/schema.py): 422 Invalid.
 """
 
@@ -33,6 +33,7 @@ from kmock._internal import aiobus, enums, rendering
 from tests.operator.schema import Invalid, Schema
 
 CRD_FILE = pathlib.Path(__file__).resolve().parents[2] / "crds" / "agentrun.yaml"
+AGENT_CRD_FILE = CRD_FILE.with_name("agent.yaml")
 AGENTRUNS = "agentrun.dev/v1alpha1/agentruns"
 
 
@@ -155,7 +156,8 @@ class RecordingBus(aiobus.Bus[Any]):
 
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesEmulator):
-    custom: tuple[CustomResource, ...] = attrs.field(factory=lambda: (CustomResource.load(),))
+    custom: tuple[CustomResource, ...] = attrs.field(
+        factory=lambda: (CustomResource.load(), CustomResource.load(AGENT_CRD_FILE)))
     _version: int = attrs.field(default=0, init=False)
     _writes: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
     _buses: dict[Any, RecordingBus] = attrs.field(
@@ -264,20 +266,32 @@ class ApiServer(kmock.KubernetesEmulator):
 
     # -- OpenAPI v3, from the CRDs' schemas (kubectl validates what it applies against it) -------------
 
-    async def _serve_openapi_index(self, request: rendering.Request) -> Any:
-        paths = {}
+    def _openapi_documents(self) -> dict[str, dict[str, Any]]:
+        """One OpenAPI document per group-version, holding every kind of it (AgentRun and Agent share one)."""
+        docs: dict[str, dict[str, Any]] = {}
         for custom in self.custom:
             group_version = custom.key.rsplit("/", 1)[0]
-            digest = hashlib.sha256(json.dumps(custom.openapi(), sort_keys=True).encode()).hexdigest()[:32].upper()
+            doc = custom.openapi()
+            if group_version in docs:
+                docs[group_version]["paths"].update(doc["paths"])
+                docs[group_version]["components"]["schemas"].update(doc["components"]["schemas"])
+            else:
+                docs[group_version] = doc
+        return docs
+
+    async def _serve_openapi_index(self, request: rendering.Request) -> Any:
+        paths = {}
+        for group_version, doc in self._openapi_documents().items():
+            digest = hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:32].upper()
             paths[f"apis/{group_version}"] = {"serverRelativeURL": f"/openapi/v3/apis/{group_version}?hash={digest}"}
         return {"paths": paths}
 
     async def _serve_openapi_group(self, request: rendering.Request) -> Any:
         wanted = request.url.path.removeprefix("/openapi/v3/apis/")
-        for custom in self.custom:
-            if custom.key.rsplit("/", 1)[0] == wanted:
-                return custom.openapi()
-        raise kmock.KubernetesError(404, "NotFound", f"no OpenAPI document for {wanted}")
+        doc = self._openapi_documents().get(wanted)
+        if doc is None:
+            raise kmock.KubernetesError(404, "NotFound", f"no OpenAPI document for {wanted}")
+        return doc
 
     def _custom(self, request: rendering.Request) -> CustomResource | None:
         for custom in self.custom:

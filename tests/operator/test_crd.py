@@ -11,8 +11,7 @@ import httpx
 import pytest
 import yaml
 
-from agentrun.operator import mapping
-from tests.support.cluster import PATH, Cluster, agentrun_manifest, assert_invalid, post_manifest
+from tests.support.cluster import PATH, Cluster, agentrun_manifest, agents_path, assert_invalid, post_manifest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 CRD = ROOT / "crds" / "agentrun.yaml"
@@ -52,19 +51,19 @@ def test_crd_names_and_shape() -> None:
             "observedGeneration", "conditions"} <= set(status)
 
 
-def test_minimal_manifest_has_defaults_for_the_runtime() -> None:
+def test_the_crd_leaves_the_runtimes_defaults_to_the_operator() -> None:
+    # A schema default would be in every spec, and override the agent an AgentRun names (spec.agentRef):
+    # the operator applies the same defaults, and only to what neither the spec nor the agent gives.
     props = _version()["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-    assert props["model"]["default"] == mapping.DEFAULT_MODEL
-    assert props["maxSteps"]["default"] == mapping.DEFAULT_MAX_STEPS
-    assert props["tokenBudget"]["default"] == mapping.DEFAULT_TOKEN_BUDGET
-    assert props["timeoutSeconds"]["default"] == mapping.DEFAULT_TIMEOUT_SECONDS
+    for field in ("model", "maxSteps", "tokenBudget", "timeoutSeconds"):
+        assert "default" not in props[field], field
+        assert f"{field} is immutable" in str(props[field]["x-kubernetes-validations"])
+    assert props["agentRef"]["required"] == ["name"]
 
 
-async def test_the_api_server_applies_the_defaults(cluster: Cluster) -> None:
+async def test_the_api_server_stores_the_spec_as_given(cluster: Cluster) -> None:
     created = (await post_manifest(cluster, agentrun_manifest())).json()
-    assert created["spec"] == {"input": "hello", "model": mapping.DEFAULT_MODEL, "cancel": False,
-                               "tokenBudget": mapping.DEFAULT_TOKEN_BUDGET, "maxSteps": mapping.DEFAULT_MAX_STEPS,
-                               "timeoutSeconds": mapping.DEFAULT_TIMEOUT_SECONDS}
+    assert created["spec"] == {"input": "hello", "cancel": False}
 
 
 async def test_unknown_fields_are_pruned(cluster: Cluster) -> None:
@@ -77,14 +76,18 @@ async def test_unknown_fields_are_pruned(cluster: Cluster) -> None:
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 async def test_examples_are_accepted(cluster: Cluster, path: pathlib.Path) -> None:
     doc = yaml.safe_load(path.read_text())
-    assert doc["apiVersion"] == "agentrun.dev/v1alpha1" and doc["kind"] == "AgentRun"
+    assert doc["apiVersion"] == "agentrun.dev/v1alpha1" and doc["kind"] in ("AgentRun", "Agent")
     doc["metadata"].pop("namespace", None)
-    r = await post_manifest(cluster, doc)
+    if doc["kind"] == "Agent":
+        r = await cluster.http.post(agents_path(), json=doc)
+    else:
+        r = await post_manifest(cluster, doc)
     assert r.status_code == 201, r.text
 
 
 def test_there_are_examples() -> None:
-    assert {p.name for p in EXAMPLES} >= {"minimal.yaml", "tools-and-budgets.yaml"}
+    assert {p.name for p in EXAMPLES} >= {"minimal.yaml", "tools-and-budgets.yaml", "agent-researcher.yaml",
+                                          "agentref.yaml"}
 
 
 @pytest.mark.parametrize(
@@ -117,6 +120,11 @@ def test_there_are_examples() -> None:
         ({"cancel": "yes"}, ["spec.cancel", "must be of type boolean"]),
         ({"system": 7}, ["spec.system"]),
         ({"ttlSecondsAfterFinished": -1}, ["spec.ttlSecondsAfterFinished"]),
+        ({"agentRef": {}}, ["spec.agentRef.name", "Required value"]),
+        ({"agentRef": {"name": "Not_A_Label"}}, ["spec.agentRef.name", "should match"]),
+        ({"agentRef": {"name": "a" * 64}}, ["spec.agentRef.name"]),
+        ({"agentRef": {"name": "researcher", "version": 0}}, ["spec.agentRef.version"]),
+        ({"agentRef": "researcher"}, ["spec.agentRef", "must be of type object"]),
     ],
     ids=repr,
 )
@@ -139,13 +147,13 @@ async def test_missing_spec_is_rejected(cluster: Cluster) -> None:
 
 FULL = {"input": "hello", "model": "claude-haiku-4-5", "tokenBudget": 5000, "timeoutSeconds": 30,
         "maxSteps": 7, "costBudgetUsd": 0.25, "tools": ["lookup"], "system": "be brief",
-        "ttlSecondsAfterFinished": 60}
+        "ttlSecondsAfterFinished": 60, "agentRef": {"name": "researcher"}}
 
 
 @pytest.mark.parametrize("field, value", [
     ("input", "something else"), ("model", "claude-opus-4-1"), ("tokenBudget", 6000), ("timeoutSeconds", 31),
     ("maxSteps", 8), ("costBudgetUsd", 0.5), ("tools", ["lookup", "search"]), ("system", "be long"),
-    ("ttlSecondsAfterFinished", 61),
+    ("ttlSecondsAfterFinished", 61), ("agentRef", {"name": "writer"}), ("agentRef", {"name": "researcher", "version": 2}),
 ])
 async def test_everything_but_cancel_is_immutable(cluster: Cluster, field: str, value: Any) -> None:
     doc = agentrun_manifest()
@@ -158,7 +166,9 @@ async def test_everything_but_cancel_is_immutable(cluster: Cluster, field: str, 
 
 
 @pytest.mark.parametrize("field, value", [("system", "new"), ("tools", ["lookup"]), ("costBudgetUsd", 1),
-                                          ("ttlSecondsAfterFinished", 5)])
+                                          ("ttlSecondsAfterFinished", 5), ("model", "claude-haiku-4-5"),
+                                          ("tokenBudget", 10), ("maxSteps", 3), ("timeoutSeconds", 9),
+                                          ("agentRef", {"name": "researcher"})])
 async def test_optional_fields_cannot_be_added_or_removed(cluster: Cluster, field: str, value: Any) -> None:
     assert (await post_manifest(cluster, agentrun_manifest())).status_code == 201
     assert_invalid(await _patch(cluster, "x", {"spec": {field: value}}), "cannot be added or removed after creation")

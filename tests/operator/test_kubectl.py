@@ -96,7 +96,7 @@ async def test_a_user_applies_an_example_and_watches_it_succeed(
     _, out, _ = await kubectl.run("apply", "-f", str(EXAMPLES / "minimal.yaml"))
     assert out.strip() == "agentrun.agentrun.dev/hello created"
     obj = await cluster.get("hello")
-    assert obj is not None and obj["spec"]["model"] == "claude-sonnet-4-6"  # the CRD's default, applied
+    assert obj is not None and "model" not in obj["spec"]  # the operator's default, not the schema's
     await cluster.wait_status("hello", "Queued", lambda s: s.get("phase") == "Queued")
 
     (row,) = await kubectl.table("agentruns")
@@ -107,6 +107,7 @@ async def test_a_user_applies_an_example_and_watches_it_succeed(
 
     run = await store.get(uid_of(obj))
     assert run is not None
+    assert (run.model, run.token_budget, run.timeout_seconds, run.max_steps) == ("claude-sonnet-4-6", 100_000, 600, 100)
     assert await worker(store, ScriptedLlm().then_text("hello, hola, hallo", in_=10, out=5)).run_once() == run.id
     status = await cluster.wait_status("hello", "Succeeded", lambda s: s.get("phase") == "Succeeded")
 
@@ -118,6 +119,46 @@ async def test_a_user_applies_an_example_and_watches_it_succeed(
     _, out, _ = await kubectl.run("apply", "-f", str(EXAMPLES / "minimal.yaml"))
     assert out.strip() == "agentrun.agentrun.dev/hello unchanged"
     assert [r["NAME"] for r in await kubectl.table("agentrun")] == ["hello"]
+
+
+@pytest.mark.usefixtures("operator")
+async def test_a_user_defines_an_agent_and_runs_it(
+    kubectl: Kubectl, cluster: Cluster, store: RunStore, tmp_path: Path
+) -> None:
+    _, out, _ = await kubectl.run("apply", "-f", str(EXAMPLES / "agent-researcher.yaml"))
+    assert out.strip() == "agent.agentrun.dev/researcher created"
+    await cluster.wait_agent("researcher", "version 1", lambda s: s.get("version") == 1)
+    (row,) = await kubectl.table("agents")
+    assert list(row) == ["NAME", "MODEL", "VERSION", "TOOLS", "AGE"]
+    assert row | {"AGE": ""} == {"NAME": "researcher", "MODEL": "claude-haiku-4-5", "VERSION": "1", "TOOLS": "",
+                                 "AGE": ""}
+    assert AGE.fullmatch(row["AGE"]), row
+
+    await kubectl.run("patch", "ag", "researcher", "--type", "merge", "-p", '{"spec": {"tools": ["lookup"]}}')
+    await cluster.wait_agent("researcher", "version 2", lambda s: s.get("version") == 2)
+    (wide,) = await kubectl.table("ag", "-o", "wide")  # the short name, and the priority-1 column
+    assert list(wide) == ["NAME", "MODEL", "VERSION", "TOOLS", "AGE", "MESSAGE"]
+    assert (wide["VERSION"], wide["TOOLS"], wide["MESSAGE"]) == ("2", '["lookup"]', "version 2 stored")
+    edited = tmp_path / "researcher.yaml"
+    edited.write_text((EXAMPLES / "agent-researcher.yaml").read_text().replace("careful researcher", "thorough one"))
+    _, out, _ = await kubectl.run("apply", "-f", str(edited))
+    assert out.strip() == "agent.agentrun.dev/researcher configured"
+    await cluster.wait_agent("researcher", "version 3", lambda s: s.get("version") == 3)
+
+    _, out, _ = await kubectl.run("apply", "-f", str(EXAMPLES / "agentref.yaml"))
+    assert out.strip() == "agentrun.agentrun.dev/ask-researcher created"
+    await cluster.wait_status("ask-researcher", "Queued", lambda s: s.get("phase") == "Queued")
+    obj = await cluster.get("ask-researcher")
+    run = await store.get(uid_of(obj or {}))
+    assert run is not None and (run.agent, run.agent_version, run.model, run.token_budget) == (
+        "researcher", 3, "claude-haiku-4-5", 20_000)
+    assert run.system is not None and "thorough one" in run.system and run.tools == ("lookup",)
+    assert await worker(store, ScriptedLlm().then_text("Mont Blanc", in_=10, out=5)).run_once() == run.id
+    await cluster.wait_status("ask-researcher", "Succeeded", lambda s: s.get("phase") == "Succeeded")
+
+    code, _, err = await kubectl.run("patch", "ag", "researcher", "--type", "merge", "-p",
+                                     '{"spec": {"maxSteps": 0}}', ok=False)
+    assert code != 0 and 'The Agent "researcher" is invalid' in err and "spec.maxSteps" in err, err
 
 
 @pytest.mark.usefixtures("operator")

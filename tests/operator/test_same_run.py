@@ -16,6 +16,7 @@ import pytest
 from agentrun.operator import mapping
 from agentrun.worker.api.app import create_app
 from agentrun.worker.core import submission
+from agentrun.worker.core.agents import Agent
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import Run, RunStatus
 from agentrun.worker.settings import WorkerSettings
@@ -112,3 +113,30 @@ async def test_the_api_and_the_operator_make_the_same_run(name: str, api: httpx.
     if source is not None and "tokenBudget" not in spec:  # what a user expects of a continuation or fork
         assert (through_api.token_budget, through_api.timeout_seconds, through_api.max_steps, through_api.tools,
                 through_api.model) == (4321, 45, 9, ("lookup",), "claude-haiku-4-5")
+
+
+@pytest.mark.parametrize("spec", [
+    {"input": "hello", "agentRef": {"name": "researcher"}},
+    {"input": "hello", "agentRef": {"name": "researcher", "version": 1}, "maxSteps": 3, "system": "mine"},
+], ids=["latest", "pinned, lowered"])
+async def test_an_agent_makes_the_same_run_through_both(spec: dict[str, Any], api: httpx.AsyncClient,
+                                                         store: RunStore) -> None:
+    await store.put_agent(Agent("researcher", 0, system="v1", model="claude-haiku-4-5", tools=("lookup",),
+                                token_budget=5000, timeout_seconds=60, max_steps=7))
+    await store.put_agent(Agent("researcher", 0, system="v2", model="claude-haiku-4-5", tools=("noop",),
+                                token_budget=6000, timeout_seconds=60, max_steps=7))
+    ref = spec["agentRef"]
+    body = {k: v for k, v in spec.items() if k != "agentRef"}
+    body["agent"] = ref["name"] + (f"@{ref['version']}" if "version" in ref else "")
+    r = await api.post("/api/runs", json=body)
+    assert r.status_code == 201, r.text
+    through_api = await store.get(uuid.UUID(r.json()["id"]))
+
+    # As the operator's create handler does: the spec, the agent applied by the store, then the mapping.
+    resolved = await store.for_run(mapping.run_spec(spec, None))
+    new = mapping.new_run(spec, str(uuid.uuid4()), "default", "same-agent", {t.name for t in TOOLS},
+                          PriceTable.load(), None, resolved=resolved)
+    through_operator, created = await store.create(new)
+    assert created and through_api is not None
+    assert _compared(through_operator, UNSCHEDULED) == _compared(through_api, UNSCHEDULED)
+    assert through_api.agent == "researcher" and through_api.agent_version == ref.get("version", 2)

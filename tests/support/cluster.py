@@ -25,6 +25,10 @@ NAMESPACE = "default"
 PATH = f"/apis/agentrun.dev/v1alpha1/namespaces/{NAMESPACE}/agentruns"
 
 
+def agents_path(namespace: str = NAMESPACE) -> str:
+    return f"/apis/agentrun.dev/v1alpha1/namespaces/{namespace}/agents"
+
+
 @dataclasses.dataclass
 class Cluster:
     """The emulated API server, spoken to over HTTP the way kubectl would."""
@@ -75,6 +79,48 @@ class Cluster:
         except AssertionError as e:
             raise AssertionError(f"{e} (last status: {last})") from None
         return await self.status_of(name)
+
+    # -- Agents --------------------------------------------------------------------------------------
+
+    async def create_agent(self, name: str, namespace: str = NAMESPACE, **spec: Any) -> dict[str, Any]:
+        body = {"apiVersion": "agentrun.dev/v1alpha1", "kind": "Agent",
+                "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+        r = await self.http.post(agents_path(namespace), json=body)
+        assert r.status_code == 201, r.text
+        return r.json()  # type: ignore[no-any-return]
+
+    async def get_agent(self, name: str, namespace: str = NAMESPACE) -> dict[str, Any] | None:
+        r = await self.http.get(f"{agents_path(namespace)}/{name}")
+        if r.status_code == 404:
+            return None
+        assert r.status_code == 200, r.text
+        return r.json()  # type: ignore[no-any-return]
+
+    async def patch_agent(self, name: str, spec: dict[str, Any], namespace: str = NAMESPACE) -> None:
+        """Merge-patch the Agent's spec (a None value removes the field)."""
+        r = await self.http.patch(f"{agents_path(namespace)}/{name}", json={"spec": spec},
+                                  headers={"Content-Type": "application/merge-patch+json"})
+        assert r.status_code == 200, r.text
+
+    async def delete_agent(self, name: str, namespace: str = NAMESPACE) -> None:
+        r = await self.http.delete(f"{agents_path(namespace)}/{name}")
+        assert r.status_code == 200, r.text
+
+    async def wait_agent(self, name: str, what: str, check: Callable[[dict[str, Any]], bool],
+                         namespace: str = NAMESPACE, timeout: float = 60.0) -> dict[str, Any]:
+        """The Agent's status once `check` holds for it."""
+        last: dict[str, Any] = {}
+
+        async def ok() -> bool:
+            last.clear()
+            last.update(((await self.get_agent(name, namespace)) or {}).get("status") or {})
+            return check(last)
+
+        try:
+            await eventually(ok, timeout, f"Agent {name}: {what}")
+        except AssertionError as e:
+            raise AssertionError(f"{e} (last status: {last})") from None
+        return dict(last)
 
     def writes(self, name: str) -> list[tuple[int, dict[str, Any]]]:
         """Every version the API server wrote of AgentRun `name`, oldest first, with its resourceVersion."""

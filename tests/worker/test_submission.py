@@ -42,14 +42,16 @@ def _source(**kw: Any) -> Run:
 
 
 @pytest.mark.parametrize("crd", ["crds/agentrun.yaml", "charts/agentrun/crds/agentrun.yaml"])
-def test_the_crds_defaults_are_the_policys(crd: str) -> None:
-    """The CRD's OpenAPI defaults cannot import Python: held equal here."""
+def test_the_crd_leaves_the_defaults_to_the_policy_and_names_them(crd: str) -> None:
+    """No schema defaults (they would override an agent's or a source's values): the operator applies the
+    policy's; the CRD's descriptions, which cannot import Python, name them and are held equal here."""
     (version,) = yaml.safe_load((ROOT / crd).read_text())["spec"]["versions"]
     props = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-    assert {f: props[f]["default"] for f in ("model", "tokenBudget", "timeoutSeconds", "maxSteps")} == {
-        "model": submission.DEFAULT_MODEL, "tokenBudget": submission.DEFAULT_TOKEN_BUDGET,
-        "timeoutSeconds": submission.DEFAULT_TIMEOUT_SECONDS, "maxSteps": submission.DEFAULT_MAX_STEPS,
-    }
+    policy = {"model": submission.DEFAULT_MODEL, "tokenBudget": submission.DEFAULT_TOKEN_BUDGET,
+              "timeoutSeconds": submission.DEFAULT_TIMEOUT_SECONDS, "maxSteps": submission.DEFAULT_MAX_STEPS}
+    for field, default in policy.items():
+        assert "default" not in props[field], field
+        assert f" or {default}" in " ".join(props[field]["description"].split()), field
 
 
 def test_every_python_default_is_the_policys() -> None:

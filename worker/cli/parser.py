@@ -156,10 +156,12 @@ def _add_prune(sub: Subcommands) -> None:
 def _add_operator(sub: Subcommands) -> None:
     p = sub.add_parser(
         "operator",
-        help="reconcile AgentRun resources into runs (kopf)",
+        help="reconcile AgentRun resources into runs and Agent resources into agent definitions (kopf)",
         description="Watch AgentRun resources (crds/agentrun.yaml): make a run for each new one, cancel it on "
         "spec.cancel or deletion, and keep each resource's status within about a second of its run through "
-        "PostgreSQL LISTEN/NOTIFY, with a periodic resync as a safety net. Serves /healthz and /readyz at once; "
+        "PostgreSQL LISTEN/NOTIFY, with a periodic resync as a safety net. Watch Agent resources "
+        "(crds/agent.yaml): store each change of spec as a new version of the agent, delete it on deletion. "
+        "Serves /healthz and /readyz at once; "
         "reaches and migrates the database in the background, retrying while it is down (/readyz answers 503 "
         "until then). A costBudgetUsd on a model the price table does not price is a Failed AgentRun.",
         epilog="Environment: AGENTRUN_DATABASE_URL; AGENTRUN_TOOLS (comma-separated tool modules, as the workers "

@@ -13,7 +13,17 @@ from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticCustomError
 
 from agentrun.worker.api.identities import Scope
-from agentrun.worker.core.records import Decision, DecisionKind, PendingCall, Run, RunStatus, Step, StepKind, StepStatus
+from agentrun.worker.core.records import (
+    Decision,
+    DecisionKind,
+    Message,
+    PendingCall,
+    Run,
+    RunStatus,
+    Step,
+    StepKind,
+    StepStatus,
+)
 from agentrun.worker.core.submission import DEFAULT_MAX_STEPS, RunSpec
 from agentrun.worker.core.text import unstorable
 
@@ -28,6 +38,7 @@ MAX_SEQ = 2**31 - 1  # run_step.seq is an INT
 PREVIEW_CHARS = 120
 MAX_PRIORITY = 1_000_000
 MAX_DELAY_SECONDS = 10 * 366 * 24 * 3600  # ten years: far enough for any schedule, far from the calendar's end
+MAX_MESSAGE_CHARS = 100_000  # a message to a running run: a person's turn, not a document store
 
 
 def _storable(value: str) -> str:
@@ -266,6 +277,9 @@ class RunView(_Camel):
                                "retryable error (an API outage); reset by a model step that succeeds.")
     lease_epoch: int = Field(0, description="Claims of the run so far; every write of a worker names the claim "
                              "it holds the run under, and tools see it (`ToolContext.lease_epoch`).")
+    messages_sent: int = Field(0, description="Messages posted to the run (POST /api/runs/{id}/messages).")
+    messages_delivered: int = Field(0, description="Of those, delivered to the model as USER steps; the rest "
+                                    "wait for the run's next turn boundary.")
 
     @classmethod
     def of(cls, run: Run) -> RunView:
@@ -281,6 +295,7 @@ class RunView(_Camel):
             require_approval=list(run.require_approval) if run.require_approval is not None else None,
             output_schema=run.output_schema, parent_run_id=run.parent_run_id, forked_at_seq=run.forked_at_seq,
             priority=run.priority, run_at=run.run_at, model_retries=run.model_retries, lease_epoch=run.lease_epoch,
+            messages_sent=run.messages_sent, messages_delivered=run.messages_delivered,
         )
 
 
@@ -362,6 +377,8 @@ class TimelineStep(_Camel):
     decisions: list[DecisionView] = Field(
         default_factory=list, description="What people decided about this tool call (approval, in doubt)."
     )
+    created_by: str | None = Field(None, description="A USER step that delivered a message posted to the run: "
+                                   "who sent it, named as the run's `createdBy` (null on an open API).")
 
     @classmethod
     def waiting(cls, call: PendingCall, decided: list[PendingCall]) -> TimelineStep:
@@ -380,7 +397,7 @@ class TimelineStep(_Camel):
             output_tokens=step.output_tokens, cache_creation_input_tokens=step.cache_creation_input_tokens,
             cache_read_input_tokens=step.cache_read_input_tokens, cost_usd=_usd(step.cost_usd),
             latency_ms=step.latency_ms, attempts=step.attempts, started_at=step.started_at,
-            finished_at=step.finished_at, worker=step.worker, inherited=step.inherited,
+            finished_at=step.finished_at, worker=step.worker, inherited=step.inherited, created_by=step.created_by,
         )
 
     @classmethod
@@ -449,3 +466,32 @@ class ErrorBody(BaseModel):
 
     error: str
     fields: list[FieldProblem] = []
+
+
+class MessageRequest(_Camel):
+    """A message for a run while it works: the model gets it as a user turn at the run's next turn boundary."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: Annotated[
+        str, Field(min_length=1, max_length=MAX_MESSAGE_CHARS, json_schema_extra={"pattern": NOT_BLANK},
+                   description=f"The message (1 to {MAX_MESSAGE_CHARS} characters, not blank)."),
+        AfterValidator(_storable), AfterValidator(_not_blank),
+    ]
+
+
+class MessageView(_Camel):
+    """A message posted to a run: `seq` is the USER step that delivered it, null while it waits."""
+
+    run_id: uuid.UUID
+    n: int = Field(description="1, 2, ...: the order the run received its messages in, which is the order the "
+                   "model gets them.")
+    text: str
+    created_by: str | None = Field(description="Who sent it, named as the run's `createdBy`.")
+    created_at: datetime.datetime
+    seq: int | None = Field(description="The USER step that delivered it; null until it is delivered.")
+
+    @classmethod
+    def of(cls, message: Message) -> MessageView:
+        return cls(run_id=message.run_id, n=message.n, text=message.text, created_by=message.created_by,
+                   created_at=message.created_at, seq=message.seq)

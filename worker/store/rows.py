@@ -26,14 +26,14 @@ RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_bu
     r.idempotency_key, r.k8s_namespace, r.k8s_name, r.crashes, r.model_retries, r.created_by,
     r.cancelled_by, r.traceparent, r.priority, r.run_at,
     r.require_approval, r.output_schema, r.output, r.parent_run_id, r.forked_at_seq, r.inherited_steps,
-    r.lease_epoch,
+    r.lease_epoch, r.messages_sent, r.messages_delivered,
     CASE WHEN r.status = 'WAITING' THEN (SELECT count(*) FROM run_decision d
          WHERE d.run_id = r.id AND d.decision IS NULL) ELSE 0 END AS pending,
     (SELECT coalesce(max(s.seq), 0) FROM run_step s WHERE s.run_id = r.id) AS steps"""
 
 STEP_COLUMNS = """run_id, seq, kind, status, tool_name, tool_use_id, request, response, stop_reason,
     input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd,
-    latency_ms, attempts, worker, started_at, finished_at, inherited"""
+    latency_ms, attempts, worker, started_at, finished_at, inherited, created_by"""
 
 TIMELINE_COLUMNS = STEP_COLUMNS.replace("request, response,", "NULL AS request, NULL AS response,")
 
@@ -51,10 +51,11 @@ FENCE = f"""fence AS (
 OWNED = """owned AS (
     UPDATE run SET locked_until = now() + make_interval(secs => %(lease)s) {extra}
     FROM fence WHERE run.id = fence.id
-    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)"""
+    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now,
+        run.messages_sent - run.messages_delivered AS messages_waiting)"""
 
 
-PROGRESS = "owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now"
+PROGRESS = "owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now, owned.messages_waiting"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,4 +111,5 @@ def _step(row: dict[str, Any]) -> Step:
 
 
 def _progress(row: dict[str, Any]) -> Progress:
-    return Progress(row["tokens_used"], row["cost_usd"], row["cancel_requested"], row["db_now"])
+    return Progress(row["tokens_used"], row["cost_usd"], row["cancel_requested"], row["db_now"],
+                    row.get("messages_waiting") or 0)

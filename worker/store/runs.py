@@ -8,6 +8,7 @@ zero rows means the lease is gone (`LeaseLost`). The store is split by concern, 
 - claims.py: claims, leases, liveness, handing a run back
 - steps.py: the fenced writes of a held run (group-committed, groupcommit.py)
 - decisions.py: runs parked for people, their decisions, reconcile probes
+- messages.py: messages posted to a running run, and their delivery as USER steps
 - rows.py: the columns, the fence and the records rows become; gateway.py: the pool and query helpers
 """
 
@@ -15,11 +16,12 @@ from __future__ import annotations
 
 from agentrun.worker.store.claims import Claims
 from agentrun.worker.store.decisions import Decisions
+from agentrun.worker.store.messages import Messages
 from agentrun.worker.store.reads import Reads
 from agentrun.worker.store.steps import StepWrites
 from agentrun.worker.store.submit import Submissions
 
 
-class RunStore(Submissions, Reads, Claims, StepWrites, Decisions):
+class RunStore(Submissions, Reads, Claims, StepWrites, Decisions, Messages):
     """The run tables' one gateway. `writes` sends the fenced writes of held runs; by default they are
     group-committed (groupcommit.py)."""

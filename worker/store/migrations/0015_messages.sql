@@ -27,3 +27,16 @@ CREATE INDEX run_message_undelivered ON run_message (run_id, n) WHERE seq IS NUL
 
 -- Who wrote a USER step that is a person's message (the timeline and the events show it as createdBy).
 ALTER TABLE run_step ADD COLUMN created_by TEXT;
+
+-- A watcher sees a message counted when it is posted and when it is delivered: the run's change mark
+-- (0010, 0012) covers the two counters too. The same columns as 0012's, and the two.
+DROP TRIGGER run_event_mark ON run;
+CREATE TRIGGER run_event_mark BEFORE UPDATE ON run
+    FOR EACH ROW WHEN ((OLD.status, OLD.tokens_used, OLD.cost_usd, OLD.cancel_requested, OLD.error, OLD.locked_by,
+                        OLD.started_at, OLD.finished_at, OLD.deadline_at, OLD.run_at, OLD.model_retries,
+                        OLD.lease_epoch, OLD.messages_sent, OLD.messages_delivered)
+                       IS DISTINCT FROM
+                       (NEW.status, NEW.tokens_used, NEW.cost_usd, NEW.cancel_requested, NEW.error, NEW.locked_by,
+                        NEW.started_at, NEW.finished_at, NEW.deadline_at, NEW.run_at, NEW.model_retries,
+                        NEW.lease_epoch, NEW.messages_sent, NEW.messages_delivered))
+    EXECUTE FUNCTION agentrun_event_mark();

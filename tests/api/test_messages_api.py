@@ -13,9 +13,9 @@ from agentrun.worker.core.types import LlmRequest, LlmResponse, Usage
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
 from tests.support.api import status_is, submit
+from tests.support.builders import worker
 from tests.support.running import running
 from tests.support.sse import streaming
-from tests.support.builders import worker
 
 
 async def test_refusals_name_the_field_or_the_reason(client: httpx.AsyncClient, store: RunStore) -> None:

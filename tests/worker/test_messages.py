@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 
-from agentrun.worker.core.records import RunStatus, StepKind
+from agentrun.worker.core.records import Progress, RunStatus, StepKind
 from agentrun.worker.core.replay import MESSAGE
 from agentrun.worker.core.types import LlmRequest, LlmResponse, Usage
 from agentrun.worker.store import RunStore
@@ -159,13 +159,16 @@ async def test_a_finish_that_waits_on_a_post_sees_its_message_and_does_not_succe
             await posting.execute("UPDATE run SET messages_sent = messages_sent + 1 WHERE id = %s", (run.id,))
             await posting.execute("INSERT INTO run_message (run_id, n, text) VALUES (%s, 1, 'hi')", (run.id,))
             end = asyncio.create_task(store.finish(run.id, "worker-A", RunStatus.SUCCEEDED, None,
-                                                   epoch=claim.run.lease_epoch))
+                                                   epoch=claim.run.lease_epoch, lease_seconds=600))
             await _blocked_on_lock(posting, end)
-        assert await asyncio.wait_for(end, 10) is None
+        owed = await asyncio.wait_for(end, 10)
+        assert isinstance(owed, Progress) and owed.messages == 1
     after = await store.get(run.id)
     assert after is not None and after.status is RunStatus.RUNNING and after.locked_by == "worker-A"
+    assert after.locked_until is not None and claim.run.locked_until is not None
+    assert after.locked_until > claim.run.locked_until  # the refused finish renewed the lease it goes on under
     # A failure is not fenced: a run may fail with a message undelivered (it never passes for an answer).
-    assert await store.finish(run.id, "worker-A", RunStatus.FAILED, "x", epoch=claim.run.lease_epoch) >= 0  # type: ignore[operator]
+    assert isinstance(await store.finish(run.id, "worker-A", RunStatus.FAILED, "x", epoch=claim.run.lease_epoch), int)
 
 
 async def _blocked_on_lock(conn: psycopg.AsyncConnection[Any], task: asyncio.Task[Any]) -> None:
@@ -186,7 +189,7 @@ class CrashesAfterDelivery(RunStore):
     """The worker dies right after its delivery write committed (a BaseException the engine lets through)."""
 
     async def deliver_messages(self, *a: Any, **kw: Any) -> Any:
-        result = await super().deliver_messages(*a, **kw)
+        await super().deliver_messages(*a, **kw)
         raise SimulatedCrash("after the delivery write")
 
 
@@ -260,3 +263,34 @@ async def test_no_step_left_for_an_answer_fails_the_run_rather_than_succeeding_w
     async with serving(worker(racing, llm)):
         after = await finished(store, run.id)
     assert after.status is RunStatus.FAILED and "no step to answer it" in (after.error or "")
+
+
+async def test_a_continuation_of_a_run_that_opened_with_a_message_keeps_its_input_and_who_sent_it(
+    store: RunStore,
+) -> None:
+    run, _ = await store.create(new_run("first question"))
+    await store.post_message(run.id, "context before it starts", by="alice")
+    assert await worker(store, ScriptedLlm().then_text("first answer")).run_once() == run.id
+    assert [s.kind for s in await store.steps(run.id)] == [StepKind.USER, StepKind.MODEL]  # opened with the message
+    llm = ScriptedLlm().then_text("second answer")
+    child, _ = await store.create(new_run("second question", continue_from=run.id))
+    assert await worker(store, llm, name="worker-B").run_once() == child.id
+    after = await store.get(child.id)
+    assert after is not None and after.status is RunStatus.SUCCEEDED, after
+    sent = llm.seen[0]
+    assert [m["role"] for m in sent.messages] == ["user", "assistant", "user"]
+    assert _texts(sent) == ["first question", "context before it starts", "second question"]
+    steps = await store.steps(child.id)
+    assert [(s.kind, s.created_by, s.inherited) for s in steps[:3]] == [
+        (StepKind.USER, None, True), (StepKind.USER, "alice", True), (StepKind.MODEL, None, True)]
+
+
+async def test_a_message_the_budget_leaves_no_turn_for_fails_the_run_undelivered(store: RunStore) -> None:
+    racing = PostsBeforeFinish(store.pool)
+    racing.posted = []
+    llm = ScriptedLlm().then_text("done", in_=600, out=500)
+    run, _ = await store.create(new_run(token_budget=1000))
+    async with serving(worker(racing, llm)):
+        after = await finished(store, run.id)
+    assert after.status is RunStatus.FAILED and "token budget exhausted" in (after.error or "")
+    assert [m.seq for m in await store.messages(run.id)] == [None]  # not delivered: no turn could answer it

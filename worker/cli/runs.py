@@ -265,7 +265,8 @@ def _watch(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
         if not args.json and row.get("kind") == "USER" and row.get("seq") is not None:
             said = api.step(args.id, int(str(row["seq"])))  # the timeline row has no body: the message's text
             by = f" from {row['createdBy']}" if row.get("createdBy") else ""
-            client.emit(sys.stdout, client.terminal_safe(f"  user (seq {row['seq']}){by}: {said.get('response') or ''}"))
+            line = f"  user (seq {row['seq']}){by}: {said.get('response') or ''}"
+            client.emit(sys.stdout, client.terminal_safe(line))
 
     def text(seq: int, fragment: str) -> None:
         if args.json:

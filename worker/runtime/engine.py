@@ -144,11 +144,13 @@ class RunDriver:
 
     async def _resume(self, run: Run, progress: Progress, fresh: bool) -> RunStatus | None:
         if run.crashes >= self.settings.max_crash_claims:
-            return await self._finish(run, Stop(
+            failed = await self._finish(run, Stop(
                 RunStatus.FAILED,
                 f"the run was taken over {run.crashes} times from a worker that died or lost its lease mid-step "
                 f"(at most {self.settings.max_crash_claims}): a step of it may be killing its workers",
             ))
+            assert isinstance(failed, RunStatus)  # only a success waits for messages
+            return failed
         # A queued run with no step yet (most claims, in a busy fleet) has nothing to replay: no read.
         # Only a claim of a QUEUED run may say so: no holder can be writing to it meanwhile.
         steps = [] if fresh else await self.store.steps(run.id)
@@ -168,15 +170,15 @@ class RunDriver:
             if stop is None:
                 return None
             sent = time.monotonic()
-            status = await self._finish(run, stop)
-            if status is not None:
-                return status
+            ended = await self._finish(run, stop)
+            if isinstance(ended, RunStatus):
+                return ended
             # A message came in as the run was about to succeed (the finish was refused for it, and wrote
             # nothing): the run is still held; it goes on, and delivers it first.
             task = asyncio.current_task()
             assert task is not None
             self.keeper.hold(run.id, task, run.lease_epoch, since=sent)
-            progress = dataclasses.replace(progress, messages=max(progress.messages, 1))
+            progress = dataclasses.replace(ended, messages=max(ended.messages, 1))
 
     @staticmethod
     def _resume_seq(steps: list[Step]) -> int:
@@ -250,6 +252,9 @@ class RunDriver:
         if room < 1:
             return Stop(RunStatus.FAILED, f"step cap reached: a message came at step {own} of at most "
                         f"{run.max_steps}, which leaves no step to answer it")
+        stop = guard(run, progress, own, before_model_step=True)  # no message the model cannot answer
+        if stop is not None:
+            return stop
         write_id = uuid.uuid4()
         steps, progress = await self._durably(lambda again: self.store.deliver_messages(
             run.id, self.me, self.settings.lease_seconds, write_id=write_id, epoch=run.lease_epoch, again=again,
@@ -444,18 +449,19 @@ class RunDriver:
         own_steps = conv.steps - run.inherited_steps  # the step cap counts what this run did, not its parent
         return guard(run, progress, own_steps, before_model_step=model_next, owed=conv.owed)
 
-    async def _finish(self, run: Run, stop: Stop) -> RunStatus | None:
-        """End the run; None if it may not succeed yet, for messages posted to it that it has not seen."""
+    async def _finish(self, run: Run, stop: Stop) -> RunStatus | Progress:
+        """End the run; or, if it may not succeed yet for messages posted to it that it has not seen, its
+        progress now (nothing was written, the run is still held)."""
         self.keeper.drop(run.id)
         tokens = await self._durably(
             lambda again: self.store.finish(
                 run.id, self.me, stop.status, stop.reason or None, again=again, output=stop.output,
-                epoch=run.lease_epoch,
+                epoch=run.lease_epoch, lease_seconds=self.settings.lease_seconds,
             )
         )
-        if tokens is None:
+        if isinstance(tokens, Progress):
             log.info("%s run=%s has messages to deliver before it ends", self.me, run.id.hex[:8])
-            return None
+            return tokens
         self.observer.run_ended(run, stop.status, stop.reason or None)
         why = f" reason={stop.reason!r}" if stop.reason else ""
         log.info("%s run=%s %s tokens=%d%s", self.me, run.id.hex[:8], stop.status.value, tokens, why)

@@ -294,3 +294,40 @@ async def test_a_message_the_budget_leaves_no_turn_for_fails_the_run_undelivered
         after = await finished(store, run.id)
     assert after.status is RunStatus.FAILED and "token budget exhausted" in (after.error or "")
     assert [m.seq for m in await store.messages(run.id)] == [None]  # not delivered: no turn could answer it
+
+
+async def test_many_messages_posted_at_once_arrive_each_once_in_the_order_received(store: RunStore) -> None:
+    entered, proceed = asyncio.Event(), asyncio.Event()
+
+    @tool(name="slow")
+    async def slow(args: dict[str, Any], ctx: ToolContext) -> str:
+        entered.set()
+        await proceed.wait()
+        return "ok"
+
+    llm = ScriptedLlm().then_tool_use("toolu_1", "slow").then_text("read them all")
+    run, _ = await store.create(new_run("go", max_steps=500))
+    async with serving(worker(store, llm, [slow])):
+        await asyncio.wait_for(entered.wait(), 10)
+        posted = await asyncio.gather(*(store.post_message(run.id, f"message {i}", by=f"u{i % 3}") for i in range(150)))
+        assert all(m is not None for m, _ in posted)
+        proceed.set()
+        after = await finished(store, run.id)
+    assert after.status is RunStatus.SUCCEEDED, after.error
+    received = {m.text: m.n for m in await store.messages(run.id)}
+    assert sorted(received.values()) == list(range(1, 151))
+    users = [s for s in await store.steps(run.id) if s.kind is StepKind.USER]
+    # One USER step each, in the order the run received them (n), the seqs consecutive after the tool's.
+    assert [received[s.response or ""] for s in users] == list(range(1, 151))
+    assert [s.seq for s in users] == list(range(3, 153))
+    assert len(llm.seen) == 2 and _texts(llm.seen[1])[2:] == [s.response for s in users]
+    assert _alternates(llm.seen[1])
+
+
+async def test_the_store_refuses_text_it_cannot_hold(store: RunStore) -> None:
+    import pytest
+
+    run, _ = await store.create(new_run())
+    with pytest.raises(ValueError, match="message text"):
+        await store.post_message(run.id, "a\x00b")
+    assert await store.messages(run.id) == [] and (await store.get(run.id)).messages_sent == 0  # type: ignore[union-attr]

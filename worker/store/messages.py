@@ -13,6 +13,7 @@ from typing import Any
 
 from agentrun.worker.core.records import Message, Progress, RunStatus, Step, StepKind, StepStatus
 from agentrun.worker.core.replay import MESSAGE
+from agentrun.worker.core.text import unstorable
 from agentrun.worker.store.gateway import Gateway
 from agentrun.worker.store.rows import FENCE, OWNED, PROGRESS, LeaseLost, _progress
 
@@ -32,9 +33,12 @@ class Messages(Gateway):
         """Store a message for a run that has not finished: (the message, its status then).
 
         (None, None): there is no such run; (None, status): it has finished (`status`), nothing stored.
+        Raises ValueError for a text PostgreSQL cannot store (a NUL character, a lone surrogate).
         One statement: the UPDATE that counts the message locks the run row and, should the run's end be
         committing meanwhile, re-checks the row's new version, so a run that finished is never told it.
         """
+        if (why := unstorable(text)) is not None:
+            raise ValueError(f"message text {why}")  # the API refuses it first (422); a caller of the store too
         row = await self._one(
             f"""WITH counted AS (
                     UPDATE run SET messages_sent = messages_sent + 1

@@ -27,6 +27,8 @@ GRANT INSERT ON run_lease TO agentrun_runtime;
 GRANT SELECT, INSERT, DELETE ON worker_suspect TO agentrun_runtime;
 -- Decisions on tool calls that need a person (approvals, calls in doubt): asked by workers, made via the API.
 GRANT SELECT, INSERT, UPDATE ON run_decision TO agentrun_runtime;
+-- Messages into running runs (migration 0015): stored via the API, marked delivered by workers.
+GRANT SELECT, INSERT, UPDATE ON run_message TO agentrun_runtime;
 -- /readyz and `agentrun worker` (without --no-migrate) read the applied versions.
 GRANT SELECT ON schema_migration TO agentrun_runtime;
 -- Fleet-wide model limits (worker/llm/limits.py): one row per limit, reserved and freed by workers.
@@ -43,3 +45,4 @@ GRANT SELECT, INSERT, UPDATE ON agent, agent_version TO agentrun_runtime;
 GRANT DELETE ON run, run_step TO agentrun_runtime;
 GRANT SELECT, DELETE ON run_lease TO agentrun_runtime;
 GRANT DELETE ON run_decision TO agentrun_runtime;
+GRANT DELETE ON run_message TO agentrun_runtime;

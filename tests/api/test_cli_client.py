@@ -113,7 +113,7 @@ async def test_token_from_the_environment(store: RunStore, toolbox: ToolBox, cap
         assert code == 0 and json.loads(out) == {"items": [], "next": None}
 
 
-@pytest.mark.parametrize("command", ["submit", "get", "timeline", "cancel", "watch", "list"])
+@pytest.mark.parametrize("command", ["submit", "get", "timeline", "cancel", "watch", "list", "message"])
 def test_every_runs_command_says_what_it_does_and_reads(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit:
         cli.main(["runs", command, "--help"])

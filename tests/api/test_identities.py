@@ -83,6 +83,8 @@ ENDPOINTS: list[tuple[str, str, dict[str, Any] | None, Scope | None, int]] = [
     ("GET", "/api/runs/{id}/timeline", None, Scope.READ, 200),
     ("GET", "/api/runs/{id}/steps/1", None, Scope.READ, 404),  # allowed: the run has no step 1
     ("POST", "/api/runs/{id}/cancel", None, Scope.CANCEL, 202),
+    ("POST", "/api/runs/{id}/messages", {"text": "hi"}, Scope.SUBMIT, 202),
+    ("GET", "/api/runs/{id}/messages", None, Scope.READ, 200),
     ("GET", "/api/whoami", None, None, 200),
 ]
 CALLERS = [*IDENTITIES, "default"]

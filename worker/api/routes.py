@@ -21,6 +21,8 @@ from agentrun.worker.api.schemas import (
     DecisionView,
     ErrorBody,
     FieldProblem,
+    MessageRequest,
+    MessageView,
     PendingView,
     RunCreated,
     RunPage,
@@ -286,6 +288,31 @@ class RunRoutes:
             detail = detail.model_copy(update={"decisions": decided})
         return detail
 
+    async def message(self, run_id: RunId, body: MessageRequest, request: Request) -> MessageView:
+        """Send a message to a run while it works. It is stored at once (202) and delivered to the model as a
+        user turn at the run's next turn boundary: after the model's current turn and all its tool calls,
+        before its next call; a WAITING run gets it when it resumes. Messages are delivered in the order
+        received, each as a USER step of the timeline with `createdBy`. A run that has finished (or was asked
+        to stop) takes none: a 409; go on with its conversation in a new run with `continueFrom`. A run that
+        ends by its guard (budget, deadline, step cap) before the next boundary does not deliver it (`seq`
+        stays null); one never succeeds with a message undelivered. Scope: `submit`; recorded as `createdBy`."""
+        message, status = await self.store.post_message(run_id, body.text, caller_name(request))
+        if status is None:
+            raise _not_found(run_id)
+        if message is None:
+            why = f"has already finished: {status.value}" if status.terminal else "was asked to stop"
+            raise ApiError(409, f"run {run_id} {why}; to go on with its conversation, submit a new run with "
+                           f'"continueFrom": "{run_id}" and your message as its input')
+        return MessageView.of(message)
+
+    async def messages(self, run_id: RunId) -> list[MessageView]:
+        """The messages posted to the run, in the order received; `seq` is null for those not delivered yet.
+        Scope: `read`."""
+        found = await self.store.messages(run_id)
+        if not found:
+            await self.get_run(run_id)
+        return [MessageView.of(m) for m in found]
+
     async def cancel(self, run_id: RunId, request: Request) -> RunView:
         """Ask a run to stop: a queued run is CANCELLED at once, a running one at its next step boundary.
 
@@ -354,6 +381,11 @@ DECIDE_ERRORS: Responses = {
     400: {"model": ErrorBody, "description": "A bad body: `record` without `output`"},
 }
 CANCEL_ERRORS: Responses = {409: {"model": ErrorBody, "description": "The run has already finished"}}
+MESSAGE_ERRORS: Responses = {
+    409: {"model": ErrorBody, "description": "The run has finished (or was asked to stop): continue its "
+          "conversation with a new run whose `continueFrom` names it"},
+    400: {"model": ErrorBody, "description": "The body is not JSON, or over the size limit"},
+}
 
 
 def runs_router(
@@ -377,6 +409,9 @@ def runs_router(
     router.post("/{id}/pending/{toolUseId}", response_model=RunView, **access(Scope.DECIDE, secured),
                 responses=DECIDE_ERRORS)(routes.decide)
     router.get("/{id}/steps/{seq}", response_model=StepDetail, **read)(routes.step)
+    router.post("/{id}/messages", status_code=202, response_model=MessageView, **access(Scope.SUBMIT, secured),
+                responses=MESSAGE_ERRORS)(routes.message)
+    router.get("/{id}/messages", response_model=list[MessageView], **read)(routes.messages)
     router.post("/{id}/cancel", status_code=202, response_model=RunView, **access(Scope.CANCEL, secured),
                 responses=CANCEL_ERRORS)(routes.cancel)
     return router

@@ -15,7 +15,17 @@ from pydantic_core import PydanticCustomError
 from agentrun.worker.api.identities import Scope
 from agentrun.worker.core.agents import AGENT_REF, parse_ref
 from agentrun.worker.core.errors import Refused
-from agentrun.worker.core.records import Decision, DecisionKind, PendingCall, Run, RunStatus, Step, StepKind, StepStatus
+from agentrun.worker.core.records import (
+    Decision,
+    DecisionKind,
+    Message,
+    PendingCall,
+    Run,
+    RunStatus,
+    Step,
+    StepKind,
+    StepStatus,
+)
 from agentrun.worker.core.submission import DEFAULT_MAX_STEPS, RunSpec
 from agentrun.worker.core.text import unstorable
 
@@ -30,6 +40,7 @@ MAX_SEQ = 2**31 - 1  # run_step.seq is an INT
 PREVIEW_CHARS = 120
 MAX_PRIORITY = 1_000_000
 MAX_DELAY_SECONDS = 10 * 366 * 24 * 3600  # ten years: far enough for any schedule, far from the calendar's end
+MAX_MESSAGE_CHARS = 100_000  # a message to a running run: a person's turn, not a document store
 
 
 def _storable(value: str) -> str:
@@ -300,6 +311,9 @@ class RunView(_Camel):
     agent_version: int | None = Field(None, description="The version of that agent the run is pinned to.")
     sub_agents: list[str] | None = Field(None, description="The agents the run may hand work to, pinned: "
                                          "`name@version`.")
+    messages_sent: int = Field(0, description="Messages posted to the run (POST /api/runs/{id}/messages).")
+    messages_delivered: int = Field(0, description="Of those, delivered to the model as USER steps; the rest "
+                                    "wait for the run's next turn boundary.")
 
     @classmethod
     def of(cls, run: Run) -> RunView:
@@ -317,6 +331,7 @@ class RunView(_Camel):
             priority=run.priority, run_at=run.run_at, model_retries=run.model_retries, lease_epoch=run.lease_epoch,
             agent=run.agent, agent_version=run.agent_version,
             sub_agents=list(run.sub_agents) if run.sub_agents is not None else None,
+            messages_sent=run.messages_sent, messages_delivered=run.messages_delivered,
         )
 
 
@@ -398,6 +413,8 @@ class TimelineStep(_Camel):
     decisions: list[DecisionView] = Field(
         default_factory=list, description="What people decided about this tool call (approval, in doubt)."
     )
+    created_by: str | None = Field(None, description="A USER step that delivered a message posted to the run: "
+                                   "who sent it, named as the run's `createdBy` (null on an open API).")
 
     @classmethod
     def waiting(cls, call: PendingCall, decided: list[PendingCall]) -> TimelineStep:
@@ -405,7 +422,7 @@ class TimelineStep(_Camel):
         return cls(seq=None, kind=StepKind.TOOL, tool_name=call.tool_name, tool_use_id=call.tool_use_id,
                    status="WAITING", stop_reason=None, input_tokens=0, output_tokens=0,
                    cache_creation_input_tokens=0, cache_read_input_tokens=0, cost_usd=None, latency_ms=None,
-                   attempts=0, started_at=None, finished_at=None, worker=None, inherited=False,
+                   attempts=0, started_at=None, finished_at=None, worker=None, inherited=False, created_by=None,
                    decisions=[DecisionView.of(d) for d in decided])
 
     @classmethod
@@ -416,7 +433,7 @@ class TimelineStep(_Camel):
             output_tokens=step.output_tokens, cache_creation_input_tokens=step.cache_creation_input_tokens,
             cache_read_input_tokens=step.cache_read_input_tokens, cost_usd=_usd(step.cost_usd),
             latency_ms=step.latency_ms, attempts=step.attempts, started_at=step.started_at,
-            finished_at=step.finished_at, worker=step.worker, inherited=step.inherited,
+            finished_at=step.finished_at, worker=step.worker, inherited=step.inherited, created_by=step.created_by,
         )
 
     @classmethod
@@ -485,3 +502,32 @@ class ErrorBody(BaseModel):
 
     error: str
     fields: list[FieldProblem] = []
+
+
+class MessageRequest(_Camel):
+    """A message for a run while it works: the model gets it as a user turn at the run's next turn boundary."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: Annotated[
+        str, Field(min_length=1, max_length=MAX_MESSAGE_CHARS, json_schema_extra={"pattern": NOT_BLANK},
+                   description=f"The message (1 to {MAX_MESSAGE_CHARS} characters, not blank)."),
+        AfterValidator(_storable), AfterValidator(_not_blank),
+    ]
+
+
+class MessageView(_Camel):
+    """A message posted to a run: `seq` is the USER step that delivered it, null while it waits."""
+
+    run_id: uuid.UUID
+    n: int = Field(description="1, 2, ...: the order the run received its messages in, which is the order the "
+                   "model gets them.")
+    text: str
+    created_by: str | None = Field(description="Who sent it, named as the run's `createdBy`.")
+    created_at: datetime.datetime
+    seq: int | None = Field(description="The USER step that delivered it; null until it is delivered.")
+
+    @classmethod
+    def of(cls, message: Message) -> MessageView:
+        return cls(run_id=message.run_id, n=message.n, text=message.text, created_by=message.created_by,
+                   created_at=message.created_at, seq=message.seq)

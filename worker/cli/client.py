@@ -73,6 +73,12 @@ class RunsClient:
     def cancel(self, run_id: str) -> dict[str, Any]:
         return self._call("POST", f"/api/runs/{_run_id(run_id)}/cancel")  # type: ignore[no-any-return]
 
+    def message(self, run_id: str, text: str) -> dict[str, Any]:
+        return self._call("POST", f"/api/runs/{_run_id(run_id)}/messages", json={"text": text})  # type: ignore[no-any-return]
+
+    def step(self, run_id: str, seq: int) -> dict[str, Any]:
+        return self._call("GET", f"/api/runs/{_run_id(run_id)}/steps/{int(seq)}")  # type: ignore[no-any-return]
+
     def pending(self, run_id: str) -> list[dict[str, Any]]:
         return self._call("GET", f"/api/runs/{_run_id(run_id)}/pending")  # type: ignore[no-any-return]
 

@@ -69,6 +69,12 @@ def add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("id", help="run id")
     p.add_argument("--interval", type=positive_float, default=1.0, metavar="S",
                    help="seconds before resuming a dropped event stream (default: 1)")
+    p = command("message", "send a message to a running run",
+                "Send a message to a run while it works: it is stored at once and the model gets it as a user "
+                "turn at the run's next turn boundary (after its current turn and tool calls; a WAITING run when "
+                "it resumes). A finished run takes none: go on with `runs submit TEXT --continue-from ID`.")
+    p.add_argument("id", help="run id")
+    p.add_argument("text", metavar="TEXT", help="the message")
     p = command("list", "list runs, newest first", "List runs, newest first, a page at a time.")
     p.add_argument("--status", choices=[s.value for s in RunStatus],
                    help="only runs in this status")
@@ -199,6 +205,17 @@ def _decide(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
     return 0
 
 
+def _message(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
+    from agentrun.worker.cli import client
+    from agentrun.worker.core.text import unstorable
+
+    if why := unstorable(args.text):
+        raise client.ClientError(0, f"text: {why}")
+    sent = api.message(args.id, args.text)
+    show(sent, f"{sent['runId']} message {sent['n']} accepted: the run gets it at its next turn boundary")
+    return 0
+
+
 def _get(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
     from agentrun.worker.cli import client
 
@@ -245,6 +262,11 @@ def _watch(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
             client.emit(sys.stdout, "")
             streaming[0] = 0
         show(row, client.step_row(row))
+        if not args.json and row.get("kind") == "USER" and row.get("seq") is not None:
+            said = api.step(args.id, int(str(row["seq"])))  # the timeline row has no body: the message's text
+            by = f" from {row['createdBy']}" if row.get("createdBy") else ""
+            line = f"  user (seq {row['seq']}){by}: {said.get('response') or ''}"
+            client.emit(sys.stdout, client.terminal_safe(line))
 
     def text(seq: int, fragment: str) -> None:
         if args.json:
@@ -265,5 +287,5 @@ def _watch(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
 
 COMMANDS: dict[str, Callable[[RunsClient, argparse.Namespace, Show], int]] = {
     "submit": _submit, "fork": _fork, "pending": _pending, "decide": _decide, "get": _get,
-    "timeline": _timeline, "cancel": _cancel, "list": _list, "watch": _watch,
+    "timeline": _timeline, "cancel": _cancel, "list": _list, "watch": _watch, "message": _message,
 }

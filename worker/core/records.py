@@ -138,6 +138,8 @@ class Run:
     waiting_for: str | None = None  # WAITING: "children", or None (decisions)
     children_tokens_live: int = 0  # what its descendants still at work have spent so far (reads only)
     children_cost_live: Decimal = Decimal(0)
+    messages_sent: int = 0  # messages posted to the run (POST /api/runs/{id}/messages)
+    messages_delivered: int = 0  # of those, delivered as USER steps
 
     traceparent: str | None = None
 
@@ -181,6 +183,7 @@ class Step:
     started_at: datetime.datetime | None = None
     finished_at: datetime.datetime | None = None
     inherited: bool = False  # copied from the run this one was continued or forked from
+    created_by: str | None = None  # USER: who sent the message (a message posted to the run)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,6 +210,8 @@ class Progress:
     cost_usd: Decimal
     cancel_requested: bool
     db_now: datetime.datetime
+    messages: int = 0
+    """Messages posted to the run and not yet delivered: the driver delivers them at the next turn boundary."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -228,3 +233,15 @@ class PendingCall:
     attempt: int = 0
     """The executions of the call already started when it was asked (0: an approval before any); the
     decision authorises execution `attempt + 1` and no other."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Message:
+    """A message posted to a run while it works: delivered as a USER step (`seq`) at its next turn boundary."""
+
+    run_id: uuid.UUID
+    n: int  # 1, 2, ...: the order received
+    text: str
+    created_by: str | None
+    created_at: datetime.datetime
+    seq: int | None = None  # the USER step that delivered it; None until then

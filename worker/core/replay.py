@@ -24,6 +24,10 @@ from agentrun.worker.core.types import Block, Message
 CORRECTION = "correction"
 """The `request` of a USER step the engine wrote to correct a structured answer (not a person's input)."""
 
+MESSAGE = "message"
+"""The `request` of a USER step that delivered a message posted to the run while it worked
+(POST /api/runs/{id}/messages); its `created_by` says who sent it."""
+
 STOP_REASONS = frozenset(
     {"end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal", "model_context_window_exceeded"}
 )
@@ -142,7 +146,7 @@ class Conversation:
         opening message, inherited), and then `input` is a USER step of its own, further on."""
         c = cls(input)
         for i, s in enumerate(steps):
-            if i == 0 and s.kind is StepKind.USER:
+            if i == 0 and s.kind is StepKind.USER and s.request != MESSAGE:
                 c.messages = []
             c.apply(s)
         return c
@@ -180,7 +184,13 @@ class Conversation:
             if step.request == CORRECTION:
                 self.rejected_answers += 1
             self._flush()
-            self.messages.append({"role": "user", "content": step.response or ""})
+            if step.request == MESSAGE and self.messages and self.messages[-1]["role"] == "user":
+                # A message delivered right after the tool results of a turn (or after the input, or another
+                # message) joins that user turn: the roles alternate, as the Messages API wants them.
+                self.messages[-1] = {"role": "user", "content": [
+                    *_blocks(self.messages[-1]["content"]), {"type": "text", "text": step.response or ""}]}
+            else:
+                self.messages.append({"role": "user", "content": step.response or ""})
             self.last_stop = None
             self.refused = None
             self.pending = {}
@@ -234,6 +244,13 @@ class Conversation:
         if self._results:
             self.messages.append({"role": "user", "content": self._results})
             self._results = []
+
+
+def _blocks(content: Any) -> list[Block]:
+    """A message's content as a list of blocks (a plain string is one text block)."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content)
 
 
 def problem(content: Any, stop_reason: str | None, used: set[str]) -> str | None:

@@ -155,11 +155,13 @@ class RunDriver:
 
     async def _resume(self, run: Run, progress: Progress, fresh: bool) -> RunStatus | None:
         if run.crashes >= self.settings.max_crash_claims:
-            return await self._finish(run, Stop(
+            failed = await self._finish(run, Stop(
                 RunStatus.FAILED,
                 f"the run was taken over {run.crashes} times from a worker that died or lost its lease mid-step "
                 f"(at most {self.settings.max_crash_claims}): a step of it may be killing its workers",
             ))
+            assert isinstance(failed, RunStatus)  # only a success waits for messages
+            return failed
         # A queued run with no step yet (most claims, in a busy fleet) has nothing to replay: no read.
         # Only a claim of a QUEUED run may say so: no holder can be writing to it meanwhile.
         steps = [] if fresh else await self.store.steps(run.id)
@@ -167,14 +169,27 @@ class RunDriver:
         if steps:
             log.info("%s run=%s resumed at seq=%d", self.me, run.id.hex[:8], self._resume_seq(steps))
         # The deadline interrupts a step in flight, never the finishing write: _loop only decides.
-        try:
-            async with asyncio.timeout(max(remaining(run, progress.db_now), 0)) as deadline:
-                stop = await self._loop(run, progress, conv)
-        except TimeoutError:
-            if not deadline.expired():
-                raise
-            stop = deadline_passed(run)
-        return None if stop is None else await self._finish(run, stop)
+        deadline_at = asyncio.get_running_loop().time() + max(remaining(run, progress.db_now), 0)
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline_at) as deadline:
+                    stop = await self._loop(run, progress, conv)
+            except TimeoutError:
+                if not deadline.expired():
+                    raise
+                stop = deadline_passed(run)
+            if stop is None:
+                return None
+            sent = time.monotonic()
+            ended = await self._finish(run, stop)
+            if isinstance(ended, RunStatus):
+                return ended
+            # A message came in as the run was about to succeed (the finish was refused for it, and wrote
+            # nothing): the run is still held; it goes on, and delivers it first.
+            task = asyncio.current_task()
+            assert task is not None
+            self.keeper.hold(run.id, task, run.lease_epoch, since=sent)
+            progress = dataclasses.replace(ended, messages=max(ended.messages, 1))
 
     @staticmethod
     def _resume_seq(steps: list[Step]) -> int:
@@ -197,6 +212,12 @@ class RunDriver:
             stop = self._decide(run, progress, conv)
             if stop is not None:
                 return stop
+            if progress.messages and not conv.pending:  # a turn boundary, with messages waiting
+                delivered = await self._deliver(run, progress, conv)
+                if isinstance(delivered, Stop):
+                    return delivered
+                progress = delivered
+                continue
             if conv.pending:
                 step = await self._owed(run, progress, conv)
                 if isinstance(step, Stop):
@@ -232,6 +253,29 @@ class RunDriver:
                         return Stop(RunStatus.FAILED, str(e))
                     await self._hand_back_in_outage(run, e)
                     return None
+
+    async def _deliver(self, run: Run, progress: Progress, conv: Conversation) -> Progress | Stop:
+        """Deliver the messages posted to the run as USER steps, in the order received: at a turn boundary
+        (the model's turn and all its tool calls done, so never between a tool_use and its result), before
+        the next model call. The write marks them delivered with the steps, once (store/messages.py)."""
+        own = conv.steps - run.inherited_steps
+        room = run.max_steps - own - 1  # the messages, and one step left for the model to answer them
+        if room < 1:
+            return Stop(RunStatus.FAILED, f"step cap reached: a message came at step {own} of at most "
+                        f"{run.max_steps}, which leaves no step to answer it")
+        stop = guard(run, progress, own, before_model_step=True)  # no message the model cannot answer
+        if stop is not None:
+            return stop
+        write_id = uuid.uuid4()
+        steps, progress = await self._durably(lambda again: self.store.deliver_messages(
+            run.id, self.me, self.settings.lease_seconds, write_id=write_id, epoch=run.lease_epoch, again=again,
+            limit=room,
+        ))
+        for step in steps:
+            conv.apply(step)
+            log.info("%s run=%s seq=%d USER message from %s", self.me, run.id.hex[:8], step.seq,
+                     step.created_by or "-")
+        return progress
 
     async def _owed(self, run: Run, progress: Progress, conv: Conversation) -> Progress | Stop | None:
         """Take the next step about the tool calls the run owes: a structured answer, a call that runs, a
@@ -525,14 +569,19 @@ class RunDriver:
                                            cost_usd=progress.cost_usd + run.children_cost)
         return guard(run, progress, own_steps, before_model_step=model_next, owed=conv.owed)
 
-    async def _finish(self, run: Run, stop: Stop) -> RunStatus:
+    async def _finish(self, run: Run, stop: Stop) -> RunStatus | Progress:
+        """End the run; or, if it may not succeed yet for messages posted to it that it has not seen, its
+        progress now (nothing was written, the run is still held)."""
         self.keeper.drop(run.id)
         tokens = await self._durably(
             lambda again: self.store.finish(
                 run.id, self.me, stop.status, stop.reason or None, again=again, output=stop.output,
-                epoch=run.lease_epoch,
+                epoch=run.lease_epoch, lease_seconds=self.settings.lease_seconds,
             )
         )
+        if isinstance(tokens, Progress):
+            log.info("%s run=%s has messages to deliver before it ends", self.me, run.id.hex[:8])
+            return tokens
         self.observer.run_ended(run, stop.status, stop.reason or None)
         why = f" reason={stop.reason!r}" if stop.reason else ""
         log.info("%s run=%s %s tokens=%d%s", self.me, run.id.hex[:8], stop.status.value, tokens, why)

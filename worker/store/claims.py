@@ -72,7 +72,8 @@ class Claims(Gateway):
             taken_from = row.pop("taken_from")
             run = _run(row)
             claims.append(Claim(
-                run, Progress(run.tokens_used, run.cost_usd, run.cancel_requested, db_now), taken_from, sent_at
+                run, Progress(run.tokens_used, run.cost_usd, run.cancel_requested, db_now,
+                              run.messages_sent - run.messages_delivered), taken_from, sent_at
             ))
         # Highest priority first, as they were chosen (UPDATE … RETURNING keeps no order of its own).
         claims.sort(key=lambda c: (-c.run.priority, c.run.run_at or c.progress.db_now))

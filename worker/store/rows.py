@@ -39,7 +39,8 @@ RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_bu
     r.idempotency_key, r.k8s_namespace, r.k8s_name, r.crashes, r.model_retries, r.created_by,
     r.cancelled_by, r.traceparent, r.priority, r.run_at,
     r.require_approval, r.output_schema, r.output, r.parent_run_id, r.forked_at_seq, r.inherited_steps,
-    r.lease_epoch, r.agent, r.agent_version, r.sub_agents, r.parent_tool_use_id, r.root_run_id, r.depth,
+    r.lease_epoch, r.messages_sent, r.messages_delivered, r.agent, r.agent_version, r.sub_agents,
+    r.parent_tool_use_id, r.root_run_id, r.depth,
     r.children_active, r.children_tokens, r.children_cost, r.waiting_for,
     CASE WHEN r.children_active > 0 THEN (SELECT row(coalesce(sum(t.tokens_used + t.children_tokens), 0),
                                                      coalesce(sum(t.cost_usd + t.children_cost), 0))
@@ -51,7 +52,7 @@ RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_bu
 
 STEP_COLUMNS = """run_id, seq, kind, status, tool_name, tool_use_id, request, response, stop_reason,
     input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd,
-    latency_ms, attempts, worker, started_at, finished_at, inherited"""
+    latency_ms, attempts, worker, started_at, finished_at, inherited, created_by"""
 
 TIMELINE_COLUMNS = STEP_COLUMNS.replace("request, response,", "NULL AS request, NULL AS response,")
 
@@ -69,10 +70,11 @@ FENCE = f"""fence AS (
 OWNED = """owned AS (
     UPDATE run SET locked_until = now() + make_interval(secs => %(lease)s) {extra}
     FROM fence WHERE run.id = fence.id
-    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)"""
+    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now,
+        run.messages_sent - run.messages_delivered AS messages_waiting)"""
 
 
-PROGRESS = "owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now"
+PROGRESS = "owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now, owned.messages_waiting"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,4 +135,5 @@ def _step(row: dict[str, Any]) -> Step:
 
 
 def _progress(row: dict[str, Any]) -> Progress:
-    return Progress(row["tokens_used"], row["cost_usd"], row["cancel_requested"], row["db_now"])
+    return Progress(row["tokens_used"], row["cost_usd"], row["cancel_requested"], row["db_now"],
+                    row.get("messages_waiting") or 0)

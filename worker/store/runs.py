@@ -10,6 +10,7 @@ zero rows means the lease is gone (`LeaseLost`). The store is split by concern, 
 - decisions.py: runs parked for people, their decisions, reconcile probes
 - children.py: sub-agents' child runs, the parent's wait for them, cancels that cascade
 - agents.py: agent definitions, versioned, and their resolution for a new run
+- messages.py: messages posted to a running run, and their delivery as USER steps
 - rows.py: the columns, the fence and the records rows become; gateway.py: the pool and query helpers
 """
 
@@ -19,11 +20,12 @@ from agentrun.worker.store.agents import Agents
 from agentrun.worker.store.children import Children
 from agentrun.worker.store.claims import Claims
 from agentrun.worker.store.decisions import Decisions
+from agentrun.worker.store.messages import Messages
 from agentrun.worker.store.reads import Reads
 from agentrun.worker.store.steps import StepWrites
 from agentrun.worker.store.submit import Submissions
 
 
-class RunStore(Submissions, Reads, Claims, StepWrites, Decisions, Children, Agents):
+class RunStore(Submissions, Reads, Claims, StepWrites, Decisions, Children, Agents, Messages):
     """The run tables' one gateway. `writes` sends the fenced writes of held runs; by default they are
     group-committed (groupcommit.py)."""

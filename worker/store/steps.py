@@ -39,7 +39,8 @@ SHARED_FENCE = """fence AS (
     WHERE run.status = 'RUNNING' AND (w.epoch IS NULL OR run.lease_epoch = w.epoch)
     ORDER BY run.id FOR UPDATE OF run)"""
 
-SHARED_PROGRESS = "owned.id, owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now"
+SHARED_PROGRESS = (
+    "owned.id, owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now, owned.messages_waiting")
 
 CHECKPOINTS = Shared("checkpoint_model", f"""
 WITH w AS (
@@ -64,7 +65,8 @@ owned AS (
         tokens_used = run.tokens_used + coalesce(step.tokens, 0),
         cost_usd = run.cost_usd + coalesce(step.cost_usd, 0), model_retries = 0
     FROM w JOIN fence USING (id) LEFT JOIN step USING (id) WHERE run.id = w.id
-    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)
+    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now,
+        run.messages_sent - run.messages_delivered AS messages_waiting)
 SELECT coalesce(step.seq, done.seq) AS seq, {SHARED_PROGRESS}
 FROM owned LEFT JOIN step USING (id) LEFT JOIN done USING (id)""".encode(),
     ("id", "worker", "epoch", "lease", "wid", "request", "response", "stop", "in", "out", "cw", "cr", "cost", "ms"))
@@ -90,7 +92,8 @@ step AS (
 owned AS (
     UPDATE run SET locked_until = now() + make_interval(secs => w.lease)
     FROM w JOIN fence USING (id) WHERE run.id = w.id
-    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)
+    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now,
+        run.messages_sent - run.messages_delivered AS messages_waiting)
 SELECT coalesce(step.seq, done.seq) AS seq, coalesce(step.attempts, done.attempts) AS attempts, {SHARED_PROGRESS}
 FROM owned LEFT JOIN step USING (id) LEFT JOIN done USING (id)""".encode(),
     ("id", "worker", "epoch", "lease", "wid", "tuid", "name", "request"))
@@ -111,7 +114,8 @@ step AS (
 owned AS (
     UPDATE run SET locked_until = now() + make_interval(secs => w.lease)
     FROM w JOIN fence USING (id) WHERE run.id = w.id
-    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now)
+    RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now,
+        run.messages_sent - run.messages_delivered AS messages_waiting)
 SELECT step.seq, {SHARED_PROGRESS} FROM owned LEFT JOIN step USING (id)""".encode(),
     ("id", "worker", "epoch", "lease", "wid", "tuid", "status", "output", "ms"))
 
@@ -243,30 +247,52 @@ class StepWrites(Gateway):
 
     async def finish(
         self, run_id: uuid.UUID, worker: str, status: RunStatus, error: str | None, *, again: bool = False,
-        output: Any = None, epoch: int | None = None,
-    ) -> int:
+        output: Any = None, epoch: int | None = None, lease_seconds: float | None = None,
+    ) -> int | Progress:
         """End a held run; returns its tokens used. locked_by keeps the worker that finished it.
 
         `again` is for sending the same finish after its outcome was lost: a run this worker already
         ended with that status counts as done rather than as a lost lease.
+
+        A run does not end SUCCEEDED while a message posted to it is undelivered (messages.py): then nothing
+        is written but the lease's renewal (`lease_seconds`, when given), and the answer is the run's progress
+        now, the run still held, for the driver to deliver them and go on.
+        The fence locks the run row first and reads the counters from its newest version, so a message
+        whose post committed while this waited for the row is seen.
         """
         assert status.terminal
         params = {"status": status.value, "error": clean(error) if error is not None else None, "id": run_id,
                   "worker": worker, "again": again, "output": Jsonb(output) if output is not None else None,
-                  "epoch": epoch}
+                  "epoch": epoch, "lease": lease_seconds}
         row = await self._fenced(
             run_id,
-            f"""WITH done AS (
+            f"""WITH fence AS (
+                    SELECT id, %(status)s = 'SUCCEEDED' AND messages_sent <> messages_delivered AS owed,
+                           tokens_used, cost_usd, cancel_requested, messages_sent - messages_delivered AS messages_waiting
+                    FROM run
+                    WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING' AND {EPOCH}
+                    FOR UPDATE),
+                done AS (
                     UPDATE run SET status = %(status)s, error = %(error)s, finished_at = now(), locked_until = NULL,
                                    output = %(output)s
-                    WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING' AND {EPOCH}
-                    RETURNING tokens_used)
+                    FROM fence WHERE run.id = fence.id AND NOT fence.owed
+                    RETURNING run.tokens_used),
+                renewed AS (
+                    UPDATE run SET locked_until = now() + make_interval(secs => %(lease)s::float8)
+                    FROM fence WHERE run.id = fence.id AND fence.owed AND %(lease)s::float8 IS NOT NULL
+                    RETURNING run.id)
                 SELECT coalesce(
                     (SELECT tokens_used FROM done),
                     (SELECT tokens_used FROM run WHERE %(again)s AND id = %(id)s AND locked_by = %(worker)s
-                        AND status = %(status)s AND {EPOCH})) AS tokens_used""",
+                        AND status = %(status)s AND {EPOCH})) AS tokens_used,
+                    coalesce((SELECT owed FROM fence), false) AS owed, now() AS db_now,
+                    (SELECT tokens_used FROM fence) AS held_tokens, (SELECT cost_usd FROM fence) AS cost_usd,
+                    (SELECT cancel_requested FROM fence) AS cancel_requested,
+                    (SELECT messages_waiting FROM fence) AS messages_waiting""",
             params, again=again,
         )
+        if row is not None and row["tokens_used"] is None and row["owed"]:
+            return _progress({**row, "tokens_used": row["held_tokens"]})
         if row is None or row["tokens_used"] is None:
             raise LeaseLost(run_id, worker)
         return int(row["tokens_used"])

@@ -24,13 +24,15 @@ from agentrun.worker.store.gateway import Gateway
 # decisions, before it runs one again. So is a STARTED step just past a fork's last step whose call the
 # fork still owes (no model or user step between): a fork at the model step that asked for a call in
 # doubt must not make that call again unasked. A continuation goes on from a SUCCEEDED run, which owes
-# nothing: its STARTED rows, if any, are history only.
+# nothing: its STARTED rows, if any, are history only. A parent whose first step is a message posted to it
+# (delivered before its first model call) did not begin with a USER step of its own: it gets its opening too.
 _INHERIT = b"""
 WITH parent AS (SELECT id, input FROM run WHERE id = %(parent)s),
 opening AS (
     SELECT p.input FROM parent p
     WHERE %(fork_seq)s::int IS NULL
-      AND NOT EXISTS (SELECT 1 FROM run_step s WHERE s.run_id = p.id AND s.seq = 1 AND s.kind = 'USER')),
+      AND NOT EXISTS (SELECT 1 FROM run_step s WHERE s.run_id = p.id AND s.seq = 1 AND s.kind = 'USER'
+                      AND s.request IS DISTINCT FROM 'message')),
 copied AS (
     SELECT s.* FROM run_step s JOIN parent p ON s.run_id = p.id
     WHERE %(fork_seq)s::int IS NULL OR s.seq <= %(fork_seq)s
@@ -41,14 +43,14 @@ shift AS (SELECT count(*)::int AS n FROM opening),
 steps AS (
     INSERT INTO run_step (run_id, seq, kind, status, tool_name, tool_use_id, request, response, stop_reason,
         input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd, latency_ms,
-        attempts, worker, started_at, finished_at, inherited)
+        attempts, worker, started_at, finished_at, inherited, created_by)
     SELECT %(id)s, 1, 'USER', 'DONE', NULL, NULL, NULL, o.input, NULL, 0, 0, 0, 0, NULL, NULL, 1, NULL, now(), now(),
-           true FROM opening o
+           true, NULL FROM opening o
     UNION ALL
     SELECT %(id)s, (SELECT n FROM shift) + row_number() OVER (ORDER BY c.seq), c.kind, c.status, c.tool_name,
            c.tool_use_id, c.request, c.response, c.stop_reason, c.input_tokens, c.output_tokens,
            c.cache_creation_input_tokens, c.cache_read_input_tokens, c.cost_usd, c.latency_ms, c.attempts,
-           c.worker, c.started_at, c.finished_at, true
+           c.worker, c.started_at, c.finished_at, true, c.created_by
     FROM copied c
     RETURNING seq),
 own AS (

@@ -72,6 +72,7 @@ export const api = {
   timeline: (id) => call("GET", `/api/runs/${id}/timeline`),
   step: (id, seq) => call("GET", `/api/runs/${id}/steps/${seq}`),
   cancel: (id) => call("POST", `/api/runs/${id}/cancel`),
+  message: (id, text) => call("POST", `/api/runs/${id}/messages`, { text }),
   submit: (body) => call("POST", "/api/runs", body),
   pending: (id) => call("GET", `/api/runs/${id}/pending`),
   decide: (id, toolUseId, body) => call("POST", `/api/runs/${id}/pending/${encodeURIComponent(toolUseId)}`, body),

@@ -180,11 +180,12 @@ function waterfall(run, steps, onFork, inflight) {
     const width = Math.max(0.6, ((end - start) / span) * 100);
     const takeover = previous !== null && s.worker && previous !== s.worker;
     previous = s.worker || previous;
-    const kind = s.kind === "MODEL" ? "model" : "tool";
-    const name = s.kind === "MODEL" ? `model${s.stopReason ? ` · ${s.stopReason}` : ""}` : `tool · ${s.toolName}`;
+    const kind = s.kind === "MODEL" ? "model" : s.kind === "USER" ? "user" : "tool";
+    const name = s.kind === "MODEL" ? `model${s.stopReason ? ` · ${s.stopReason}` : ""}`
+      : s.kind === "USER" ? `user${s.createdBy ? ` · ${s.createdBy}` : ""}` : `tool · ${s.toolName}`;
     const tokens = s.kind === "MODEL"
       ? `in ${fmtInt(s.inputTokens)} · out ${fmtInt(s.outputTokens)} · cache w ${fmtInt(s.cacheCreationInputTokens)} / r ${fmtInt(s.cacheReadInputTokens)}`
-      : `attempt ${s.attempts}`;
+      : s.kind === "USER" ? "a user message" : `attempt ${s.attempts}`;
     return h("li", { class: `wf-row ${kind}`, "data-seq": s.seq, "data-status": s.status },
       h("div", { class: "wf-label" },
         h("span", { class: "seq mono" }, `#${s.seq}`), " ", h("strong", {}, name), " ", badge(s.status),
@@ -230,7 +231,10 @@ function conversation(run, steps, details, live) {
       }
     } else if (s.kind === "USER") {
       const text = d ? asText((() => { try { return JSON.parse(d.response || '""'); } catch (_) { return d.response; } })()) : "…";
-      items.push(h("li", { class: "msg user", "data-seq": s.seq }, h("div", { class: "who" }, `user · #${s.seq}`), h("div", { class: "text" }, text)));
+      // A message posted while the run worked says who sent it (createdBy).
+      const from = s.createdBy ? ` · from ${s.createdBy}` : "";
+      items.push(h("li", { class: `msg user${d && d.request === "message" ? " posted" : ""}`, "data-seq": s.seq },
+        h("div", { class: "who" }, `user · #${s.seq}${from}`), h("div", { class: "text" }, text)));
     } else if (s.seq === null) {
       items.push(h("li", { class: "msg result waiting", "data-tool-use": s.toolUseId },
         h("div", { class: "who" }, `tool call · ${s.toolName}`, " ", badge("WAITING")),
@@ -371,6 +375,21 @@ function runView(id) {
       } }, h("h2", {}, h("label", { for: "continue-input" }, "Continue the conversation")), contInput,
       h("div", { class: "row" }, h("button", { type: "submit", class: "primary" }, "Continue")))
       : null;
+    // A run still working takes messages: the model gets each at its next turn boundary.
+    const msgInput = h("textarea", { id: "message-input", rows: 2, required: true, maxlength: 100000,
+      placeholder: "A message for the model: it gets it after its current turn and tool calls" });
+    const waitingMessages = (run.messagesSent || 0) - (run.messagesDelivered || 0);
+    const talk = !TERMINAL.has(run.status) && !run.cancelRequested && can("submit")
+      ? h("form", { class: "card continue message", id: "message-form", onsubmit: async (e) => {
+        e.preventDefault();
+        const text = msgInput.value;
+        const sent = await act("Message", () => api.message(id, text));
+        if (sent) { const el = document.getElementById("message-input"); if (el) el.value = ""; render(); }
+      } }, h("h2", {}, h("label", { for: "message-input" }, "Send a message")), msgInput,
+      h("div", { class: "row" }, h("button", { type: "submit", class: "primary", id: "message-send" }, "Send"),
+        waitingMessages > 0 ? h("span", { class: "muted small", id: "messages-waiting" },
+          `${waitingMessages} message${waitingMessages > 1 ? "s" : ""} waiting for the next turn boundary`) : null))
+      : null;
     root.replaceChildren(...[
       h("p", {}, h("a", { href: "#/" }, "← all runs")),
       h("section", { class: "run-head" },
@@ -402,6 +421,7 @@ function runView(id) {
         : null,
       h("section", { class: "card" }, h("h2", {}, "Steps"), waterfall(run, ordered.filter((s) => s.seq !== null), fork, inflightSeq(ordered))),
       h("section", { class: "card" }, h("h2", {}, "Conversation"), conversation(run, ordered, details, live)),
+      talk,
       cont,
     ].filter(Boolean));
   }

@@ -214,8 +214,9 @@ def _get(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
     if args.json:
         show(run, "")
         return 0
+    details = client.run_details(run)  # first: an answer of another shape is said as such (cmd_runs)
     tree = client.tree_text(run, api.tree(run))
-    show(run, client.run_details(run) + (f"\n{tree}" if tree else ""))
+    show(run, details + (f"\n{tree}" if tree else ""))
     return 0
 
 

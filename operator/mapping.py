@@ -384,9 +384,11 @@ def run_status(
     previous: Mapping[str, Any] | None,
     now: datetime.datetime,
     pending: Sequence[PendingCall] = (),
+    children: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The status an AgentRun shows for its run. `previous` keeps the conditions' transition times;
-    `pending` are its calls waiting for a decision (while Waiting)."""
+    `pending` are its calls waiting for a decision (while Waiting); `children` counts the runs its
+    sub-agent calls started (a run with sub-agents: see `children_status`)."""
     phase = PHASES[run.status]
     if run.status is RunStatus.SUCCEEDED:
         succeeded = ("True", "Succeeded", "the run finished")
@@ -411,9 +413,23 @@ def run_status(
             for c in pending if c.decision is None
         ],
         **_output(run),
+        **children_status(run, children),
     }
     ready = ("Ready", "True", "Accepted", "the run is recorded in the database")
     return _status(fields, [ready, ("Succeeded", *succeeded)], generation, previous, now)
+
+
+def children_status(run: Run, children: Mapping[str, int] | None) -> dict[str, Any]:
+    """For a run with sub-agents: `children` (total, active, succeeded, failed: its sub-agents' runs by
+    outcome) and its totals with all its descendants, `tokensUsedTotal` and `costUsdTotal`. Nothing for
+    a run without them, whose status stays as it was."""
+    if children is None:
+        return {}
+    return {
+        "children": {k: int(children.get(k, 0)) for k in ("total", "active", "succeeded", "failed")},
+        "tokensUsedTotal": run.tokens_used_total,
+        "costUsdTotal": _money(run.cost_usd_total),
+    }
 
 
 def rejected_status(
@@ -524,6 +540,9 @@ def _phase_message(run: Run) -> str:
         return "waiting for a worker"
     if run.status is RunStatus.RUNNING:
         return f"running on {run.locked_by}" if run.locked_by else "running"
+    if run.status is RunStatus.WAITING and run.waiting_for == "children":
+        return f"waiting for {run.children_active} sub-agent run{'s' if run.children_active != 1 else ''} " \
+               "(see status.children)"
     if run.status is RunStatus.WAITING:
         return f"waiting for {run.pending} decision{'s' if run.pending != 1 else ''} (see status.pending)"
     return ""

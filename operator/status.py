@@ -127,8 +127,11 @@ class StatusSync:
 
     async def _publish(self, run: Run, ref: Ref) -> None:
         old = self._shown(ref)
-        pending = await self.store.decisions(run.id) if run.status is RunStatus.WAITING else []
-        new = mapping.run_status(run, ref.generation, old, datetime.datetime.now(datetime.UTC), pending)
+        waits_for_people = run.status is RunStatus.WAITING and run.waiting_for != "children"
+        pending = await self.store.decisions(run.id) if waits_for_people else []
+        # Only a run with sub-agents has children to count (and totals beyond its own).
+        children = await self.store.children_counts(run.id) if run.sub_agents else None
+        new = mapping.run_status(run, ref.generation, old, datetime.datetime.now(datetime.UTC), pending, children)
         if mapping.visible_change(old, new):
             # The Events first, then the phase: whoever sees a phase finds its Event already there, and
             # one that cannot be posted is retried with the patch (a failed patch may repeat an Event:

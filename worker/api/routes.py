@@ -203,13 +203,16 @@ class RunRoutes:
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="Runs per page.")] = 50,
         after: Annotated[uuid.UUID | None, Query(
             description="The `next` cursor of the previous page: runs created before this one.")] = None,
+        parent: Annotated[uuid.UUID | None, Query(
+            description="Only runs whose `parentRunId` is this run: its sub-agents' runs, continuations and forks.")
+        ] = None,
     ) -> RunPage:
         """Runs, newest first, a page at a time (keyset pagination: stable while runs are added).
 
         The answer is `{"items": [...], "next": "<uuid>" | null}`; to get the following page pass
-        `next` as `after`, with the same `status`. `next` is null on the last page. Scope: `read`.
+        `next` as `after`, with the same `status` and `parent`. `next` is null on the last page. Scope: `read`.
         """
-        runs = await self.store.list_runs(status, limit + 1, after)
+        runs = await self.store.list_runs(status, limit + 1, after, parent=parent)
         # A cursor naming no run yields an empty page; only then is it worth a query to tell the two apart.
         if after is not None and not runs and await self.store.get(after) is None:
             problem = "names no run; pass the `next` of a previous page"
@@ -221,6 +224,14 @@ class RunRoutes:
         """A run: status, input, model, budgets, tokens and cost so far, error, times, the holding worker,
         who created it and who cancelled it. Scope: `read`."""
         return RunView.of(await self.get_run(run_id))
+
+    async def children(self, run_id: RunId) -> list[RunView]:
+        """The runs the run's sub-agent calls started, in the order of the calls (empty when none). Each
+        has `parentRunId` (this run), `parentToolUseId` (the call) and its own totals. Scope: `read`."""
+        children = await self.store.children(run_id)
+        if not children:
+            await self.get_run(run_id)
+        return [RunView.of(c) for c in children]
 
     async def timeline(self, run_id: RunId) -> list[TimelineStep]:
         """The run's steps in seq order, without their request and response bodies. Scope: `read`."""
@@ -241,10 +252,14 @@ class RunRoutes:
         return rows
 
     async def pending(self, run_id: RunId) -> list[PendingView]:
-        """The tool calls waiting for a person's decision, oldest first (empty when none). Scope: `read`."""
+        """The tool calls waiting for a person's decision, oldest first (empty when none); for a run that
+        waits for its sub-agents, one entry (kind `children`) per child run not finished yet, in call order.
+        Scope: `read`."""
         run = await self.get_run(run_id)
         if run.status is not RunStatus.WAITING:
             return []
+        if run.waiting_for == "children":
+            return [PendingView.of_child(c) for c in await self.store.children(run_id) if not c.status.terminal]
         return [PendingView.of(c) for c in await self.store.decisions(run_id) if c.decision is None]
 
     async def decide(
@@ -258,6 +273,7 @@ class RunRoutes:
         if body.decision is Decision.RECORD and body.output is None:
             problem = "is required with the decision record: what the call returned"
             raise ApiError(400, f"output {problem}", [FieldProblem(field="output", problem=problem)])
+        await self._not_a_child_call(run_id, tool_use_id)
         before = await self.store.decisions(run_id)
         outcome, run = await self.store.decide(
             run_id, tool_use_id, body.decision, output=body.output, is_error=body.is_error, reason=body.reason,
@@ -272,6 +288,21 @@ class RunRoutes:
                 waited = max((datetime.datetime.now(datetime.UTC) - since).total_seconds(), 0.0)
             self.metrics.decided(body.decision.kind.value, body.decision.value, waited)
         return RunView.of(run)
+
+    async def _not_a_child_call(self, run_id: uuid.UUID, tool_use_id: str) -> None:
+        """A 409 for a decision on a sub-agent call, or on any call of a run that waits for its sub-agents:
+        such a run goes on when its children finish, and no decision is asked of anyone."""
+        run = await self.store.get(run_id)
+        if run is None:
+            raise _not_found(run_id)
+        waits = run.status is RunStatus.WAITING and run.waiting_for == "children"
+        if waits or run.sub_agents:  # only a run with sub-agents has calls that started one
+            calls = {c.parent_tool_use_id: c for c in await self.store.children(run_id)}
+            if tool_use_id in calls:
+                raise ApiError(409, f"call {tool_use_id} of run {run_id} started the sub-agent run "
+                               f"{calls[tool_use_id].id}: it takes no decision, the run goes on when that run ends")
+            if waits:
+                raise ApiError(409, f"run {run_id} waits for its sub-agents, not for a decision")
 
     async def step(
         self, run_id: RunId, seq: Annotated[int, Path(ge=1, le=MAX_SEQ, description="The step's seq (from 1).")]
@@ -377,7 +408,7 @@ SUBMIT_ERRORS: Responses = {
 }
 DECIDE_ERRORS: Responses = {
     409: {"model": ErrorBody, "description": "The decision does not fit the call's kind, or the call was already "
-          "decided"},
+          "decided, or the run waits for its sub-agents (a sub-agent call takes no decision)"},
     400: {"model": ErrorBody, "description": "A bad body: `record` without `output`"},
 }
 CANCEL_ERRORS: Responses = {409: {"model": ErrorBody, "description": "The run has already finished"}}
@@ -405,6 +436,7 @@ def runs_router(
     router.get("", response_model=RunPage, **read)(routes.list_runs)
     router.get("/{id}", response_model=RunView, **read)(routes.get)
     router.get("/{id}/timeline", response_model=list[TimelineStep], **read)(routes.timeline)
+    router.get("/{id}/children", response_model=list[RunView], **read)(routes.children)
     router.get("/{id}/pending", response_model=list[PendingView], **read)(routes.pending)
     router.post("/{id}/pending/{toolUseId}", response_model=RunView, **access(Scope.DECIDE, secured),
                 responses=DECIDE_ERRORS)(routes.decide)

@@ -14,6 +14,7 @@ from pydantic_core import PydanticCustomError
 
 from agentrun.worker.api.identities import Scope
 from agentrun.worker.core.agents import AGENT_REF, parse_ref
+from agentrun.worker.core.children import TOOL_PREFIX
 from agentrun.worker.core.errors import Refused
 from agentrun.worker.core.records import (
     Decision,
@@ -297,7 +298,9 @@ class RunView(_Camel):
     )
     require_approval: list[str] | None = Field(None, description="Tools whose calls wait for approval in this run.")
     output_schema: dict[str, Any] | None = Field(None, description="The JSON Schema the answer must satisfy.")
-    parent_run_id: uuid.UUID | None = Field(None, description="The run this one was continued or forked from.")
+    parent_run_id: uuid.UUID | None = Field(
+        None, description="The run this one was continued or forked from; for a sub-agent's run (one with "
+        "`parentToolUseId`), the run whose sub-agent call started it.")
     forked_at_seq: int | None = Field(None, description="A fork: how many of the parent's steps it started with.")
     priority: int = Field(0, description="Higher first among claimable runs.")
     run_at: datetime.datetime | None = Field(
@@ -314,6 +317,19 @@ class RunView(_Camel):
     messages_sent: int = Field(0, description="Messages posted to the run (POST /api/runs/{id}/messages).")
     messages_delivered: int = Field(0, description="Of those, delivered to the model as USER steps; the rest "
                                     "wait for the run's next turn boundary.")
+    # Sub-agents (the run's place in its tree, and the tree's spending).
+    parent_tool_use_id: str | None = Field(None, description="A sub-agent's run: the `tool_use` id of the parent's "
+                                           "call that started it (the parent is `parentRunId`); null otherwise.")
+    root_run_id: uuid.UUID | None = Field(None, description="The top run of its tree of sub-agents: its own id "
+                                          "for a run no other run started.")
+    depth: int = Field(0, description="Sub-agent calls between the root run and this one (0: the root).")
+    tokens_used_total: int = Field(0, description="`tokensUsed` and what every descendant (sub-agent run) has "
+                                   "spent, those still at work included: the run's budget bounds this sum.")
+    cost_usd_total: float = Field(0, description="`costUsd` and its descendants', as `tokensUsedTotal`.")
+    children_active: int = Field(0, description="Sub-agent runs it started that have not finished yet.")
+    waiting_for: Literal["children", "decisions"] | None = Field(
+        None, description="While WAITING, what for: `children` (its sub-agents' runs) or `decisions` (people); "
+        "null in any other status.")
 
     @classmethod
     def of(cls, run: Run) -> RunView:
@@ -332,7 +348,20 @@ class RunView(_Camel):
             agent=run.agent, agent_version=run.agent_version,
             sub_agents=list(run.sub_agents) if run.sub_agents is not None else None,
             messages_sent=run.messages_sent, messages_delivered=run.messages_delivered,
+            **_tree_fields(run),
         )
+
+
+def _tree_fields(run: Run) -> dict[str, Any]:
+    """The run's place among sub-agents and its tree's totals, as RunView fields."""
+    waiting: str | None = None
+    if run.status is RunStatus.WAITING:
+        waiting = "children" if run.waiting_for == "children" else "decisions"
+    return dict(
+        parent_tool_use_id=run.parent_tool_use_id, root_run_id=run.root_run_id or run.id, depth=run.depth,
+        tokens_used_total=run.tokens_used_total, cost_usd_total=float(run.cost_usd_total),
+        children_active=run.children_active, waiting_for=waiting,
+    )
 
 
 class RunSummary(_Camel):
@@ -460,21 +489,31 @@ class WhoAmI(BaseModel):
 
 
 class PendingView(BaseModel):
-    """A tool call waiting for a person's decision."""
+    """A tool call waiting for a person's decision, or (kind `children`) a sub-agent call waiting for its
+    child run to finish: that one takes no decision."""
 
     toolUseId: str  # noqa: N815 - the API's JSON names
     tool: str
     input: Any = Field(description="The call's input, as the model gave it.")
-    kind: DecisionKind
-    attempt: int = Field(description="The executions of the call started so far (0: an approval before any); "
-                         "a call in doubt again after a retried execution was interrupted asks again, one more.")
+    kind: DecisionKind | Literal["children"]
+    attempt: int = Field(default=0, description="The executions of the call started so far (0: an approval "
+                         "before any); a call in doubt again after a retried execution was interrupted asks again, "
+                         "one more. 0 for a sub-agent call.")
     since: datetime.datetime
+    childRunId: uuid.UUID | None = Field(  # noqa: N815
+        default=None, description="Kind `children`: the sub-agent's run the call waits for; null for a decision.")
 
     @classmethod
     def of(cls, call: PendingCall) -> PendingView:
         return cls(toolUseId=call.tool_use_id, tool=call.tool_name,
                    input=orjson.loads(call.input) if call.input else None, kind=call.kind, attempt=call.attempt,
                    since=call.since)
+
+    @classmethod
+    def of_child(cls, child: Run) -> PendingView:
+        """A sub-agent call the run waits for: its child run, not finished yet."""
+        return cls(toolUseId=child.parent_tool_use_id or "", tool=TOOL_PREFIX + (child.agent or ""),
+                   input={"task": child.input}, kind="children", since=child.created_at, childRunId=child.id)
 
 
 class DecisionRequest(_Camel):

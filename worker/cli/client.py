@@ -88,10 +88,35 @@ class RunsClient:
         path = f"/api/runs/{_run_id(run_id)}/pending/{urllib.parse.quote(tool_use_id, safe='')}"
         return self._call("POST", path, json=dict(body))  # type: ignore[no-any-return]
 
-    def list(self, status: str | None = None, limit: int | None = None, after: str | None = None) -> dict[str, Any]:
+    def children(self, run_id: str) -> list[dict[str, Any]]:
+        """The runs the run's sub-agent calls started, in call order."""
+        return self._call("GET", f"/api/runs/{_run_id(run_id)}/children")  # type: ignore[no-any-return]
+
+    def tree(self, run: Mapping[str, Any], max_runs: int = 200) -> list[tuple[int, dict[str, Any]]]:
+        """The run's descendants, depth-first in call order, each with its level below `run` (1: a child);
+        asks only of runs that may have children (see `may_have_children`), at most `max_runs` of them."""
+        found: list[tuple[int, dict[str, Any]]] = []
+
+        def below(parent: Mapping[str, Any], level: int) -> None:
+            if len(found) >= max_runs or not may_have_children(parent):
+                return
+            for child in self.children(str(parent["id"])):
+                if len(found) >= max_runs:
+                    return
+                found.append((level, child))
+                below(child, level + 1)
+
+        below(run, 1)
+        return found
+
+    def list(self, status: str | None = None, limit: int | None = None, after: str | None = None,
+             parent: str | None = None) -> dict[str, Any]:
         if after is not None:
             after = _run_id(after, "cursor --after")
-        params = {k: v for k, v in {"status": status, "limit": limit, "after": after}.items() if v is not None}
+        if parent is not None:
+            parent = _run_id(parent, "--parent")
+        params = {k: v for k, v in {"status": status, "limit": limit, "after": after, "parent": parent}.items()
+                  if v is not None}
         return self._call("GET", "/api/runs", params=params)  # type: ignore[no-any-return]
 
     def events(self, run_id: str, last_event_id: str | None = None) -> Iterator[ServerEvent]:
@@ -283,9 +308,13 @@ def run_details(run: Mapping[str, Any]) -> str:
         fields.append(("cancelled by", run["cancelledBy"]))
     if run.get("pending"):
         fields.append(("pending", f"{run['pending']} decisions (agentrun runs pending {run['id']})"))
-    if run.get("parentRunId"):
+    if run.get("parentRunId") and run.get("parentToolUseId"):
+        fields.append(("started by", f"run {run['parentRunId']} for call {run['parentToolUseId']}"))
+    elif run.get("parentRunId"):
         how = f"forked at step {run['forkedAtSeq']}" if run.get("forkedAtSeq") else "continued"
         fields.append(("parent", f"{run['parentRunId']} ({how})"))
+    if run.get("waitingFor") == "children":
+        fields.append(("waiting", f"for its sub-agents: {run.get('childrenActive', 0)} at work"))
     if run.get("error"):
         fields.append(("error", run["error"]))
     width = max(len(k) for k, _ in fields)
@@ -294,6 +323,49 @@ def run_details(run: Mapping[str, Any]) -> str:
     if run.get("output") is not None:
         lines.append(f"{'output'.ljust(width)}  {answer_text(run['output'])}")
     return "\n".join(lines)
+
+
+def may_have_children(run: Mapping[str, Any]) -> bool:
+    """Whether a run may have started sub-agent runs: it lists sub-agents, has some at work, or its
+    totals hold more than its own spending."""
+    return bool(run.get("subAgents") or run.get("childrenActive")
+                or run.get("tokensUsedTotal", 0) > run.get("tokensUsed", 0)
+                or run.get("costUsdTotal", 0) > run.get("costUsd", 0))
+
+
+def agent_of(run: Mapping[str, Any]) -> str:
+    """`name@version` of the agent a run was made from (a sub-agent's run always is); `-` for none."""
+    if run.get("agent"):
+        return f"{run['agent']}@{run['agentVersion']}" if run.get("agentVersion") else str(run["agent"])
+    return "-"
+
+
+def tree_text(run: Mapping[str, Any], tree: Sequence[tuple[int, Mapping[str, Any]]]) -> str:
+    """A parent's sub-agent runs as an indented tree (id, agent, status, tokens, cost), and its totals."""
+    lines = []
+    if tree:
+        rows = [("  " * level + str(c["id"]), agent_of(c), str(c["status"]), f"{c.get('tokensUsedTotal', 0)} tokens",
+                 f"${c.get('costUsdTotal', 0):.4f}") for level, c in tree]
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        lines.append(f"children ({sum(1 for level, _ in tree if level == 1)}):")
+        lines += ["  " + "  ".join([*(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)), r[4]]) for r in rows]
+    if tree or may_have_children(run):
+        lines.append(f"totals: {run.get('tokensUsedTotal', run['tokensUsed'])} tokens, "
+                     f"${run.get('costUsdTotal', run['costUsd']):.4f} with its sub-agents "
+                     f"(own: {run['tokensUsed']} tokens, ${run['costUsd']:.4f})")
+    return "\n".join(lines)
+
+
+def children_table(children: Sequence[Mapping[str, Any]]) -> str:
+    if not children:
+        return "no children"
+    header = ["ID", "AGENT", "CALL", "STATUS", "TOKENS", "COST", "ACTIVE", "ERROR"]
+    rows = [[c["id"], agent_of(c), c.get("parentToolUseId") or "-", c["status"], str(c.get("tokensUsedTotal", 0)),
+             f"${c.get('costUsdTotal', 0):.4f}", str(c.get("childrenActive", 0)),
+             (c.get("error") or "-").replace("\n", " ")[:60]] for c in children]
+    widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+                     for row in [header, *rows])
 
 
 def answer_text(output: Any) -> str:

@@ -53,7 +53,13 @@ def add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     _add_decide(command("decide", "decide a pending tool call",
                         "Decide a pending call: approve or deny an approval; retry, record (with --output) or fail a "
                         "call in doubt. When the last open call is decided, the run goes on."))
-    p = command("get", "show a run", "Show a run: status, budgets, tokens, cost, error and times.")
+    p = command("get", "show a run", "Show a run: status, budgets, tokens, cost, error and times; for a "
+                "sub-agent's run the parent run and call that started it, for a parent its sub-agents' runs as "
+                "a tree (grandchildren indented) and the totals with them. --json prints the run alone.")
+    p.add_argument("id", help="run id")
+    p = command("children", "list the runs a run's sub-agent calls started",
+                "List the child runs of a run's sub-agent calls, in call order: id, agent, call, status, tokens "
+                "and cost (with their own descendants'), children at work, error.")
     p.add_argument("id", help="run id")
     p = command("timeline", "show a run's steps as a table",
                 "Show a run's steps: seq, kind, tool, status, stop reason, tokens in/out, cache writes/reads, "
@@ -80,6 +86,8 @@ def add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="only runs in this status")
     p.add_argument("--limit", type=positive_int, metavar="N", help="runs per page (default: 50, at most 200)")
     p.add_argument("--after", metavar="ID", help="the cursor a previous page printed, for the next page")
+    p.add_argument("--parent", metavar="ID",
+                   help="only runs whose parent is this run: its sub-agents' runs, continuations and forks")
 
 
 def _add_submit(p: argparse.ArgumentParser) -> None:
@@ -220,7 +228,20 @@ def _get(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
     from agentrun.worker.cli import client
 
     run = api.get(args.id)
-    show(run, client.run_details(run))
+    if args.json:
+        show(run, "")
+        return 0
+    details = client.run_details(run)  # first: an answer of another shape is said as such (cmd_runs)
+    tree = client.tree_text(run, api.tree(run))
+    show(run, details + (f"\n{tree}" if tree else ""))
+    return 0
+
+
+def _children(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
+    from agentrun.worker.cli import client
+
+    children = api.children(args.id)
+    show(children, client.children_table(children))
     return 0
 
 
@@ -243,7 +264,7 @@ def _cancel(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
 def _list(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
     from agentrun.worker.cli import client
 
-    page = api.list(args.status, args.limit, args.after)
+    page = api.list(args.status, args.limit, args.after, args.parent)
     show(page, client.runs_table(page))
     return 0
 
@@ -288,4 +309,5 @@ def _watch(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
 COMMANDS: dict[str, Callable[[RunsClient, argparse.Namespace, Show], int]] = {
     "submit": _submit, "fork": _fork, "pending": _pending, "decide": _decide, "get": _get,
     "timeline": _timeline, "cancel": _cancel, "list": _list, "watch": _watch, "message": _message,
+    "children": _children,
 }

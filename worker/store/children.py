@@ -112,6 +112,19 @@ class Children(Gateway):
         )
         return [_run(r) for r in rows]
 
+    async def children_counts(self, run_id: uuid.UUID) -> dict[str, int]:
+        """The runs the run's sub-agent calls started, counted: `total`, `active` (not finished),
+        `succeeded`, and `failed` (FAILED, TIMED_OUT or CANCELLED)."""
+        row = await self._one(
+            f"""SELECT count(*) AS total, count(*) FILTER (WHERE status IN {ACTIVE}) AS active,
+                       count(*) FILTER (WHERE status = 'SUCCEEDED') AS succeeded,
+                       count(*) FILTER (WHERE status IN ('FAILED', 'TIMED_OUT', 'CANCELLED')) AS failed
+                FROM run WHERE parent_run_id = %s AND parent_tool_use_id IS NOT NULL""",
+            (run_id,),
+        )
+        assert row is not None  # an aggregate always has its row
+        return {k: int(row[k]) for k in ("total", "active", "succeeded", "failed")}
+
     async def cancel_descendants(self, run_id: uuid.UUID, by: str | None, why: str) -> int:
         """Cancel the unfinished runs below `run_id` in its tree (its cancel cascades); returns how many."""
         rows = await self._all(CANCEL_DESCENDANTS, {"id": run_id, "by": by, "reason": why})

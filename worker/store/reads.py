@@ -22,16 +22,19 @@ from agentrun.worker.store.rows import (
 
 class Reads(Gateway):
     async def list_runs(
-        self, status: RunStatus | None = None, limit: int = 50, after: uuid.UUID | None = None
+        self, status: RunStatus | None = None, limit: int = 50, after: uuid.UUID | None = None, *,
+        parent: uuid.UUID | None = None,
     ) -> list[Run]:
-        """Newest first; `after` is the id of the last run of the previous page (keyset pagination)."""
+        """Newest first; `after` is the id of the last run of the previous page (keyset pagination);
+        `parent`: only the runs whose parent_run_id is that run (its children, continuations, forks)."""
         rows = await self._all(
             f"""SELECT {RUN_COLUMNS} FROM run r
                 WHERE (%(status)s::text IS NULL OR r.status = %(status)s)
+                  AND (%(parent)s::uuid IS NULL OR r.parent_run_id = %(parent)s)
                   AND (%(after)s::uuid IS NULL OR (r.created_at, r.id) <
                        (SELECT created_at, id FROM run WHERE id = %(after)s))
                 ORDER BY r.created_at DESC, r.id DESC LIMIT %(limit)s""",
-            {"status": status.value if status else None, "after": after, "limit": limit},
+            {"status": status.value if status else None, "after": after, "limit": limit, "parent": parent},
         )
         return [_run(r) for r in rows]
 

@@ -77,6 +77,7 @@ export const api = {
   pending: (id) => call("GET", `/api/runs/${id}/pending`),
   decide: (id, toolUseId, body) => call("POST", `/api/runs/${id}/pending/${encodeURIComponent(toolUseId)}`, body),
   whoami: () => call("GET", "/api/whoami"),
+  children: (id) => call("GET", `/api/runs/${id}/children`),
 };
 
 // Server-sent events read with fetch (EventSource cannot send an Authorization header). Resumes after a

@@ -144,10 +144,14 @@ function bar(label, used, total, text) {
 }
 
 function budgets(run) {
-  const out = [bar("Tokens", run.tokensUsed, run.tokenBudget, `${fmtInt(run.tokensUsed)} of ${fmtInt(run.tokenBudget)}`)];
-  if (run.costBudgetUsd) out.push(bar("Cost", run.costUsd, run.costBudgetUsd, `${fmtUsd(run.costUsd)} of ${fmtUsd(run.costBudgetUsd)}`));
+  // The budget bounds the run's tokens with its sub-agents' (tokensUsedTotal), when it has any.
+  const tokens = run.tokensUsedTotal !== undefined && run.tokensUsedTotal > run.tokensUsed ? run.tokensUsedTotal : run.tokensUsed;
+  const own = tokens !== run.tokensUsed ? ` (own ${fmtInt(run.tokensUsed)})` : "";
+  const out = [bar("Tokens", tokens, run.tokenBudget, `${fmtInt(tokens)} of ${fmtInt(run.tokenBudget)}${own}`)];
+  const cost = run.costUsdTotal !== undefined && run.costUsdTotal > run.costUsd ? run.costUsdTotal : run.costUsd;
+  if (run.costBudgetUsd) out.push(bar("Cost", cost, run.costBudgetUsd, `${fmtUsd(cost)} of ${fmtUsd(run.costBudgetUsd)}`));
   else out.push(h("div", { class: "budget" }, h("div", { class: "budget-label" }, h("span", {}, "Cost"),
-    h("span", { class: "mono" }, `${fmtUsd(run.costUsd)} (no limit)`))));
+    h("span", { class: "mono" }, `${fmtUsd(cost)} (no limit)`))));
   const start = new Date(run.startedAt || run.createdAt).getTime();
   const end = run.finishedAt ? new Date(run.finishedAt).getTime() : Date.now();
   const used = Math.max(0, (end - start) / 1000);
@@ -262,6 +266,7 @@ function conversation(run, steps, details, live) {
 
 function pendingSection(run, pending, decide) {
   if (pending === null) return null; // this server has no decisions API
+  pending = pending.filter((p) => p.kind !== "children"); // sub-agent calls take no decision: see treeSection
   if (!pending.length) return null;
   return h("section", { class: "card pending", "aria-labelledby": "pending-title" },
     h("h2", { id: "pending-title" }, `Waiting for a decision (${pending.length})`),
@@ -288,6 +293,52 @@ function pendingSection(run, pending, decide) {
     }));
 }
 
+// -- sub-agents: a child's parent, a parent's tree of children and its totals ------------------------
+
+// Whether a run may have started sub-agent runs (worth asking for its children).
+const mayHaveChildren = (run) => Boolean((run.subAgents && run.subAgents.length) || run.childrenActive
+  || (run.tokensUsedTotal || 0) > (run.tokensUsed || 0) || (run.costUsdTotal || 0) > (run.costUsd || 0));
+
+const agentOf = (run) => run.agent ? `${run.agent}${run.agentVersion ? `@${run.agentVersion}` : ""}` : "–";
+
+// Where the run came from: the parent whose sub-agent call started it, or the run it continues or forks.
+function lineage(run) {
+  if (!run.parentRunId) return null;
+  const link = h("a", { href: `#/runs/${run.parentRunId}`, class: "mono", id: "parent-link" }, shortId(run.parentRunId));
+  if (run.parentToolUseId) {
+    return h("p", { id: "started-by" }, "Started by run ", link, " for call ",
+      h("span", { class: "mono small" }, run.parentToolUseId), run.depth > 1 ? ` (depth ${run.depth})` : "");
+  }
+  return h("p", {}, `From run `, link, run.forkedAtSeq ? ` at step ${run.forkedAtSeq}` : "");
+}
+
+function treeSection(run, children) {
+  if (!children || !children.length) {
+    return run.waitingFor === "children"
+      ? h("section", { class: "card tree", id: "children" }, h("h2", {}, "Sub-agents"),
+        h("p", { class: "waiting-children" }, `Waiting for its sub-agents (${run.childrenActive} at work)…`))
+      : null;
+  }
+  const rows = children.map((c) => h("tr", { "data-run": c.id, "data-call": c.parentToolUseId || "" },
+    h("td", {}, badge(c.status)),
+    h("td", {}, h("a", { href: `#/runs/${c.id}`, class: "mono" }, shortId(c.id))),
+    h("td", { class: "mono" }, agentOf(c)),
+    h("td", { class: "mono small" }, c.parentToolUseId || "–"),
+    h("td", { class: "num" }, fmtInt(c.tokensUsedTotal)),
+    h("td", { class: "num" }, fmtUsd(c.costUsdTotal)),
+    h("td", { class: "small" }, c.childrenActive ? `${c.childrenActive} at work` : c.error || "")));
+  return h("section", { class: "card tree", id: "children", "aria-labelledby": "children-title" },
+    h("h2", { id: "children-title" }, `Sub-agents (${children.length})`),
+    run.waitingFor === "children"
+      ? h("p", { class: "waiting-children" }, `Waiting for its sub-agents: ${run.childrenActive} of ${children.length} at work.`) : null,
+    h("table", { class: "runs children" },
+      h("thead", {}, h("tr", {}, ["Status", "Run", "Agent", "Call", "Tokens", "Cost", ""].map((t) => h("th", t === "Tokens" || t === "Cost" ? { class: "num" } : {}, t)))),
+      h("tbody", {}, rows)),
+    h("p", { class: "totals", id: "totals" }, "Totals with its sub-agents: ",
+      h("strong", {}, `${fmtInt(run.tokensUsedTotal)} tokens`), " · ", h("strong", {}, fmtUsd(run.costUsdTotal)),
+      h("span", { class: "muted" }, ` (own: ${fmtInt(run.tokensUsed)} tokens · ${fmtUsd(run.costUsd)})`)));
+}
+
 function runView(id) {
   let run = null;
   let steps = new Map();
@@ -296,6 +347,7 @@ function runView(id) {
   let pending = [];
   let message = null;
   let alive = true;
+  let children = null; // the runs its sub-agent calls started (null: none asked for yet)
   const root = h("div", { class: "run" });
   main.replaceChildren(root);
 
@@ -336,6 +388,14 @@ function runView(id) {
     } catch (err) {
       pending = err instanceof ApiError && (err.status === 404 || err.status === 405) ? null : pending;
     }
+    if (alive) render();
+  }
+
+  async function loadChildren() {
+    if (!run || !mayHaveChildren(run)) return;
+    try {
+      children = await api.children(id);
+    } catch (_) { /* kept as it was; the next run event or tick asks again */ }
     if (alive) render();
   }
 
@@ -401,8 +461,7 @@ function runView(id) {
         ? h("p", { class: "muted", id: "handed-back" },
           `Handed back after ${run.modelRetries} failed model step${run.modelRetries > 1 ? "s" : ""}; claimable again from ${new Date(run.runAt).toLocaleTimeString()}.`)
         : null,
-      run.parentRunId ? h("p", {}, `From run `, h("a", { href: `#/runs/${run.parentRunId}`, class: "mono" }, shortId(run.parentRunId)),
-        run.forkedAtSeq ? ` at step ${run.forkedAtSeq}` : "") : null,
+      lineage(run),
       h("section", { class: "card facts" },
         h("dl", {},
           h("dt", {}, "Model"), h("dd", { class: "mono" }, run.model),
@@ -415,6 +474,7 @@ function runView(id) {
         await loadPending();
         return r;
       })),
+      treeSection(run, children),
       run.output !== undefined && run.output !== null
         ? h("section", { class: "card answer" }, h("h2", {}, "Answer"), h("div", { class: "text" },
           typeof run.output === "string" ? run.output : JSON.stringify(run.output, null, 2)))
@@ -431,6 +491,7 @@ function runView(id) {
       const before = run ? run.pending : undefined;
       run = data;
       if (run.status === "WAITING" || (run.pending !== undefined && run.pending !== before)) loadPending();
+      loadChildren();
     } else if (type === "step") {
       // A call waiting for a person has no seq yet: keyed by its tool_use id until its step appears.
       if (data.seq === null) steps.set(`w:${data.toolUseId}`, data);
@@ -449,7 +510,9 @@ function runView(id) {
   loadPending();
   // The deadline bar and running bars grow with the clock between events.
   const tick = setInterval(() => { if (run && run.status === "RUNNING") render(); }, 1000);
-  return () => { alive = false; stop(); clearInterval(tick); connState(""); };
+  // Children at work change without their parent's row: their statuses and spending are asked for.
+  const treeTick = setInterval(() => { if (run && run.childrenActive) loadChildren(); }, 2000);
+  return () => { alive = false; stop(); clearInterval(tick); clearInterval(treeTick); connState(""); };
 }
 
 // -- routing ----------------------------------------------------------------------------------------

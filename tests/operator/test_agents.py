@@ -229,7 +229,8 @@ async def test_an_operator_restart_stores_no_new_version(cluster: Cluster, store
     await cluster.create_agent("writer", system="You write.")
     async with operator_running(cluster, settings):
         await cluster.wait_agent("writer", "version 1", _has_version(1))
-        status = await cluster.wait_agent("researcher", "resumed", lambda s: s.get("message") == "version 2 is this spec")
+        status = await cluster.wait_agent("researcher", "resumed",
+                                          lambda s: s.get("message") == "version 2 stored already (the spec is unchanged)")
         assert status["version"] == 2
     assert [a.version for a in await store.agent_versions("researcher")] == [1, 2]
 

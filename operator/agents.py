@@ -4,7 +4,8 @@
 Agent names are one per database, Agents are namespaced: the name is the resource's metadata.name, and
 the namespace of the Agent that made an agent's latest version owns the name (it is in the version's
 `created_by`, `k8s:<namespace>/<manager>`). An Agent of the same name in another namespace is refused in
-its status, and its deletion leaves the agent alone.
+its status, and its deletion leaves the agent alone; so does that of an Agent whose spec was never stored
+over a definition made through the REST API.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ Guarded = Callable[[Callable[[RunStore], Awaitable[T]], str, int], Awaitable[T]]
 
 
 class Agents:
-    """Agent resources ⇄ the agent table, through the store (`store` raises while there is none yet)."""
+    """Agent resources ⇄ the agent table, through the store."""
 
     def __init__(self, known_tools: frozenset[str] | None, prices: PriceTable, guarded: Guarded[Any]) -> None:
         self.known_tools = known_tools
@@ -71,16 +72,18 @@ class Agents:
         patch.status.update(mapping.status_patch(previous, status))
 
     async def deleted(self, body: kopf.Body, retry: int) -> None:
-        """Delete the agent (new runs naming it are refused; runs in flight finish), unless the name
-        belongs to another namespace's Agent."""
+        """Delete the agent (new runs naming it are refused; runs in flight finish) if this Agent made
+        its latest version: not when another namespace's Agent or the REST API did."""
         meta = body.get("metadata") or {}
         namespace, name = meta.get("namespace") or "", meta["name"]
         latest: Agent | None = await self.guarded(lambda s: s.agent(name), "read the agent", retry)
         if latest is None:
             return
         owner = mapping.agent_owner(latest.created_by)
-        if owner is not None and owner != namespace:
-            log.info("agent %s/%s deleted: the name is %s's Agent's, left alone", namespace, name, owner)
+        if owner != namespace:
+            # Another namespace's Agent, or the REST API, made the version runs get: not this one's to delete.
+            log.info("agent %s/%s deleted: its latest version is %s's, left alone", namespace, name,
+                     f"namespace {owner}'s" if owner else "the REST API's")
             return
         await self.guarded(lambda s: s.delete_agent(name), "delete the agent", retry)
         log.info("agent %s/%s deleted", namespace, name)

@@ -354,7 +354,7 @@ def agent_status(
     agent: Agent, created: bool, generation: int | None, previous: Mapping[str, Any] | None, now: datetime.datetime
 ) -> dict[str, Any]:
     """The status of an Agent whose spec is stored as `agent` (a new version, or the same as before)."""
-    message = f"version {agent.version} {'stored' if created else 'is this spec'}"
+    message = f"version {agent.version} {'stored' if created else 'stored already (the spec is unchanged)'}"
     ready = ("Ready", "True", "Stored", message)
     return _status({"version": agent.version, "message": message}, [ready], generation, previous, now)
 

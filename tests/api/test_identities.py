@@ -16,6 +16,7 @@ import pytest
 
 from agentrun.worker.api.app import create_app
 from agentrun.worker.api.identities import Identities, IdentityFileError, Scope, new_token
+from agentrun.worker.core.agents import Agent
 from agentrun.worker.core.records import RunStatus
 from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
@@ -86,6 +87,12 @@ ENDPOINTS: list[tuple[str, str, dict[str, Any] | None, Scope | None, int]] = [
     ("POST", "/api/runs/{id}/messages", {"text": "hi"}, Scope.SUBMIT, 202),
     ("GET", "/api/runs/{id}/messages", None, Scope.READ, 200),
     ("GET", "/api/whoami", None, None, 200),
+    ("POST", "/api/agents", {"name": "made", "system": "hi"}, Scope.SUBMIT, 201),
+    ("GET", "/api/agents", None, Scope.READ, 200),
+    ("GET", "/api/agents/probe", None, Scope.READ, 200),
+    ("GET", "/api/agents/probe/versions", None, Scope.READ, 200),
+    ("GET", "/api/agents/probe/versions/1", None, Scope.READ, 200),
+    ("DELETE", "/api/agents/probe", None, Scope.SUBMIT, 204),
 ]
 CALLERS = [*IDENTITIES, "default"]
 
@@ -104,6 +111,7 @@ async def test_every_endpoint_by_every_scope(
     body: dict[str, Any] | None, scope: Scope | None, ok: int,
 ) -> None:
     run, _ = await store.create(new_run())
+    await store.put_agent(Agent(name="probe", version=0))
     target = path.format(id=run.id)
     r = await http.request(method, target, json=body, headers=auth(caller))
     if allows(caller, scope):
@@ -252,7 +260,8 @@ async def test_openapi_documents_the_scheme_and_each_operations_scope(http: http
     (scheme,) = document["components"]["securitySchemes"].values()
     assert (scheme["type"], scheme["scheme"]) == ("http", "bearer") and "scope" in scheme["description"]
     for method, path, _, scope, _ in ENDPOINTS:
-        template = path.replace("/steps/1", "/steps/{seq}")
+        template = path.replace("/steps/1", "/steps/{seq}").replace("/probe", "/{name}").replace("/versions/1",
+                                                                                                "/versions/{n}")
         operation = document["paths"][template][method.lower()]
         assert operation["security"] == [{"HTTPBearer": [scope.value] if scope else []}], path
         assert operation["x-required-scope"] == (scope.value if scope else "none")

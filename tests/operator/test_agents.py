@@ -11,6 +11,8 @@ import pytest
 import yaml
 
 from agentrun.operator import mapping
+from agentrun.worker.core.agents import Agent
+from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from tests.support.builders import worker
@@ -151,8 +153,6 @@ def test_an_agent_spec_is_a_definition() -> None:
     ("a", {"subAgents": ["b", "a@2"]}, "spec.subAgents[1] names the agent itself"),
 ])
 def test_agent_specs_the_runtime_cannot_use(name: str, spec: dict[str, Any], words: str) -> None:
-    from agentrun.worker.core.pricing import PriceTable
-
     with pytest.raises(mapping.InvalidSpec, match=words.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         mapping.agent_definition(name, spec, known_tools={"lookup"}, prices=PriceTable.load())
 
@@ -229,7 +229,8 @@ async def test_an_operator_restart_stores_no_new_version(cluster: Cluster, store
     await cluster.create_agent("writer", system="You write.")
     async with operator_running(cluster, settings):
         await cluster.wait_agent("writer", "version 1", _has_version(1))
-        status = await cluster.wait_agent("researcher", "resumed", lambda s: s.get("message") == "version 2 is this spec")
+        status = await cluster.wait_agent("researcher", "resumed",
+                                          lambda s: s.get("message") == "version 2 stored already (the spec is unchanged)")
         assert status["version"] == 2
     assert [a.version for a in await store.agent_versions("researcher")] == [1, 2]
 
@@ -325,3 +326,25 @@ async def test_an_agentrun_applied_with_its_agent_waits_for_it(cluster: Cluster,
     await cluster.wait_status("early", "Queued", lambda s: s.get("phase") == "Queued")
     run = await _run_row(store, obj)
     assert (run.agent, run.agent_version, run.system) == ("late-agent", 1, "You research.")
+
+
+@pytest.mark.usefixtures("operator")
+async def test_an_agent_made_through_the_api_is_deleted_only_by_an_agent_that_stored_it(
+    cluster: Cluster, store: RunStore
+) -> None:
+    await store.put_agent(Agent("kept", 0, system="made through the API"), created_by="alice")
+    await store.put_agent(Agent("taken", 0, system="made through the API"), created_by="alice")
+    await cluster.create_agent("kept", tools=["teleport"])  # refused: never stored over the API's
+    await cluster.wait_agent("kept", "refused", lambda s: bool(s.get("message")))
+    await cluster.create_agent("taken", system="the Agent's now")
+    await cluster.wait_agent("taken", "version 2", _has_version(2))
+    await cluster.delete_agent("kept")
+    await cluster.delete_agent("taken")
+
+    async def both_gone() -> bool:
+        return await cluster.get_agent("kept") is None and await cluster.get_agent("taken") is None
+
+    await eventually(both_gone, 60, "both Agents deleted")
+    kept = await store.agent("kept")
+    assert kept is not None and (kept.version, kept.created_by) == (1, "alice")
+    assert await store.agent("taken") is None

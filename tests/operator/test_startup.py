@@ -53,6 +53,7 @@ async def test_starts_healthy_and_waits_for_the_database(
 
         # An AgentRun made meanwhile waits, saying why; nothing is lost.
         obj = await cluster.create("early", input="go")
+        await cluster.create_agent("early-agent", system="Waits for its database.")
         status = await cluster.wait_status("early", "Pending", lambda s: s.get("phase") == "Pending")
         assert "waiting for the database" in status["message"]
         assert [e["reason"] for e in cluster.events("early")] == ["Pending"]
@@ -66,6 +67,7 @@ async def test_starts_healthy_and_waits_for_the_database(
 
         await eventually(ready, 30, "/readyz to answer 200 once the database is there (and migrated)")
         await cluster.wait_status("early", "Queued", lambda s: s.get("phase") == "Queued", timeout=30)
+        await cluster.wait_agent("early-agent", "version 1", lambda s: s.get("version") == 1, timeout=30)
         pool = await open_pool(url, max_size=2)
         try:
             assert await RunStore(pool).get(uid_of(obj)) is not None

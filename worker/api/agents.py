@@ -23,6 +23,7 @@ from agentrun.worker.api.schemas import (
     MIN_COST_BUDGET_USD,
     AgentRef,
     ErrorBody,
+    JsonObject,
     Name,
     Text,
     Whole,
@@ -63,7 +64,7 @@ class AgentRequest(_Camel):
                                      "(absent: every tool of the worker).")
     require_approval: list[Name] | None = Field(None, max_length=MAX_TOOLS, description="Tools whose calls wait "
                                                 "for a person's approval; \"*\" for every tool.")
-    output_schema: dict[str, Any] | None = Field(None, description="A JSON Schema the answer must satisfy.")
+    output_schema: JsonObject | None = Field(None, description="A JSON Schema the answer must satisfy.")
     max_steps: Annotated[Whole, Field(gt=0, le=MAX_STEPS)] | None = Field(
         None, description="Most steps of a run; a run may ask for fewer, not more.")
     token_budget: Annotated[Whole, Field(gt=0, le=MAX_TOKEN_BUDGET)] | None = Field(

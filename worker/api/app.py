@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.resources
 from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, RedirectResponse, Response
@@ -163,9 +164,16 @@ def _document_tools(app: FastAPI, tools: ToolBox) -> None:
         if branches:
             prop.update(branches[0] if len(branches) == 1 else {"anyOf": branches})
         prop.pop("default", None)
-        # Bounds of an optional number come out under pydantic's own names: give them JSON Schema's.
-        for ours, theirs in (("gt", "exclusiveMinimum"), ("ge", "minimum"), ("lt", "exclusiveMaximum"),
-                             ("le", "maximum")):
-            if ours in prop:
-                prop[theirs] = prop.pop(ours)
+        _json_schema_bounds(prop)
     schema["anyOf"] = REQUIRED_FIELDS
+    for prop in schemas["AgentRequest"]["properties"].values():  # every limit of an agent is optional (null)
+        for branch in prop.get("anyOf", [prop]):
+            _json_schema_bounds(branch)
+
+
+def _json_schema_bounds(prop: dict[str, Any]) -> None:
+    """Bounds of an optional number come out under pydantic's own names: give them JSON Schema's."""
+    for ours, theirs in (("gt", "exclusiveMinimum"), ("ge", "minimum"), ("lt", "exclusiveMaximum"),
+                         ("le", "maximum")):
+        if ours in prop:
+            prop[theirs] = prop.pop(ours)

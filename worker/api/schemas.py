@@ -51,6 +51,21 @@ def _storable(value: str) -> str:
     return value
 
 
+def _storable_json(value: dict[str, Any]) -> dict[str, Any]:
+    """Every string of a JSON value (keys too) as PostgreSQL JSONB holds it: no NUL character."""
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and (why := unstorable(item)):
+            raise ValueError(f"has a string that {why}")
+    return value
+
+
 def _not_blank(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be blank")
@@ -91,6 +106,7 @@ RunAt = Annotated[datetime.datetime, BeforeValidator(_rfc3339),
 Whole = Annotated[int, BeforeValidator(_whole)]
 
 Text = Annotated[str, AfterValidator(_storable), Field(json_schema_extra={"pattern": NO_NUL})]
+JsonObject = Annotated[dict[str, Any], AfterValidator(_storable_json)]
 Name = Annotated[
     str, Field(min_length=1, max_length=MAX_NAME_CHARS, json_schema_extra={"pattern": NOT_BLANK}),
     AfterValidator(_storable), AfterValidator(_not_blank),
@@ -184,7 +200,7 @@ class RunRequest(_Camel):
     fork_from: ForkFrom | None = Field(
         None, description="Start from the first `seq` steps of another run, whatever its status (no `input`).",
     )
-    output_schema: dict[str, Any] | None = Field(
+    output_schema: JsonObject | None = Field(
         None, description="A JSON Schema (an object): the run's answer must be JSON valid against it, and "
         "`output` is then that JSON value.",
     )

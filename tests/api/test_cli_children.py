@@ -90,6 +90,7 @@ async def test_a_waiting_parent_says_it_waits_for_its_sub_agents(
         code, out, err = await agentrun(capsys, "runs", "get", str(parent.id), "--url", server_url)
         assert code == 0, err
         assert "for its sub-agents: 2 at work" in out and out.count("RUNNING") == 2
+        assert "decisions" not in out  # nothing waits for a person
         code, out, _ = await agentrun(capsys, "runs", "pending", str(parent.id), "--url", server_url)
         assert [line.split()[2] for line in out.splitlines()[1:]] == ["children", "children"]
         hold.set()

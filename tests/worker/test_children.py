@@ -12,24 +12,13 @@ from typing import Any
 
 import pytest
 
-from agentrun.worker.core.agents import Agent
-from agentrun.worker.core.records import Run, RunStatus, StepKind, StepStatus
+from agentrun.worker.core.records import RunStatus, StepKind, StepStatus
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import TreeLlm
 from tests.support.builders import SimulatedCrash, new_run, worker
 from tests.support.running import finished, running
+from tests.support.trees import define, planner
 from tests.support.waiting import eventually
-
-
-async def define(store: RunStore, name: str, **kw: Any) -> str:
-    agent, _ = await store.put_agent(Agent(name=name, version=0, description=f"The {name}.", system=name, **kw))
-    return agent.ref
-
-
-async def planner(store: RunStore, *subs: str, **kw: Any) -> Run:
-    refs = tuple([await define(store, s) for s in subs])
-    run, _ = await store.create(new_run("the question", system="planner", sub_agents=refs, **kw))
-    return run
 
 
 async def tool_results(store: RunStore, run_id: uuid.UUID) -> dict[str, tuple[StepStatus, str | None]]:

@@ -268,7 +268,8 @@ class StepWrites(Gateway):
             run_id,
             f"""WITH fence AS (
                     SELECT id, %(status)s = 'SUCCEEDED' AND messages_sent <> messages_delivered AS owed,
-                           tokens_used, cost_usd, cancel_requested, messages_sent - messages_delivered AS messages_waiting
+                           tokens_used, cost_usd, cancel_requested,
+                           messages_sent - messages_delivered AS messages_waiting
                     FROM run
                     WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING' AND {EPOCH}
                     FOR UPDATE),

@@ -9,6 +9,8 @@ from decimal import Decimal
 from typing import Any
 
 import httpx
+import psycopg
+import pytest
 
 from agentrun.worker.core.agents import Agent
 from agentrun.worker.obs.metrics import Metrics
@@ -17,7 +19,7 @@ from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox, ToolContext, tool
 from tests.support.api import lookup, make_app, status_is
-from tests.support.builders import worker
+from tests.support.builders import SimulatedCrash, worker
 from tests.support.serving import asgi_client
 
 RESEARCHER = Agent(name="researcher", version=0, description="finds things", system="You research.",
@@ -168,3 +170,31 @@ async def test_a_pinned_version_survives_an_edit_mid_run(
         assert (cont_run["agentVersion"], cont.seen[0].system) == (1, "You research.")
         fresh = (await client.post("/api/runs", json={"input": "x", "agent": "researcher", "timeoutSeconds": 9})).json()
         assert (await client.get(f"/api/runs/{fresh['id']}")).json()["agentVersion"] == 2
+
+
+async def test_a_run_resumed_after_a_crash_keeps_its_pin(
+    client: httpx.AsyncClient, store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """The worker dies mid-run (in a tool call); the agent is edited and then deleted; another worker
+    resumes the run from its step log with the version it was pinned to."""
+    await store.put_agent(RESEARCHER)
+    run = (await client.post("/api/runs", json={"input": "work", "agent": "researcher"})).json()
+    calls: list[str] = []
+
+    @tool(name="lookup", description="finds things")
+    async def crashing(args: dict[str, Any], ctx: ToolContext) -> str:
+        calls.append(ctx.idempotency_key)
+        if len(calls) == 1:
+            raise SimulatedCrash()
+        return "found"
+
+    llm = ScriptedLlm().then_tool_use("toolu_1", "lookup").then_text("finished")
+    with pytest.raises(SimulatedCrash):
+        await worker(store, llm, [crashing], "worker-A").run_once()
+    await store.put_agent(Agent(**{**RESEARCHER.__dict__, "system": "NEW", "tools": ()}))
+    await store.delete_agent("researcher")
+    await db.execute("UPDATE run SET locked_until = now() - interval '1 second' WHERE id = %s", (run["id"],))
+    assert str(await worker(store, llm, [crashing], "worker-B").run_once()) == run["id"]
+    done = await status_is(client, run["id"], "SUCCEEDED")
+    assert [r.system for r in llm.seen] == ["You research.", "You research."] and calls == ["toolu_1", "toolu_1"]
+    assert (done["agent"], done["agentVersion"], done["tools"]) == ("researcher", 1, ["lookup"])

@@ -12,6 +12,7 @@ import pytest
 from psycopg import errors, sql
 from psycopg.conninfo import make_conninfo
 
+from agentrun.worker.core.agents import Agent
 from agentrun.worker.core.records import RunStatus
 from agentrun.worker.store import RunStore, migrate
 from agentrun.worker.store.pool import open_pool
@@ -56,6 +57,10 @@ async def test_a_worker_runs_as_the_least_privileged_role(postgres_url: str, rol
         assert after is not None and after.status is RunStatus.SUCCEEDED
         second, _ = await store.create(new_run())
         assert (await store.cancel(second.id)).status is RunStatus.CANCELLED  # type: ignore[union-attr]
+        # Agent definitions: stored, versioned, read and deleted by the API and the operator (migration 0014).
+        assert (await store.put_agent(Agent(name="researcher", version=0)))[0].version == 1
+        assert (await store.put_agent(Agent(name="researcher", version=0, system="v2")))[0].version == 2
+        assert await store.delete_agent("researcher") and await store.agents() == []
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=http_app(store)), base_url="http://w") as c:
             assert (await c.get("/readyz")).status_code == 200
     finally:

@@ -15,6 +15,7 @@ import httpx
 import orjson
 
 from agentrun.worker.cli.errors import ClientError as ClientError
+from agentrun.worker.core.agents import name_problem
 from agentrun.worker.core.records import RunStatus
 
 DEFAULT_URL = "http://localhost:8080"
@@ -44,6 +45,10 @@ class RunsClient:
         self.close()
 
     def _call(self, method: str, path: str, **kw: Any) -> Any:
+        return self._answer(method, path, **kw)[0]
+
+    def _answer(self, method: str, path: str, **kw: Any) -> tuple[Any, int]:
+        """The answer's JSON (None for a 204) and its status; ClientError for a refusal or no answer."""
         try:
             r = self.http.request(method, path, **kw)
         except httpx.HTTPError as e:
@@ -52,8 +57,10 @@ class RunsClient:
             raise ClientError(0, f"cannot send the request: {e}") from None
         if r.status_code >= 400:
             raise ClientError(r.status_code, _error_message(r))
+        if r.status_code == 204:
+            return None, 204
         try:
-            return r.json()
+            return r.json(), r.status_code
         except ValueError:
             raise ClientError(r.status_code, f"{self.url} answered {method} {path} with something other than JSON; "
                            "is it an agentrun worker?") from None
@@ -118,6 +125,24 @@ class RunsClient:
         params = {k: v for k, v in {"status": status, "limit": limit, "after": after, "parent": parent}.items()
                   if v is not None}
         return self._call("GET", "/api/runs", params=params)  # type: ignore[no-any-return]
+
+    def create_agent(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+        """The agent's version the definition is (its name and version), and whether it is new."""
+        answer, status = self._answer("POST", "/api/agents", json=dict(body))
+        return answer, status == 201
+
+    def agents(self) -> dict[str, Any]:
+        return self._call("GET", "/api/agents")  # type: ignore[no-any-return]
+
+    def agent(self, name: str, version: int | None = None) -> dict[str, Any]:
+        path = f"/api/agents/{_agent_name(name)}" + (f"/versions/{version}" if version is not None else "")
+        return self._call("GET", path)  # type: ignore[no-any-return]
+
+    def agent_versions(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/api/agents/{_agent_name(name)}/versions")  # type: ignore[no-any-return]
+
+    def delete_agent(self, name: str) -> None:
+        self._call("DELETE", f"/api/agents/{_agent_name(name)}")
 
     def events(self, run_id: str, last_event_id: str | None = None) -> Iterator[ServerEvent]:
         """The run's server-sent events (GET /api/runs/{id}/events) until the server closes the stream."""
@@ -229,6 +254,13 @@ def _run_id(text: str, what: str = "run id") -> str:
         raise ClientError(0, f"{what} {_shown(text)} is not a valid UUID") from None
 
 
+def _agent_name(text: str) -> str:
+    """An agent's name, checked here as `_run_id` checks ids: no argument can steer the request elsewhere."""
+    if name_problem(text) is not None:
+        raise ClientError(0, f"agent name {_shown(text)} is not a DNS label (lowercase letters, digits and '-')")
+    return text
+
+
 def _header_safe(value: str) -> bool:
     return value.isascii() and value.isprintable()
 
@@ -313,6 +345,10 @@ def run_details(run: Mapping[str, Any]) -> str:
     elif run.get("parentRunId"):
         how = f"forked at step {run['forkedAtSeq']}" if run.get("forkedAtSeq") else "continued"
         fields.append(("parent", f"{run['parentRunId']} ({how})"))
+    if run.get("agent"):
+        fields.append(("agent", f"{run['agent']}@{run.get('agentVersion')}"))
+    if run.get("subAgents"):
+        fields.append(("sub-agents", ", ".join(run["subAgents"])))
     if run.get("waitingFor") == "children":
         fields.append(("waiting", f"for its sub-agents: {run.get('childrenActive', 0)} at work"))
     if run.get("error"):

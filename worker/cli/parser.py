@@ -1,10 +1,11 @@
-"""The `agentrun` command's argparse tree: one function per command; `runs` and `token` add their own."""
+"""The `agentrun` command's argparse tree: one function per command; `runs`, `token` and `agents` add their own."""
 
 from __future__ import annotations
 
 import argparse
 from typing import TYPE_CHECKING, TypeAlias
 
+from agentrun.worker.cli.agents import add_agents
 from agentrun.worker.cli.arguments import (
     add_database,
     duration,
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agentrun",
         description="agentrun: a durable runtime for LLM agents on PostgreSQL and Kubernetes.",
         epilog="Environment: AGENTRUN_DATABASE_URL, AGENTRUN_LOG_FORMAT (console|json), AGENTRUN_LOG_LEVEL; "
-        "`runs` reads AGENTRUN_URL and AGENTRUN_API_TOKEN.",
+        "`runs` and `agents` read AGENTRUN_URL and AGENTRUN_API_TOKEN.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_migrate(sub)
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dev(sub)
     add_runs(sub)
     add_token(sub)
+    add_agents(sub)
     return parser
 
 

@@ -92,10 +92,10 @@ def add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 def _add_submit(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="the request for the agent (the first user message)")
-    p.add_argument("--budget", type=positive_int, default=50_000, metavar="N",
-                   help="token budget, all kinds of tokens (default: 50000)")
-    p.add_argument("--timeout", type=positive_int, default=300, metavar="S",
-                   help="wall-clock limit in seconds (default: 300)")
+    p.add_argument("--budget", type=positive_int, metavar="N",
+                   help="token budget, all kinds of tokens (default: 50000; with --agent, the agent's)")
+    p.add_argument("--timeout", type=positive_int, metavar="S",
+                   help="wall-clock limit in seconds (default: 300; with --agent, the agent's)")
     p.add_argument("--tool", action="append", metavar="NAME",
                    help="a tool the model may call (repeatable; default: every tool of the worker)")
     p.add_argument("--model", help="model name; a prefix picks the provider: bedrock/ID, vertex/MODEL, "
@@ -115,6 +115,11 @@ def _add_submit(p: argparse.ArgumentParser) -> None:
                    help="go on with the whole conversation of this SUCCEEDED run; INPUT is the next message")
     p.add_argument("--require-approval", action="append", metavar="TOOL",
                    help="calls of this tool wait for a person's approval (repeatable; '*' for every tool)")
+    p.add_argument("--agent", metavar="NAME[@N]",
+                   help="run this agent definition (`agentrun agents`): its version N, else the latest, pinned "
+                   "at submission; options given here override its fields, limits only downwards")
+    p.add_argument("--sub-agent", action="append", metavar="NAME[@N]",
+                   help="an agent the run may hand work to (repeatable; default: the agent's)")
 
 
 def _add_fork(p: argparse.ArgumentParser) -> None:
@@ -141,6 +146,12 @@ def _add_decide(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
+    return calling(args, COMMANDS[args.runs_command])
+
+
+def calling(args: argparse.Namespace, command: Callable[[RunsClient, argparse.Namespace, Show], int]) -> int:
+    """Run a client command against the server of --url (or AGENTRUN_URL): its exit status, 1 with a
+    message on stderr when the server refuses or cannot be reached."""
     import orjson
 
     from agentrun.worker.cli import client
@@ -151,7 +162,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
     url = args.url or os.environ.get("AGENTRUN_URL") or client.DEFAULT_URL
     try:
         with client.RunsClient(url, os.environ.get("AGENTRUN_API_TOKEN") or None) as api:
-            return COMMANDS[args.runs_command](api, args, show)
+            return command(api, args, show)
     except client.ClientError as e:
         print(f"agentrun: {client.terminal_safe(str(e))}", file=sys.stderr)
         return 1
@@ -165,8 +176,12 @@ def _submit(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
     from agentrun.worker.cli import client
     from agentrun.worker.core.text import unstorable
 
-    body: dict[str, object] = {"input": args.input, "tokenBudget": args.budget, "timeoutSeconds": args.timeout}
-    optional = {"model": args.model, "maxSteps": args.max_steps, "tools": args.tool,
+    body: dict[str, object] = {"input": args.input}
+    if args.agent is None:  # without an agent the run names its limits; an agent gives its own
+        body.update(tokenBudget=args.budget or 50_000, timeoutSeconds=args.timeout or 300)
+    optional = {"tokenBudget": args.budget, "timeoutSeconds": args.timeout, "agent": args.agent,
+                "subAgents": args.sub_agent,
+                "model": args.model, "maxSteps": args.max_steps, "tools": args.tool,
                 "system": args.system, "costBudgetUsd": args.cost_budget,
                 "continueFrom": client._run_id(args.continue_from, "--continue-from")
                 if args.continue_from else None,
@@ -174,7 +189,8 @@ def _submit(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
                 "delaySeconds": args.delay}
     body.update({k: v for k, v in optional.items() if v is not None})
     texts = [("input", args.input), ("model", args.model), ("system", args.system),
-             *((f"tools[{i}]", t) for i, t in enumerate(args.tool or ()))]
+             *((f"tools[{i}]", t) for i, t in enumerate(args.tool or ())), ("agent", args.agent),
+             *((f"subAgents[{i}]", t) for i, t in enumerate(args.sub_agent or ()))]
     for field, text in texts:
         # Bytes that were not UTF-8 arrive as lone surrogates, which no JSON body can carry.
         if why := unstorable(text):

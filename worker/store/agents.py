@@ -17,6 +17,8 @@ from agentrun.worker.store.gateway import Gateway
 AGENT_COLUMNS = """v.name, v.version, v.description, v.system, v.model, v.tools, v.require_approval, v.output_schema,
     v.max_steps, v.token_budget, v.cost_budget_usd, v.timeout_seconds, v.sub_agents, v.created_at, v.created_by"""
 
+RETURNED = AGENT_COLUMNS.replace("v.", "")  # the same columns, of the row an INSERT returns
+
 _LATEST = f"""SELECT {AGENT_COLUMNS} FROM agent_version v WHERE v.name = %(name)s
     ORDER BY v.version DESC LIMIT 1"""
 
@@ -62,7 +64,7 @@ class Agents(Gateway):
                     VALUES (%(name)s, %(version)s, %(description)s, %(system)s, %(model)s, %(tools)s,
                         %(require_approval)s, %(output_schema)s, %(max_steps)s, %(token_budget)s,
                         %(cost_budget_usd)s, %(timeout_seconds)s, %(sub_agents)s, %(created_by)s)
-                    RETURNING {AGENT_COLUMNS.replace("v.", "")}""".encode(),
+                    RETURNING {RETURNED}""".encode(),
                 {
                     "name": agent.name, "version": (latest.version if latest else 0) + 1,
                     "description": agent.description, "system": agent.system, "model": agent.model,

@@ -38,7 +38,7 @@ StoreFactory = Callable[[AsyncConnectionPool[Any]], RunStore]
 async def fill(url: str, queued: int) -> None:
     pool = await open_pool(url, max_size=1)
     async with pool.connection() as conn:
-        await conn.execute("TRUNCATE run_step, run_lease, run_decision, run")
+        await conn.execute("TRUNCATE run CASCADE")  # and every table that refers to it
         # One statement: fast, and the wake-up trigger's notifications collapse into one.
         await conn.execute(
             """INSERT INTO run (id, input, model, token_budget, timeout_seconds, deadline_at, run_at, priority)

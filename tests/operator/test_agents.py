@@ -16,7 +16,7 @@ from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from tests.support.builders import worker
-from tests.support.cluster import Cluster, agents_path, assert_invalid, operator_running, settings_for, uid_of
+from tests.support.cluster import Cluster, agents_path, assert_invalid, operator_running, run_row, settings_for, uid_of
 from tests.support.waiting import eventually
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -34,16 +34,6 @@ def _version() -> dict[str, Any]:
 
 def _has_version(n: int) -> Any:
     return lambda s: s.get("version") == n and (s.get("conditions") or [{}])[0].get("status") == "True"
-
-
-async def _run_row(store: RunStore, obj: dict[str, Any]) -> Any:
-    uid = uid_of(obj)
-
-    async def exists() -> bool:
-        return await store.get(uid) is not None
-
-    await eventually(exists, 60, "the run row")
-    return await store.get(uid)
 
 
 # -- the CRD --------------------------------------------------------------------------------------
@@ -243,13 +233,13 @@ async def test_an_agentrun_with_agent_ref_runs_the_agent(cluster: Cluster, store
     await cluster.wait_agent("researcher", "version 2", _has_version(2))
 
     latest = await cluster.create("ask", agentRef={"name": "researcher"}, input="Tallest Alp?", maxSteps=5)
-    run = await _run_row(store, latest)
+    run = await run_row(store, latest)
     assert (run.agent, run.agent_version, run.system, run.model) == ("researcher", 2, "Version two.", "claude-haiku-4-5")
     assert (run.tools, run.token_budget, run.timeout_seconds, run.max_steps) == (("lookup",), 8000, 120, 5)
     assert run.cost_budget_usd == Decimal("0.5")
 
     pinned = await cluster.create("ask-v1", agentRef={"name": "researcher", "version": 1}, input="Tallest Alp?")
-    run1 = await _run_row(store, pinned)
+    run1 = await run_row(store, pinned)
     assert (run1.agent_version, run1.system, run1.token_budget, run1.max_steps) == (1, "You research.", 5000, 7)
 
     assert await worker(store, ScriptedLlm().then_text("Mont Blanc", in_=10, out=5)).run_once() in (run.id, run1.id)
@@ -324,7 +314,7 @@ async def test_an_agentrun_applied_with_its_agent_waits_for_it(cluster: Cluster,
     obj = await cluster.create("early", agentRef={"name": "late-agent"}, input="x")
     await cluster.create_agent("late-agent", **RESEARCHER)
     await cluster.wait_status("early", "Queued", lambda s: s.get("phase") == "Queued")
-    run = await _run_row(store, obj)
+    run = await run_row(store, obj)
     assert (run.agent, run.agent_version, run.system) == ("late-agent", 1, "You research.")
 
 

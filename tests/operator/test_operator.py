@@ -2,33 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
 from agentrun.worker.core.records import RunStatus
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from tests.support.builders import worker
-from tests.support.cluster import Cluster, assert_events_precede_their_phase, uid_of
+from tests.support.cluster import Cluster, assert_events_precede_their_phase, run_row, uid_of
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.usefixtures("operator")
 
 
-async def _run_row(store: RunStore, obj: dict[str, Any]) -> Any:
-    uid = uid_of(obj)
-
-    async def exists() -> bool:
-        return await store.get(uid) is not None
-
-    await eventually(exists, 60, "the run row")
-    return await store.get(uid)
-
-
 async def test_agentrun_becomes_a_run_and_reports_success(cluster: Cluster, store: RunStore) -> None:
     obj = await cluster.create("hello", input="Say hello")
-    run = await _run_row(store, obj)
+    run = await run_row(store, obj)
     assert (run.k8s_namespace, run.k8s_name, run.input) == ("default", "hello", "Say hello")
     assert (run.model, run.max_steps) == ("claude-sonnet-4-6", 100)  # the CRD's defaults
     await cluster.wait_status("hello", "Queued", lambda s: s.get("phase") == "Queued")
@@ -50,7 +38,7 @@ async def test_agentrun_becomes_a_run_and_reports_success(cluster: Cluster, stor
 
 async def test_failed_run_reports_its_reason(cluster: Cluster, store: RunStore) -> None:
     obj = await cluster.create("broken", input="go")
-    await _run_row(store, obj)
+    await run_row(store, obj)
     w = worker(store, ScriptedLlm())  # no scripted answer: the model call fails for good
     await w.run_once()
     status = await cluster.wait_status("broken", "Failed", lambda s: s.get("phase") == "Failed")
@@ -66,7 +54,7 @@ async def test_failed_run_reports_its_reason(cluster: Cluster, store: RunStore) 
 
 async def test_spec_cancel_cancels_the_run(cluster: Cluster, store: RunStore) -> None:
     obj = await cluster.create("stop-me", input="go")
-    run = await _run_row(store, obj)
+    run = await run_row(store, obj)
     await cluster.patch_spec("stop-me", cancel=True)
     status = await cluster.wait_status("stop-me", "Cancelled", lambda s: s.get("phase") == "Cancelled")
     assert status["finishedAt"]
@@ -76,7 +64,7 @@ async def test_spec_cancel_cancels_the_run(cluster: Cluster, store: RunStore) ->
 
 async def test_deleting_cancels_an_unfinished_run_and_keeps_its_rows(cluster: Cluster, store: RunStore) -> None:
     obj = await cluster.create("doomed", input="go")
-    run = await _run_row(store, obj)
+    run = await run_row(store, obj)
     await cluster.wait_status("doomed", "Queued", lambda s: s.get("phase") == "Queued")
     assert "agentrun.dev/finalizer" in ((await cluster.get("doomed")) or {})["metadata"].get("finalizers", [])
     await cluster.delete("doomed")
@@ -102,7 +90,7 @@ async def test_unknown_tool_fails_without_a_run(cluster: Cluster, store: RunStor
 async def test_known_tools_and_budgets_reach_the_run(cluster: Cluster, store: RunStore) -> None:
     obj = await cluster.create("budgeted", input="go", tools=["lookup"], tokenBudget=5000, timeoutSeconds=30,
                                maxSteps=7, costBudgetUsd=0.25, system="be brief", model="claude-haiku-4-5")
-    run = await _run_row(store, obj)
+    run = await run_row(store, obj)
     assert run.tools == ("lookup",) and run.token_budget == 5000 and run.timeout_seconds == 30
     assert run.max_steps == 7 and str(run.cost_budget_usd) == "0.250000" and run.system == "be brief"
     assert run.model == "claude-haiku-4-5"
@@ -110,7 +98,7 @@ async def test_known_tools_and_budgets_reach_the_run(cluster: Cluster, store: Ru
 
 async def test_ttl_deletes_a_finished_agentrun(cluster: Cluster, store: RunStore) -> None:
     obj = await cluster.create("short-lived", input="go", ttlSecondsAfterFinished=0)
-    run = await _run_row(store, obj)
+    run = await run_row(store, obj)
     await worker(store, ScriptedLlm().then_text("done")).run_once()
 
     async def gone() -> bool:

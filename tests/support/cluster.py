@@ -18,6 +18,8 @@ import kopf
 from agentrun.operator.handlers import run
 from agentrun.operator.kube import KubeApi
 from agentrun.operator.settings import OperatorSettings
+from agentrun.worker.core.records import Run
+from agentrun.worker.store import RunStore
 from tests.operator.emulator import ApiServer
 from tests.support.waiting import eventually
 
@@ -227,3 +229,16 @@ def assert_invalid(r: httpx.Response, *words: str) -> str:
     for word in words:
         assert word in body["message"], body["message"]
     return body["message"]  # type: ignore[no-any-return]
+
+
+async def run_row(store: RunStore, obj: dict[str, Any]) -> Run:
+    """The run the operator made of the AgentRun `obj`, once it exists."""
+    uid = uid_of(obj)
+
+    async def exists() -> bool:
+        return await store.get(uid) is not None
+
+    await eventually(exists, 60, "the run row")
+    run = await store.get(uid)
+    assert run is not None
+    return run

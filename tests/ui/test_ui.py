@@ -57,7 +57,31 @@ if (why := _missing()) is not None:
 
 from playwright.async_api import Browser, Page, async_playwright, expect  # noqa: E402
 
-GATE = asyncio.Event()  # the tool waits on it: a run held in its tool step for as long as a test wants
+class Gate:
+    """An asyncio.Event of whichever event loop runs now: each test has a loop of its own, and an Event is
+    bound to the first loop that waits on it (the next test's wait would raise inside the tool)."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event = asyncio.Event()
+
+    def _now(self) -> asyncio.Event:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._event = loop, asyncio.Event()
+        return self._event
+
+    def set(self) -> None:
+        self._now().set()
+
+    def clear(self) -> None:
+        self._now().clear()
+
+    async def wait(self) -> None:
+        await self._now().wait()
+
+
+GATE = Gate()  # the tool waits on it: a run held in its tool step for as long as a test wants
 
 
 @tool(name="list_tickets", description="List acme tickets by status.",

@@ -23,7 +23,7 @@ ACTIVE = "('QUEUED', 'RUNNING', 'WAITING')"
 
 # What a cancel does to a run no worker holds (ends it) and to one a worker holds (asks it to stop);
 # `reason` is the error of a run ended so.
-_CANCEL_SET = """cancel_requested = true,
+CANCEL_SET = """cancel_requested = true,
     cancelled_by = CASE WHEN cancel_requested THEN cancelled_by ELSE %(by)s END,
     status = CASE WHEN status IN ('QUEUED', 'WAITING') THEN 'CANCELLED' ELSE status END,
     finished_at = CASE WHEN status IN ('QUEUED', 'WAITING') THEN now() ELSE finished_at END,
@@ -37,7 +37,7 @@ CANCEL_DESCENDANTS = f"""WITH RECURSIVE tree AS (
         SELECT id FROM run WHERE parent_run_id = %(id)s AND parent_tool_use_id IS NOT NULL
         UNION
         SELECT c.id FROM run c JOIN tree ON c.parent_run_id = tree.id WHERE c.parent_tool_use_id IS NOT NULL)
-    UPDATE run SET {_CANCEL_SET}
+    UPDATE run SET {CANCEL_SET}
     WHERE id IN (SELECT id FROM tree) AND status IN {ACTIVE} AND NOT cancel_requested
     RETURNING id"""
 

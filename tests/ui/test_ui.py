@@ -57,6 +57,7 @@ if (why := _missing()) is not None:
 
 from playwright.async_api import Browser, Page, async_playwright, expect  # noqa: E402
 
+
 class Gate:
     """An asyncio.Event of whichever event loop runs now: each test has a loop of its own, and an Event is
     bound to the first loop that waits on it (the next test's wait would raise inside the tool)."""

@@ -187,3 +187,15 @@ async def test_a_parent_past_its_deadline_while_waiting_ends_and_its_children_ar
         ended = await finished(store, child.id, 60)
     assert done.status is RunStatus.TIMED_OUT and done.error is not None and "its sub-agents" in done.error
     assert ended.status is RunStatus.CANCELLED
+
+
+async def test_a_sub_agent_that_cannot_start_is_an_error_result_and_makes_no_child(store: RunStore) -> None:
+    parent = await planner(store, "researcher")
+    async with store.pool.connection() as conn:  # its agent names a tool no worker offers (edited in place)
+        await conn.execute("UPDATE agent_version SET tools = ARRAY['no_such_tool'] WHERE name = 'researcher'")
+    async with running(worker(store, TreeLlm())):
+        done = await finished(store, parent.id, 60)
+    ((status, why),) = (await tool_results(store, parent.id)).values()
+    assert status is StepStatus.ERROR and why is not None
+    assert "sub-agent researcher@1 cannot start" in why and "no_such_tool" in why
+    assert await store.children(parent.id) == [] and done.status is RunStatus.SUCCEEDED

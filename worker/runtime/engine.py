@@ -375,7 +375,7 @@ class RunDriver:
             try:
                 made.append(await self._child(run, use, task, agent, share))
             except (ValueError, Refused) as e:
-                refused.append((use, f"error: {e}"))
+                refused.append((use, f"error: sub-agent {agent.ref} cannot start: {e}"))
         for use, why in refused:
             progress = await self._settle(run, conv, use, False, why)
         if not made and len(known) == 0:

@@ -211,6 +211,29 @@ async def _true(value: bool) -> bool:
 # -- 2. leases given up before they can be taken -------------------------------------------------
 
 
+def _blocking_tool(db: psycopg.AsyncConnection[Any]) -> tuple[Any, asyncio.Event, list[float]]:
+    """A tool `slow` that blocks until cancelled, and then records how much of its run's lease was left
+    (in seconds, by the database's clock) and sets the event."""
+    cancelled = asyncio.Event()
+    lease_left: list[float] = []
+
+    @tool(name="slow")
+    async def slow(args: dict[str, Any], ctx: ToolContext) -> str:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cur = await db.execute(
+                "SELECT extract(epoch FROM locked_until - now()) FROM run WHERE id = %s", (ctx.run_id,)
+            )
+            row = await cur.fetchone()
+            lease_left.append(float(row[0]) if row else -1.0)
+            cancelled.set()
+            raise
+        return "never"
+
+    return slow, cancelled, lease_left
+
+
 class HangingRenewals(RunStore):
     """A database that accepts claims and writes but whose renewals never answer (a dead socket)."""
 
@@ -222,22 +245,7 @@ class HangingRenewals(RunStore):
 async def test_a_worker_that_cannot_renew_gives_up_before_the_lease_lapses(
     store: RunStore, db: psycopg.AsyncConnection[Any]
 ) -> None:
-    cancelled = asyncio.Event()
-    given_up_with_lease_left: list[float] = []
-
-    @tool(name="slow")
-    async def slow(args: dict[str, Any], ctx: ToolContext) -> str:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cur = await db.execute(
-                "SELECT extract(epoch FROM locked_until - now()) FROM run WHERE id = %s", (ctx.run_id,)
-            )
-            row = await cur.fetchone()
-            given_up_with_lease_left.append(float(row[0]) if row else -1.0)
-            cancelled.set()
-            raise
-        return "never"
+    slow, cancelled, given_up_with_lease_left = _blocking_tool(db)
 
     run, _ = await store.create(new_run())
     lease = 6.0
@@ -274,22 +282,7 @@ async def test_a_renewal_deaf_to_its_cancel_still_gives_the_run_up_in_time(
 ) -> None:
     """The give-up mark does not wait for a stuck renewal to end: the run is let go with a third of its
     lease left, however long the stuck query takes to be cancelled."""
-    cancelled = asyncio.Event()
-    given_up_with_lease_left: list[float] = []
-
-    @tool(name="slow")
-    async def slow(args: dict[str, Any], ctx: ToolContext) -> str:
-        try:
-            await asyncio.Event().wait()
-        except asyncio.CancelledError:
-            cur = await db.execute(
-                "SELECT extract(epoch FROM locked_until - now()) FROM run WHERE id = %s", (ctx.run_id,)
-            )
-            row = await cur.fetchone()
-            given_up_with_lease_left.append(float(row[0]) if row else -1.0)
-            cancelled.set()
-            raise
-        return "never"
+    slow, cancelled, given_up_with_lease_left = _blocking_tool(db)
 
     run, _ = await store.create(new_run())
     lease = 6.0

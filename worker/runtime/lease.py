@@ -20,6 +20,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentrun.worker.core.errors import CancelRequested as CancelRequested
@@ -33,17 +34,24 @@ GIVE_UP_AT = 2 / 3
 """The fraction of the lease without a successful renewal after which the held runs are given up."""
 
 
+@dataclass(slots=True)
+class _Held:
+    """A run whose lease this worker renews."""
+
+    driver: asyncio.Task[object]
+    epoch: int | None  # the lease epoch its claim was made under, if known: renewals are fenced on it
+    since: float  # when its lease was last known extended (time.monotonic() when that was sent)
+
+
 class LeaseKeeper:
     def __init__(self, store: RunStore, worker_id: str, lease_seconds: float) -> None:
         self.store = store
         self.worker_id = worker_id
         self.lease_seconds = lease_seconds
-        self._held: dict[uuid.UUID, asyncio.Task[object]] = {}
-        self._epochs: dict[uuid.UUID, int] = {}  # the lease epoch each held run was claimed under
+        self._held: dict[uuid.UUID, _Held] = {}
         self._lost: set[uuid.UUID] = set()
         self._cancel: set[uuid.UUID] = set()  # held runs someone asked to stop
         self._interruptible: dict[uuid.UUID, asyncio.Future[object]] = {}  # the call or tool in flight, per run
-        self._since: dict[uuid.UUID, float] = {}  # per held run: when its lease was last known extended (sent)
         self._abandoned: set[asyncio.Future[Any]] = set()  # renewals past their time, still being cancelled
         self.renewals = 0  # renewals that succeeded
 
@@ -58,32 +66,24 @@ class LeaseKeeper:
         """Renew the run's lease from now on. Its claim, of lease epoch `epoch`, wrote it; `since` is when
         that claim was sent (time.monotonic()), the latest moment its lease can have begun: the give-up
         mark counts from there. Without it, from now."""
-        self._since[run_id] = time.monotonic() if since is None else since
         self._lost.discard(run_id)
         self._cancel.discard(run_id)
-        self._held[run_id] = task
-        if epoch is not None:
-            self._epochs[run_id] = epoch
-        else:
-            self._epochs.pop(run_id, None)
+        self._held[run_id] = _Held(task, epoch, time.monotonic() if since is None else since)
 
     def drop(self, run_id: uuid.UUID) -> None:
         """Stop renewing: the run is about to be finished or released by its driver."""
         self._held.pop(run_id, None)
-        self._epochs.pop(run_id, None)
-        self._since.pop(run_id, None)
 
     def forget(self, run_id: uuid.UUID) -> None:
         """The run's driver has ended: stop renewing and drop the record of a loss, once it was read."""
         self._held.pop(run_id, None)
-        self._epochs.pop(run_id, None)
-        self._since.pop(run_id, None)
         self._lost.discard(run_id)
         self._cancel.discard(run_id)
 
     def since(self, run_id: uuid.UUID) -> float | None:
         """When the held run's lease was last known extended (as `hold` takes it), or None."""
-        return self._since.get(run_id)
+        held = self._held.get(run_id)
+        return None if held is None else held.since
 
     def lost(self, run_id: uuid.UUID) -> bool:
         return run_id in self._lost
@@ -132,13 +132,15 @@ class LeaseKeeper:
 
     def _give_up_at(self, run_ids: list[uuid.UUID]) -> float:
         """The monotonic time at which the first of these runs must be given up."""
-        return min(self._since.get(i, 0.0) for i in run_ids) + self.lease_seconds * GIVE_UP_AT
+        since = min((self._held[i].since for i in run_ids if i in self._held), default=0.0)
+        return since + self.lease_seconds * GIVE_UP_AT
 
     async def renew(self) -> None:
         """Renew every held run in one fenced statement, within `renew_timeout` and never past the give-up
         mark (a renewal still waiting then would be too late to count). Raises TimeoutError past that:
         the statement is cancelled and left to end in the background, never waited for."""
-        ids = list(self._held)
+        held = dict(self._held)
+        ids = list(held)
         if not ids:
             return
         if len(self._abandoned) >= 2:  # connections stuck in earlier renewals: do not pile more on them
@@ -146,7 +148,7 @@ class LeaseKeeper:
         started = time.monotonic()
         budget = max(min(self.renew_timeout, self._give_up_at(ids) - started), 0.0)
         renewal: asyncio.Future[dict[uuid.UUID, bool]] = asyncio.ensure_future(self.store.renew(
-            ids, self.worker_id, self.lease_seconds, {i: self._epochs[i] for i in ids if i in self._epochs}
+            ids, self.worker_id, self.lease_seconds, {i: h.epoch for i, h in held.items() if h.epoch is not None}
         ))
         try:
             done, _ = await asyncio.wait({renewal}, timeout=budget)
@@ -158,9 +160,9 @@ class LeaseKeeper:
             raise TimeoutError(f"no answer to the renewal in {budget:.2f}s")
         alive = renewal.result()
         self.renewals += 1
-        for run_id in ids:
-            if run_id in alive and run_id in self._since:
-                self._since[run_id] = max(self._since[run_id], started)
+        for run_id, was in held.items():
+            if run_id in alive and self._held.get(run_id) is was:  # still the same hold: it was extended
+                was.since = max(was.since, started)
         self.give_up([run_id for run_id in ids if run_id not in alive])
         for run_id, cancel in alive.items():
             if cancel:
@@ -183,17 +185,15 @@ class LeaseKeeper:
         """Count the runs as lost and cancel their drivers, which then raise LeaseLost."""
         for run_id in run_ids:
             self._lost.add(run_id)
-            task = self._held.pop(run_id, None)
-            self._epochs.pop(run_id, None)
-            self._since.pop(run_id, None)
-            if task is not None:
-                task.cancel("lease lost")
+            held = self._held.pop(run_id, None)
+            if held is not None:
+                held.driver.cancel("lease lost")
 
     def lapsed(self) -> list[uuid.UUID]:
         """The held runs with no renewal for two thirds of their lease: they must be given up now, before
         the database could count their leases as lapsed and let another worker take them."""
         mark = time.monotonic() - self.lease_seconds * GIVE_UP_AT
-        return [run_id for run_id in self._held if self._since.get(run_id, 0.0) <= mark]
+        return [run_id for run_id, held in self._held.items() if held.since <= mark]
 
     async def run(self) -> None:
         """Renew forever: every third of the lease, and every fifteenth after a failure, and give up each

@@ -132,14 +132,18 @@ class Subscriber:
     def take_deltas(self) -> list[tuple[int, str]]:
         """The text that may go now: of the model calls after the steps the stream has given."""
         ready = 0
-        while ready < len(self.deltas) and self.deltas[ready][0] <= self.delivered + 1:
+        while ready < len(self.deltas) and self._may_go(self.deltas[ready][0]):
             ready += 1
         deltas, self.deltas = self.deltas[:ready], self.deltas[ready:]
         return deltas
 
     @property
     def deltas_ready(self) -> bool:
-        return bool(self.deltas) and self.deltas[0][0] <= self.delivered + 1
+        return bool(self.deltas) and self._may_go(self.deltas[0][0])
+
+    def _may_go(self, seq: int) -> bool:
+        """Text of a model call may go once every step before it has: its own step is at most the next."""
+        return seq <= self.delivered + 1
 
 
 class EventHub:

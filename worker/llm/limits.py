@@ -159,16 +159,18 @@ class Limiter:
         self.slot_seconds = slot_seconds
         self._known: set[str] = set()
         self._rng = random.Random()
+        self._store = None if pool is None else LimitCounters(pool)
 
     def attach(self, pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]]) -> None:
         """The database pool, once it is open (the limits are read and checked before, at start)."""
         self.pool = pool
+        self._store = LimitCounters(pool)
 
     @property
     def _counters(self) -> LimitCounters:
-        if self.pool is None:
+        if self._store is None:
             raise RuntimeError("the model limiter has no database pool")
-        return LimitCounters(self.pool)
+        return self._store
 
     async def _ensure_row(self, limit: ModelLimit) -> None:
         if limit.key in self._known:

@@ -331,6 +331,61 @@ async def test_a_stalled_connection_under_the_renewal_gives_the_run_up_in_time(d
         await pool.close()
 
 
+async def test_a_claim_counts_its_lease_from_when_it_was_sent_not_from_waiting_for_a_connection(
+    database_url: str,
+) -> None:
+    """After an outage the pool may take seconds to hand out a connection: that wait is not lease time
+    spent (the database starts the lease when it runs the statement), so it must not bring the give-up
+    mark closer."""
+    from agentrun.worker.store.pool import open_pool
+
+    pool = await open_pool(database_url, max_size=1)
+    try:
+        store = RunStore(pool)
+        await store.create(new_run())
+        taken = asyncio.Event()
+        released_at = 0.0
+
+        async def hog() -> None:
+            nonlocal released_at
+            async with pool.connection():
+                taken.set()
+                await asyncio.sleep(0.5)
+                released_at = time.monotonic()
+
+        hogging = asyncio.create_task(hog())
+        await taken.wait()
+        claimed = await store.claim("worker-A", 30.0)
+        await hogging
+        assert claimed is not None
+        assert claimed.sent_at >= released_at
+    finally:
+        await pool.close()
+
+
+async def test_a_run_held_with_a_third_of_its_lease_spent_is_renewed_at_once(store: RunStore) -> None:
+    """A claim slow to answer arrives with part of its lease gone: the heartbeat renews it now rather
+    than at the renewal it had planned (here 20 s away, past nothing, but 15 s from the give-up mark)."""
+    from agentrun.worker.runtime.lease import LeaseKeeper
+
+    run, _ = await store.create(new_run())
+    lease = 60.0
+    claimed = await store.claim("worker-A", lease)
+    assert claimed is not None
+    keeper = LeaseKeeper(store, "worker-A", lease)
+    heartbeat = asyncio.create_task(keeper.run())
+    driver = asyncio.create_task(asyncio.Event().wait())
+    try:
+        await asyncio.sleep(0)  # the heartbeat is asleep, planning its next renewal a third of a lease away
+        keeper.hold(run.id, driver, claimed.run.lease_epoch, since=time.monotonic() - lease / 2.4)
+        await eventually(lambda: _true(keeper.renewals > 0), 10, "the renewal of the late claim")
+        assert not driver.done()
+    finally:
+        for task in (heartbeat, driver):
+            task.cancel()
+        await asyncio.gather(heartbeat, driver, return_exceptions=True)
+
+
 async def test_renewals_are_bounded_in_time(store: RunStore) -> None:
     from agentrun.worker.runtime.lease import LeaseKeeper
 

@@ -52,6 +52,8 @@ class LeaseKeeper:
         self._lost: set[uuid.UUID] = set()
         self._cancel: set[uuid.UUID] = set()  # held runs someone asked to stop
         self._interruptible: dict[uuid.UUID, asyncio.Future[object]] = {}  # the call or tool in flight, per run
+        self._changed = asyncio.Event()  # a run was held: the heartbeat's next renewal may be due sooner
+        self._urgent = False  # ...and it must be at once
         self._abandoned: set[asyncio.Future[Any]] = set()  # renewals past their time, still being cancelled
         self.renewals = 0  # renewals that succeeded
 
@@ -68,7 +70,11 @@ class LeaseKeeper:
         mark counts from there. Without it, from now."""
         self._lost.discard(run_id)
         self._cancel.discard(run_id)
-        self._held[run_id] = _Held(task, epoch, time.monotonic() if since is None else since)
+        now = time.monotonic()
+        self._held[run_id] = _Held(task, epoch, now if since is None else since)
+        if since is not None and now - since >= self.lease_seconds / 3:
+            self._urgent = True  # as old as a renewal's interval already: renew it now
+        self._changed.set()
 
     def drop(self, run_id: uuid.UUID) -> None:
         """Stop renewing: the run is about to be finished or released by its driver."""
@@ -195,15 +201,31 @@ class LeaseKeeper:
         mark = time.monotonic() - self.lease_seconds * GIVE_UP_AT
         return [run_id for run_id, held in self._held.items() if held.since <= mark]
 
+    async def _pause(self, interval: float) -> None:
+        """Sleep until the next renewal is due: `interval` after the last, or the first give-up mark if
+        that comes sooner. A run held meanwhile with a third of its lease already spent (a claim slow to
+        answer) cuts it short: it is renewed at once, not at a renewal planned past its mark."""
+        started = time.monotonic()
+        while not self._urgent:
+            self._changed.clear()
+            held = list(self._held)
+            due = min(started + interval, self._give_up_at(held)) if held else started + interval
+            wait = due - time.monotonic()
+            if wait <= 0:
+                return
+            try:
+                await asyncio.wait_for(self._changed.wait(), wait)
+            except TimeoutError:
+                return
+        self._urgent = False
+
     async def run(self) -> None:
         """Renew forever: every third of the lease, and every fifteenth after a failure, and give up each
         run at its two-thirds mark. The fence would refuse their writes anyway once another worker has
         them; stopping first keeps a tool from running on meanwhile."""
         interval = self.lease_seconds / 3
         while True:
-            held = list(self._held)
-            give_up_in = self._give_up_at(held) - time.monotonic() if held else interval
-            await asyncio.sleep(max(min(interval, give_up_in), 0.0))
+            await self._pause(interval)
             if lapsed := self.lapsed():
                 log.warning(
                     "%s gives up %d runs: no lease renewal succeeded for %.1fs", self.worker_id, len(lapsed),

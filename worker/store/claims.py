@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -45,8 +44,7 @@ class Claims(Gateway):
         is gone loses its runs early. The CASE keeps the lock attempt to RUNNING candidates with a live
         lease whose holder is suspected, and runs it last.
         """
-        sent_at = time.monotonic()
-        rows = await self._all(
+        rows, sent_at = await self._all_sent(
             f"""WITH next AS (
                     SELECT id, CASE WHEN status = 'RUNNING' THEN locked_by END AS taken_from FROM run
                     WHERE run_at <= now() AND status IN ('QUEUED', 'RUNNING') AND CASE

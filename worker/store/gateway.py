@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -69,6 +70,17 @@ class Gateway:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(query.encode(), params)
             return await cur.fetchall()
+
+    async def _all_sent(
+        self, query: str, params: dict[str, Any] | Sequence[Any]
+    ) -> tuple[list[dict[str, Any]], float]:
+        """`_all`, and when the statement was sent (time.monotonic()), once a connection was had: a wait
+        for one (the pool reconnecting after an outage, say) is not counted in it."""
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            sent_at = time.monotonic()
+            await cur.execute(query.encode(), params)
+            return await cur.fetchall(), sent_at
 
     async def get(self, run_id: uuid.UUID) -> Run | None:
         row = await self._one(f"SELECT {RUN_COLUMNS} FROM run r WHERE r.id = %s", (run_id,))

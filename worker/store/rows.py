@@ -85,8 +85,8 @@ class Claim:
     progress: Progress
     taken_from: str | None = None
     sent_at: float = 0.0
-    """When the claim was sent, by time.monotonic(): its lease cannot have begun earlier, nor later than
-    the answer; the heartbeat counts the give-up mark from here (LeaseKeeper.hold)."""
+    """When the claim was sent, by time.monotonic(), once it had a connection: its lease cannot have begun
+    earlier, nor later than the answer; the heartbeat counts the give-up mark from here (LeaseKeeper.hold)."""
 
     @property
     def fresh(self) -> bool:

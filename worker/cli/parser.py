@@ -81,6 +81,8 @@ WORKER_ENV = (
     "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT (record prompts and outputs in spans, default false); "
     "AGENTRUN_RETENTION_DAYS, AGENTRUN_RETENTION_INTERVAL_SECONDS (pruning, default every 600 s); "
     "AGENTRUN_MODEL_LIMITS (YAML or JSON file of fleet-wide model limits); "
+    "AGENTRUN_EVENT_RETENTION (how long an event of POST /api/events is kept for waits that begin after it: "
+    "seconds or a duration like 24h, the default); "
     "AGENTRUN_DATABASE_RETRY_MAX_SECONDS (longest wait between attempts to reach the database, default 5)."
 )
 """The environment of `agentrun worker`, as its --help lists it."""

@@ -90,6 +90,7 @@ def event_of(args: dict[str, Any]) -> WaitForEvent:
     key, timeout = args.get("key"), args.get("timeoutSeconds")
     if (problem := key_problem(key) or seconds_problem(timeout, "timeoutSeconds")) is not None:
         raise ValueError(problem)
+    assert isinstance(timeout, int | float)
     return WaitForEvent(str(key), float(timeout))
 
 

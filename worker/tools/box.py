@@ -461,7 +461,7 @@ class ToolBox:
         try:
             if t.is_async:
                 async with asyncio.timeout(t.timeout_seconds):
-                    result = await t.fn(args, ctx)  # type: ignore[misc]
+                    result = await t.fn(args, ctx)
             else:
                 # A plain function runs off the event loop, in a bounded pool of its own (ToolThreads).
                 result = await self.threads.call(name, t.fn, args, ctx, timeout=t.timeout_seconds)

@@ -15,6 +15,7 @@ from agentrun.worker.cli.arguments import (
     positive_float,
     positive_int,
 )
+from agentrun.worker.cli.events import add_events
 from agentrun.worker.cli.local import cmd_demo, cmd_dev
 from agentrun.worker.cli.migrate import cmd_migrate
 from agentrun.worker.cli.operator import cmd_operator
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_runs(sub)
     add_token(sub)
     add_agents(sub)
+    add_events(sub)
     return parser
 
 

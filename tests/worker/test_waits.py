@@ -5,6 +5,7 @@ before it waited, never the same event twice, times out, is cancelled at once, a
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from typing import Any
 
@@ -244,3 +245,25 @@ async def test_a_thousand_sleeping_runs_cost_no_query_of_their_own(store: RunSto
 async def _true(value: bool) -> bool:
     return value
 
+
+
+async def test_an_event_older_than_the_retention_window_is_not_delivered_and_is_pruned(
+    store: RunStore, db: Any
+) -> None:
+    from agentrun.worker.store.retention import prune_if_first
+
+    await store.post_event("old", "stale")
+    await store.post_event("fresh", "new")
+    await db.execute("UPDATE run_event SET created_at = now() - interval '2 hours' WHERE key = 'old'")
+    run, _ = await store.create(new_run(tools=("wait_for_event",)))
+    llm = ScriptedLlm().then_tool_use("toolu_o", "wait_for_event", {"key": "old", "timeoutSeconds": 0.5})
+    llm.then_text("none came")
+    w = worker(store, llm)
+    w.driver.settings = dataclasses.replace(w.driver.settings, event_retention=3600.0)
+    async with running(w):
+        done = await finished(store, run.id)
+    assert await tool_steps(store, done.id) == [("toolu_o", StepStatus.ERROR, "timed out waiting for event old")]
+    pruned = await prune_if_first(store.pool, None, event_retention=3600.0)
+    assert pruned is not None and pruned.rows == {"run_event": 1}
+    cur = await db.execute("SELECT key FROM run_event")
+    assert [r[0] for r in await cur.fetchall()] == ["fresh"]

@@ -214,13 +214,3 @@ class Waits(Gateway):
         assert row is not None
         nxt = row["next"]
         return list(row["woke"]), (None if nxt is None else max(float(nxt), 0.0))
-
-    async def prune_events(self, retention: float, batch: int = 1000) -> int:
-        """Delete events kept longer than `retention` seconds (a batch); how many."""
-        rows = await self._all(
-            """DELETE FROM run_event WHERE id IN (
-                   SELECT id FROM run_event WHERE created_at < now() - make_interval(secs => %s::float8)
-                   ORDER BY created_at LIMIT %s) RETURNING id""",
-            (retention, batch),
-        )
-        return len(rows)

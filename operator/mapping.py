@@ -20,6 +20,7 @@ from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import NewRun, PendingCall, Run, RunStatus
 from agentrun.worker.core.submission import Defaults, Offer, Refused, RunSpec
 from agentrun.worker.core.text import unstorable
+from agentrun.worker.core.waits import BUILTIN_WAITS
 from agentrun.worker.obs.tracing.context import TRACEPARENT_ANNOTATION, checked_traceparent
 
 GROUP = "agentrun.dev"
@@ -130,8 +131,9 @@ def new_run(
 
 
 def _offer(known_tools: Collection[str] | None, prices: PriceTable | None) -> Offer:
-    return Offer(has_tool=known_tools.__contains__ if known_tools is not None else None,
-                 tool_names=sorted(known_tools or ()), prices=prices)
+    # The built-in tools (`wait`, `wait_for_event`) are every worker's, whatever the operator was told.
+    return Offer(has_tool=(lambda name: name in known_tools or name in BUILTIN_WAITS) if known_tools is not None
+                 else None, tool_names=sorted(known_tools or ()), prices=prices)
 
 
 def agent_ref(spec: Mapping[str, Any]) -> tuple[str, int | None] | None:

@@ -267,3 +267,20 @@ async def test_an_event_older_than_the_retention_window_is_not_delivered_and_is_
     assert pruned is not None and pruned.rows == {"run_event": 1}
     cur = await db.execute("SELECT key FROM run_event")
     assert [r[0] for r in await cur.fetchall()] == ["fresh"]
+
+
+async def test_a_run_that_does_not_list_a_built_in_wait_cannot_call_it(store: RunStore) -> None:
+    run, _ = await store.create(new_run())  # tools: None, every registered tool, but no built-in
+    llm = ScriptedLlm().then_tool_use("toolu_n", "wait", {"seconds": 1}).then_text("fine")
+    async with running(worker(store, llm)):
+        done = await finished(store, run.id)
+    assert await tool_steps(store, done.id) == [("toolu_n", StepStatus.ERROR, "error: unknown tool 'wait'")]
+
+
+def test_the_operator_takes_the_built_in_waits_whatever_tools_it_was_told_of() -> None:
+    from agentrun.operator import mapping
+
+    offer = mapping._offer(frozenset({"lookup"}), None)
+    assert offer.has_tool is not None
+    assert offer.has_tool("wait") and offer.has_tool("wait_for_event") and offer.has_tool("lookup")
+    assert not offer.has_tool("rm_rf")

@@ -451,7 +451,8 @@ class ToolBox:
         self, name: str, args: Any, ctx: ToolContext, allowed: Iterable[str] | None
     ) -> tuple[bool, str | ToolResult | waits.WaitRequest]:
         t = self.get(name)
-        if t is None or (allowed is not None and name not in allowed):
+        builtin = t is not None and BUILTINS.get(name) is t
+        if t is None or (allowed is not None and name not in allowed) or (builtin and allowed is None):
             return False, f"error: unknown tool {name!r}"
         if not isinstance(args, dict):
             return False, f"error: tool input must be a JSON object, got {type(args).__name__}"

@@ -284,3 +284,46 @@ def test_the_operator_takes_the_built_in_waits_whatever_tools_it_was_told_of() -
     assert offer.has_tool is not None
     assert offer.has_tool("wait") and offer.has_tool("wait_for_event") and offer.has_tool("lookup")
     assert not offer.has_tool("rm_rf")
+
+
+class CrashOnSettle(RunStore):
+    """The worker that resumes a woken run dies recording the wait's result: before the write, or after it
+    committed and before its answer came back."""
+
+    def __init__(self, store: RunStore, after: bool) -> None:
+        super().__init__(store.pool)
+        self.after, self.crashed = after, False
+
+    async def settle_tool(self, run_id: uuid.UUID, worker: str, lease_seconds: float, **kw: Any) -> Any:
+        if self.crashed:
+            return await super().settle_tool(run_id, worker, lease_seconds, **kw)
+        self.crashed = True
+        if self.after:
+            await super().settle_tool(run_id, worker, lease_seconds, **kw)
+        raise SimulatedCrash
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before-the-write", "after-the-write"])
+async def test_a_crash_while_recording_a_waits_result_records_it_once(store: RunStore, after: bool) -> None:
+    run, _ = await store.create(new_run(tools=("wait",)))
+    first = ScriptedLlm().then_tool_use("toolu_w", "wait", {"seconds": 0.2})
+    async with running(worker(store, first, name="worker-A", liveness_lock=False)):
+        await parked(store, run.id, "timer")
+
+    async def due() -> bool:
+        found = await store.get(run.id)
+        return found is not None and found.status is RunStatus.QUEUED
+
+    sweeper = worker(store, ScriptedLlm(), name="worker-S", concurrency=0, liveness_lock=False)
+    async with running(sweeper):  # wakes it, claims nothing
+        await eventually(due, 30, "the timer woke the run")
+    crashing = worker(CrashOnSettle(store, after), ScriptedLlm(), name="worker-B", lease=2.0, liveness_lock=False)
+    with pytest.raises(SimulatedCrash):
+        await crashing.run_once()
+    last = ScriptedLlm().then_text("rested")
+    async with running(worker(store, last, name="worker-C", liveness_lock=False)):
+        done = await finished(store, run.id, 30)
+    assert done.status is RunStatus.SUCCEEDED, done.error
+    [(tuid, status, output)] = await tool_steps(store, run.id)
+    assert (tuid, status) == ("toolu_w", StepStatus.DONE) and output is not None and output.startswith("waited ")
+    assert len(last.seen) == 1  # the model asked once after the wait, by the worker that recorded it

@@ -327,3 +327,19 @@ async def test_a_crash_while_recording_a_waits_result_records_it_once(store: Run
     [(tuid, status, output)] = await tool_steps(store, run.id)
     assert (tuid, status) == ("toolu_w", StepStatus.DONE) and output is not None and output.startswith("waited ")
     assert len(last.seen) == 1  # the model asked once after the wait, by the worker that recorded it
+
+
+class CancelWhileParking(RunStore):
+    """A cancel request lands just before the park: the run is RUNNING then, so the cancel only asks."""
+
+    async def park_timer(self, run_id: uuid.UUID, worker: str, tool_use_id: str, **kw: Any) -> None:
+        await self._one("UPDATE run SET cancel_requested = true WHERE id = %s RETURNING id", (run_id,))
+        await super().park_timer(run_id, worker, tool_use_id, **kw)
+
+
+async def test_a_cancel_asked_while_the_run_parks_ends_it_soon_not_after_its_timer(store: RunStore) -> None:
+    run, _ = await store.create(new_run(tools=("wait",)))
+    llm = ScriptedLlm().then_tool_use("toolu_c", "wait", {"seconds": 3600})
+    async with running(worker(CancelWhileParking(store.pool), llm)):
+        done = await finished(store, run.id, 30)
+    assert done.status is RunStatus.CANCELLED

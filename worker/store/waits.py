@@ -26,8 +26,10 @@ SWEEP_BATCH = 1000
 
 WAITS = "('timer', 'event')"
 
+# A run asked to stop while it was parking is woken at once, so its next claim ends it CANCELLED.
 PARKED = """status = 'WAITING', waiting_for = %(kind)s, locked_by = NULL, locked_until = NULL,
-    wake_at = coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(secs)s::float8)),
+    wake_at = CASE WHEN run.cancel_requested THEN now()
+                   ELSE coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(secs)s::float8)) END,
     wait_key = %(key)s, wait_tool_use_id = %(tuid)s,
     wait_since = CASE WHEN run.wait_tool_use_id = %(tuid)s AND run.wait_since IS NOT NULL THEN run.wait_since
                       ELSE now() END"""

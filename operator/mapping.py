@@ -545,6 +545,10 @@ def _phase_message(run: Run) -> str:
     if run.status is RunStatus.WAITING and run.waiting_for == "children":
         return f"waiting for {run.children_active} sub-agent run{'s' if run.children_active != 1 else ''} " \
                "(see status.children)"
+    if run.status is RunStatus.WAITING and run.waiting_for == "timer":
+        return "waiting for a timer (the wait tool)"
+    if run.status is RunStatus.WAITING and run.waiting_for == "event":
+        return "waiting for an event from outside (POST /api/events)"
     if run.status is RunStatus.WAITING:
         return f"waiting for {run.pending} decision{'s' if run.pending != 1 else ''} (see status.pending)"
     return ""

@@ -343,3 +343,20 @@ async def test_a_cancel_asked_while_the_run_parks_ends_it_soon_not_after_its_tim
     async with running(worker(CancelWhileParking(store.pool), llm)):
         done = await finished(store, run.id, 30)
     assert done.status is RunStatus.CANCELLED
+
+
+def test_an_agentrun_waiting_for_a_timer_or_an_event_says_so() -> None:
+    import datetime
+    from decimal import Decimal
+
+    from agentrun.operator import mapping
+    from agentrun.worker.core.records import Run
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def waiting(kind: str) -> Run:
+        return Run(uuid.uuid4(), RunStatus.WAITING, "x", "m", None, ("wait",), 100, 0, None, Decimal(0), 10, 60, now,
+                   False, None, None, None, now, now, None, 1, waiting_for=kind)
+
+    assert mapping._phase_message(waiting("timer")) == "waiting for a timer (the wait tool)"
+    assert "POST /api/events" in mapping._phase_message(waiting("event"))

@@ -237,7 +237,7 @@ async def test_a_thousand_sleeping_runs_cost_no_query_of_their_own(store: RunSto
         during, swept = Counting.statements - before, w.sweeps - sweeps
     # Each sweep is one statement, the idle loop a few per poll, housekeeping two every second or two: over
     # three sweeps (about six seconds) some tens, whatever the number asleep; a query per run would be 1,000.
-    assert swept == 3 and during < sleepers / 10, (during, swept)
+    assert swept >= 3 and during < 30 * swept and during < sleepers / 10, (during, swept)
     cur = await db.execute("SELECT count(*) FROM run WHERE status = 'WAITING'")
     assert (await cur.fetchone())[0] == sleepers
 

@@ -29,6 +29,11 @@ GRANT SELECT, INSERT, DELETE ON worker_suspect TO agentrun_runtime;
 GRANT SELECT, INSERT, UPDATE ON run_decision TO agentrun_runtime;
 -- Messages into running runs (migration 0015): stored via the API, marked delivered by workers.
 GRANT SELECT, INSERT, UPDATE ON run_message TO agentrun_runtime;
+-- Events from outside and their deliveries (migration 0017): posted via the API, received by workers'
+-- waits; expired events are deleted by every worker's retention pass (AGENTRUN_EVENT_RETENTION).
+GRANT SELECT, INSERT, UPDATE, DELETE ON run_event TO agentrun_runtime;
+GRANT USAGE ON SEQUENCE run_event_id_seq TO agentrun_runtime;
+GRANT SELECT, INSERT ON run_event_delivery TO agentrun_runtime;
 -- /readyz and `agentrun worker` (without --no-migrate) read the applied versions.
 GRANT SELECT ON schema_migration TO agentrun_runtime;
 -- Fleet-wide model limits (worker/llm/limits.py): one row per limit, reserved and freed by workers.
@@ -46,3 +51,4 @@ GRANT DELETE ON run, run_step TO agentrun_runtime;
 GRANT SELECT, DELETE ON run_lease TO agentrun_runtime;
 GRANT DELETE ON run_decision TO agentrun_runtime;
 GRANT DELETE ON run_message TO agentrun_runtime;
+GRANT DELETE ON run_event_delivery TO agentrun_runtime;  -- its rows go with their run (ON DELETE CASCADE)

@@ -20,6 +20,7 @@ from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import NewRun, PendingCall, Run, RunStatus
 from agentrun.worker.core.submission import Defaults, Offer, Refused, RunSpec
 from agentrun.worker.core.text import unstorable
+from agentrun.worker.core.waits import BUILTIN_WAITS
 from agentrun.worker.obs.tracing.context import TRACEPARENT_ANNOTATION, checked_traceparent
 
 GROUP = "agentrun.dev"
@@ -130,8 +131,9 @@ def new_run(
 
 
 def _offer(known_tools: Collection[str] | None, prices: PriceTable | None) -> Offer:
-    return Offer(has_tool=known_tools.__contains__ if known_tools is not None else None,
-                 tool_names=sorted(known_tools or ()), prices=prices)
+    # The built-in tools (`wait`, `wait_for_event`) are every worker's, whatever the operator was told.
+    return Offer(has_tool=(lambda name: name in known_tools or name in BUILTIN_WAITS) if known_tools is not None
+                 else None, tool_names=sorted(known_tools or ()), prices=prices)
 
 
 def agent_ref(spec: Mapping[str, Any]) -> tuple[str, int | None] | None:
@@ -543,6 +545,10 @@ def _phase_message(run: Run) -> str:
     if run.status is RunStatus.WAITING and run.waiting_for == "children":
         return f"waiting for {run.children_active} sub-agent run{'s' if run.children_active != 1 else ''} " \
                "(see status.children)"
+    if run.status is RunStatus.WAITING and run.waiting_for == "timer":
+        return "waiting for a timer (the wait tool)"
+    if run.status is RunStatus.WAITING and run.waiting_for == "event":
+        return "waiting for an event from outside (POST /api/events)"
     if run.status is RunStatus.WAITING:
         return f"waiting for {run.pending} decision{'s' if run.pending != 1 else ''} (see status.pending)"
     return ""

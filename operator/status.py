@@ -127,7 +127,7 @@ class StatusSync:
 
     async def _publish(self, run: Run, ref: Ref) -> None:
         old = self._shown(ref)
-        waits_for_people = run.status is RunStatus.WAITING and run.waiting_for != "children"
+        waits_for_people = run.status is RunStatus.WAITING and run.waiting_for not in ("children", "timer", "event")
         pending = await self.store.decisions(run.id) if waits_for_people else []
         # Only a run with sub-agents has children to count (and totals beyond its own).
         children = await self.store.children_counts(run.id) if run.sub_agents else None

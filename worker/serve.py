@@ -275,14 +275,15 @@ class Serving:
         return store
 
     def start_retention(self, pool: AsyncConnectionPool[Any]) -> None:
-        """Pruning of old runs (AGENTRUN_RETENTION_DAYS), once per process whatever the reconnections."""
-        if self.settings.retention_days is None or self.retention is not None:
+        """Pruning of old runs (AGENTRUN_RETENTION_DAYS) and of events past AGENTRUN_EVENT_RETENTION, once per
+        process whatever the reconnections."""
+        if self.retention is not None:
             return
         from agentrun.worker.store.retention import prune_periodically
 
         self.retention = asyncio.create_task(prune_periodically(
             pool, self.settings.retention_days, self.settings.retention_interval, self.stopping,
-            on_batch=self.parts.metrics.pruned,
+            on_batch=self.parts.metrics.pruned, event_retention=self.settings.event_retention,
         ), name="retention")
 
     async def runner(self, store: RunStore) -> Worker | None:

@@ -131,6 +131,12 @@ class WorkerSettings:
     """Seconds between a worker's pruning passes (AGENTRUN_RETENTION_INTERVAL_SECONDS): ten minutes keeps
     each pass small on a busy database, while the lock makes extra passes of other workers free."""
 
+    event_retention: float = 86400.0
+    """Seconds an event posted to POST /api/events is kept (AGENTRUN_EVENT_RETENTION: seconds, or `24h`, `30m`):
+    a wait on its key that begins within it still gets it, so a reply that comes before its waiter is not
+    lost. Pruned after it by the retention pass. A day covers a tool that sends a mail and a reply that
+    beats the model's next step by far."""
+
     model_limits_file: str | None = None
     """YAML or JSON file of fleet-wide model limits (AGENTRUN_MODEL_LIMITS); None: no limits."""
 

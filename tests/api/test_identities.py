@@ -30,7 +30,7 @@ DEFAULT_TOKEN = "tok-default-0123456789abcdef"
 # One identity per scope, and one holding two; the token of each is its name with a suffix.
 IDENTITIES = {
     "reader": ["read"], "submitter": ["submit"], "decider": ["decide"], "canceller": ["cancel"],
-    "root": ["admin"], "operator-bot": ["read", "cancel"],
+    "root": ["admin"], "operator-bot": ["read", "cancel"], "signaller": ["signal"],
 }
 
 
@@ -93,12 +93,15 @@ ENDPOINTS: list[tuple[str, str, dict[str, Any] | None, Scope | None, int]] = [
     ("GET", "/api/agents/probe/versions", None, Scope.READ, 200),
     ("GET", "/api/agents/probe/versions/1", None, Scope.READ, 200),
     ("DELETE", "/api/agents/probe", None, Scope.SUBMIT, 204),
+    ("POST", "/api/events", {"key": "probe", "payload": {"ok": True}}, Scope.SIGNAL, 200),
 ]
 CALLERS = [*IDENTITIES, "default"]
 
 
 def allows(name: str, scope: Scope | None) -> bool:
     if scope is None or name in ("root", "default"):
+        return True
+    if scope is Scope.SIGNAL and "submit" in IDENTITIES[name]:  # submit implies signal
         return True
     return scope.value in IDENTITIES[name]
 
@@ -153,7 +156,7 @@ async def test_health_readiness_metrics_and_the_document_stay_open(http: httpx.A
 async def test_whoami_names_the_identity_and_its_scopes(http: httpx.AsyncClient) -> None:
     assert (await http.get("/api/whoami", headers=auth("operator-bot"))).json() == {
         "name": "operator-bot", "scopes": ["read", "cancel"]}
-    everything = ["read", "submit", "decide", "cancel", "admin"]
+    everything = ["read", "submit", "decide", "cancel", "signal", "admin"]
     assert (await http.get("/api/whoami", headers=auth("root"))).json() == {"name": "root", "scopes": everything}
     assert (await http.get("/api/whoami", headers=auth("default"))).json() == {"name": "default", "scopes": everything}
 

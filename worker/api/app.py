@@ -18,6 +18,7 @@ from agentrun.worker.api.guards import BearerAuth, BodyLimit
 from agentrun.worker.api.identities import Identities
 from agentrun.worker.api.routes import runs_router
 from agentrun.worker.api.schemas import NOT_NULL, REQUIRED_FIELDS
+from agentrun.worker.api.signals import signals_router
 from agentrun.worker.api.tools import tools_router
 from agentrun.worker.api.whoami import whoami_router
 from agentrun.worker.core.pricing import PriceTable
@@ -66,6 +67,7 @@ def create_app(
     app.include_router(tools_router(tools, identities.enabled))
     app.state.events = EventHub(store)
     app.include_router(events_router(store, app.state.events, identities.enabled))
+    app.include_router(signals_router(store, identities.enabled, metrics))
     # The web UI: static files shipped in the package, talking to the API above like any client.
     ui = importlib.resources.files("agentrun.worker").joinpath("ui")
     app.mount("/ui", StaticFiles(directory=str(ui), html=True), name="ui")

@@ -39,6 +39,7 @@ class Scope(str, enum.Enum):
     SUBMIT = "submit"  # create a run (and continue, fork)
     DECIDE = "decide"  # approve or reject pending decisions (issue 13: no endpoint yet)
     CANCEL = "cancel"  # cancel a run
+    SIGNAL = "signal"  # post an event (POST /api/events) and nothing else; `submit` implies it
     ADMIN = "admin"  # everything
 
 
@@ -48,6 +49,8 @@ class Identity:
     scopes: frozenset[Scope]
 
     def allows(self, scope: Scope) -> bool:
+        if scope is Scope.SIGNAL and Scope.SUBMIT in self.scopes:  # submit is the wider of the two
+            return True
         return Scope.ADMIN in self.scopes or scope in self.scopes
 
     @property

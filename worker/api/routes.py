@@ -253,13 +253,17 @@ class RunRoutes:
 
     async def pending(self, run_id: RunId) -> list[PendingView]:
         """The tool calls waiting for a person's decision, oldest first (empty when none); for a run that
-        waits for its sub-agents, one entry (kind `children`) per child run not finished yet, in call order.
-        Scope: `read`."""
+        waits for its sub-agents, one entry (kind `children`) per child run not finished yet, in call order;
+        for a run that waits for a timer or an event, that wait (kind `timer` with `wakeAt`, kind `event`
+        with `key` and `timeoutAt`). Scope: `read`."""
         run = await self.get_run(run_id)
         if run.status is not RunStatus.WAITING:
             return []
         if run.waiting_for == "children":
             return [PendingView.of_child(c) for c in await self.store.children(run_id) if not c.status.terminal]
+        if run.waiting_for in ("timer", "event"):
+            wait = await self.store.pending_wait(run_id)
+            return [] if wait is None else [PendingView.of_wait(wait, await self.store.steps(run_id))]
         return [PendingView.of(c) for c in await self.store.decisions(run_id) if c.decision is None]
 
     async def decide(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import uuid
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import orjson
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -29,6 +29,11 @@ from agentrun.worker.core.records import (
 )
 from agentrun.worker.core.submission import DEFAULT_MAX_STEPS, RunSpec
 from agentrun.worker.core.text import unstorable
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from agentrun.worker.store.waits import PendingWait
 
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
 MAX_STEPS = 10_000
@@ -343,9 +348,10 @@ class RunView(_Camel):
                                    "spent, those still at work included: the run's budget bounds this sum.")
     cost_usd_total: float = Field(0, description="`costUsd` and its descendants', as `tokensUsedTotal`.")
     children_active: int = Field(0, description="Sub-agent runs it started that have not finished yet.")
-    waiting_for: Literal["children", "decisions"] | None = Field(
-        None, description="While WAITING, what for: `children` (its sub-agents' runs) or `decisions` (people); "
-        "null in any other status.")
+    waiting_for: Literal["children", "decisions", "timer", "event"] | None = Field(
+        None, description="While WAITING, what for: `children` (its sub-agents' runs), `decisions` (people), "
+        "`timer` (a `wait` call) or `event` (an event posted to POST /api/events; GET /api/runs/{id}/pending "
+        "says which); null in any other status.")
 
     @classmethod
     def of(cls, run: Run) -> RunView:
@@ -372,7 +378,7 @@ def _tree_fields(run: Run) -> dict[str, Any]:
     """The run's place among sub-agents and its tree's totals, as RunView fields."""
     waiting: str | None = None
     if run.status is RunStatus.WAITING:
-        waiting = "children" if run.waiting_for == "children" else "decisions"
+        waiting = run.waiting_for if run.waiting_for in ("children", "timer", "event") else "decisions"
     return dict(
         parent_tool_use_id=run.parent_tool_use_id, root_run_id=run.root_run_id or run.id, depth=run.depth,
         tokens_used_total=run.tokens_used_total, cost_usd_total=float(run.cost_usd_total),
@@ -506,24 +512,41 @@ class WhoAmI(BaseModel):
 
 class PendingView(BaseModel):
     """A tool call waiting for a person's decision, or (kind `children`) a sub-agent call waiting for its
-    child run to finish: that one takes no decision."""
+    child run to finish, or (kinds `timer`, `event`) a wait: those take no decision."""
 
     toolUseId: str  # noqa: N815 - the API's JSON names
     tool: str
     input: Any = Field(description="The call's input, as the model gave it.")
-    kind: DecisionKind | Literal["children"]
+    kind: DecisionKind | Literal["children", "timer", "event"]
     attempt: int = Field(default=0, description="The executions of the call started so far (0: an approval "
                          "before any); a call in doubt again after a retried execution was interrupted asks again, "
                          "one more. 0 for a sub-agent call.")
     since: datetime.datetime
     childRunId: uuid.UUID | None = Field(  # noqa: N815
         default=None, description="Kind `children`: the sub-agent's run the call waits for; null for a decision.")
+    wakeAt: datetime.datetime | None = Field(  # noqa: N815
+        default=None, description="Kind `timer`: when it fires (RFC 3339).")
+    key: str | None = Field(default=None, description="Kind `event`: the key of the event it waits for.")
+    timeoutAt: datetime.datetime | None = Field(  # noqa: N815
+        default=None, description="Kind `event`: when the wait times out (its result is then an error).")
 
     @classmethod
     def of(cls, call: PendingCall) -> PendingView:
         return cls(toolUseId=call.tool_use_id, tool=call.tool_name,
                    input=orjson.loads(call.input) if call.input else None, kind=call.kind, attempt=call.attempt,
                    since=call.since)
+
+    @classmethod
+    def of_wait(cls, wait: PendingWait, steps: Sequence[Step]) -> PendingView:
+        """A timer or an event the run waits for, with the call that asked for it (its STARTED step)."""
+        step = next((s for s in steps if s.tool_use_id == wait.tool_use_id), None)
+        args = orjson.loads(step.request) if step is not None and step.request else None
+        since = wait.since or wait.wake_at
+        if wait.kind == "timer":
+            return cls(toolUseId=wait.tool_use_id or "", tool=step.tool_name or "" if step else "", input=args,
+                       kind="timer", since=since, wakeAt=wait.wake_at)
+        return cls(toolUseId=wait.tool_use_id or "", tool=step.tool_name or "" if step else "", input=args,
+                   kind="event", since=since, key=wait.key, timeoutAt=wait.wake_at)
 
     @classmethod
     def of_child(cls, child: Run) -> PendingView:

@@ -83,6 +83,25 @@ class RunsClient:
     def message(self, run_id: str, text: str) -> dict[str, Any]:
         return self._call("POST", f"/api/runs/{_run_id(run_id)}/messages", json={"text": text})  # type: ignore[no-any-return]
 
+    def send_event(self, key: str, payload: Any, idempotency_key: str | None = None) -> tuple[dict[str, Any], bool]:
+        """POST /api/events: its answer ({"woke": [...]}) and whether it was a replay of an earlier copy."""
+        if idempotency_key is not None and not _header_safe(idempotency_key):
+            raise ClientError(0, f"the idempotency key {_shown(idempotency_key)} must be printable ASCII characters")
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        try:
+            r = self.http.post("/api/events", json={"key": key, "payload": payload}, headers=headers)
+        except httpx.HTTPError as e:
+            raise ClientError(0, f"cannot reach {self.url}: {e}") from None
+        except (UnicodeError, ValueError) as e:
+            raise ClientError(0, f"cannot send the request: {e}") from None
+        if r.status_code >= 400:
+            raise ClientError(r.status_code, _error_message(r))
+        try:
+            return r.json(), r.headers.get("Idempotent-Replayed") == "true"
+        except ValueError:
+            raise ClientError(r.status_code, f"{self.url} answered POST /api/events with something other than JSON; "
+                              "is it an agentrun worker?") from None
+
     def step(self, run_id: str, seq: int) -> dict[str, Any]:
         return self._call("GET", f"/api/runs/{_run_id(run_id)}/steps/{int(seq)}")  # type: ignore[no-any-return]
 
@@ -351,6 +370,9 @@ def run_details(run: Mapping[str, Any]) -> str:
         fields.append(("sub-agents", ", ".join(run["subAgents"])))
     if run.get("waitingFor") == "children":
         fields.append(("waiting", f"for its sub-agents: {run.get('childrenActive', 0)} at work"))
+    elif run.get("waitingFor") in ("timer", "event") and run["status"] == "WAITING":
+        fields.append(("waiting", f"for {'a timer' if run['waitingFor'] == 'timer' else 'an event'} "
+                       f"(agentrun runs pending {run['id']})"))
     if run.get("error"):
         fields.append(("error", run["error"]))
     width = max(len(k) for k, _ in fields)

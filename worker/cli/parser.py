@@ -15,6 +15,7 @@ from agentrun.worker.cli.arguments import (
     positive_float,
     positive_int,
 )
+from agentrun.worker.cli.events import add_events
 from agentrun.worker.cli.local import cmd_demo, cmd_dev
 from agentrun.worker.cli.migrate import cmd_migrate
 from agentrun.worker.cli.operator import cmd_operator
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_runs(sub)
     add_token(sub)
     add_agents(sub)
+    add_events(sub)
     return parser
 
 
@@ -81,6 +83,8 @@ WORKER_ENV = (
     "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT (record prompts and outputs in spans, default false); "
     "AGENTRUN_RETENTION_DAYS, AGENTRUN_RETENTION_INTERVAL_SECONDS (pruning, default every 600 s); "
     "AGENTRUN_MODEL_LIMITS (YAML or JSON file of fleet-wide model limits); "
+    "AGENTRUN_EVENT_RETENTION (how long an event of POST /api/events is kept for waits that begin after it: "
+    "seconds or a duration like 24h, the default); "
     "AGENTRUN_DATABASE_RETRY_MAX_SECONDS (longest wait between attempts to reach the database, default 5)."
 )
 """The environment of `agentrun worker`, as its --help lists it."""

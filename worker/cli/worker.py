@@ -67,6 +67,7 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
         retention_interval=_env_positive_float("AGENTRUN_RETENTION_INTERVAL_SECONDS")
         or WorkerSettings.retention_interval,
         model_limits_file=os.environ.get("AGENTRUN_MODEL_LIMITS") or None,
+        event_retention=_env_duration("AGENTRUN_EVENT_RETENTION", WorkerSettings.event_retention),
         database_retry_max=_env_positive_float("AGENTRUN_DATABASE_RETRY_MAX_SECONDS")
         or WorkerSettings.database_retry_max,
     )
@@ -92,6 +93,23 @@ def _env_positive_float(name: str) -> float | None:
         value = math.nan
     if not math.isfinite(value) or value <= 0:
         raise SystemExit(f"agentrun: {name} must be a positive number, got {text!r}")
+    return value
+
+
+def _env_duration(name: str, default: float) -> float:
+    """Seconds, or a duration like `24h`, `30m`, `2d` (cli/arguments.duration); more than zero."""
+    from agentrun.worker.cli.arguments import duration
+
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = duration(text)
+    except argparse.ArgumentTypeError:
+        value = 0.0
+    if value <= 0:
+        raise SystemExit(f"agentrun: {name} must be a duration of more than zero (like 86400, 24h or 30m), "
+                         f"got {text!r}")
     return value
 
 

@@ -49,6 +49,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "agentrun_model_limit",
     "agentrun_writes_total",
     "agentrun_write_batches_total",
+    "agentrun_events_received_total",
+    "agentrun_event_runs_woken_total",
 )
 
 # Model steps take seconds and tools anything from milliseconds to minutes.
@@ -167,6 +169,9 @@ class Metrics(NoObserver):
         self.limit_value = Gauge(
             "agentrun_model_limit", "A model limit in force (tightened after a 429)", ["limit", "kind"], registry=r,
         )
+        self.events = Counter("agentrun_events_received", "Events posted to POST /api/events (retries replayed "
+                              "not counted)", registry=r)
+        self.events_woke = Counter("agentrun_event_runs_woken", "Waiting runs an event posted woke", registry=r)
         self._runs = _RunsByStatus()
         r.register(self._runs)
         self._writes = _GroupCommit()
@@ -182,6 +187,10 @@ class Metrics(NoObserver):
             self.waiting.observe(waited_seconds)
 
     # -- the Observer seam -------------------------------------------------------------------------
+
+    def event_posted(self, woke: int) -> None:
+        self.events.inc()
+        self.events_woke.inc(woke)
 
     def model_step(self, model: str, usage: Usage, cost_usd: Decimal | None, seconds: float, ok: bool) -> None:
         self.latency.labels("MODEL", "ok" if ok else "error").observe(seconds)

@@ -8,17 +8,19 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import logging
 import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import orjson
 import psycopg
 
 from agentrun.worker.core import children as sub
+from agentrun.worker.core import waits
 from agentrun.worker.core.agents import Agent, with_agent
 from agentrun.worker.core.answer import FINAL_ANSWER, INSTRUCTION, MAX_CORRECTIONS, answer_of, definition, problem
 from agentrun.worker.core.children import MAX_CHILDREN_PER_TURN, MAX_DEPTH
@@ -49,6 +51,7 @@ from agentrun.worker.runtime.deltas import DeltaPublisher
 from agentrun.worker.runtime.lease import CancelRequested, LeaseKeeper
 from agentrun.worker.store import LeaseLost, RunStore
 from agentrun.worker.store.groupcommit import transient
+from agentrun.worker.store.waits import WaitState
 from agentrun.worker.tools import ToolBox, ToolContext
 
 log = logging.getLogger("agentrun.worker.runtime.engine")
@@ -68,6 +71,8 @@ class DriverSettings:
     """Claims after a holder died mid-step before the run ends FAILED (WorkerSettings.max_crash_claims)."""
     max_agent_depth: int = MAX_DEPTH
     max_children_per_turn: int = MAX_CHILDREN_PER_TURN
+    event_retention: float = 86400.0
+    """Seconds an event is kept and delivered to waits that begin after it (AGENTRUN_EVENT_RETENTION)."""
     outage_backoff_base: float = 10.0
     outage_backoff_cap: float = 300.0
     """A model step whose every attempt failed on a retryable error (the API is down or overloaded for
@@ -119,6 +124,10 @@ class RunDriver:
         self._unsettled: dict[uuid.UUID, set[Key]] = {}
         # The pinned sub-agents of each run driven, by tool name, read once per drive.
         self._agents: dict[uuid.UUID, dict[str, Agent]] = {}
+        # The last wait of each run driven (a timer or an event), read once per drive when a call is owed.
+        self._waits: dict[uuid.UUID, WaitState | None] = {}
+        self.parked_wait: Callable[[], None] = lambda: None
+        """Called when a run parks for a timer or an event: the worker's sweep looks at its wake time."""
         self.deltas = DeltaPublisher(store.pool)  # the text of a call in flight, for live watchers only
 
     @property
@@ -152,6 +161,7 @@ class RunDriver:
             self._decisions.pop(run.id, None)
             self._unsettled.pop(run.id, None)
             self._agents.pop(run.id, None)
+            self._waits.pop(run.id, None)
 
     async def _resume(self, run: Run, progress: Progress, fresh: bool) -> RunStatus | None:
         if run.crashes >= self.settings.max_crash_claims:
@@ -291,6 +301,9 @@ class RunDriver:
                 return await self._children(run, progress, conv, list(conv.pending.values()))
             except CancelRequested:
                 return Stop(RunStatus.CANCELLED, "cancel requested")
+        waited = await self._wait_ended(run, progress, conv, others)
+        if waited is not False:
+            return waited
         decided = self._decisions.get(run.id)
         step = next_call(
             others, {u: conv.attempts[u] for u in conv.started},
@@ -314,7 +327,7 @@ class RunDriver:
                 if isinstance(step, Execute):
                     use = step.use
                     with self.observer.tool_call(run, use["name"], use["id"], use.get("input")) as notes:
-                        return await self._tool_step(run, conv, use, notes)
+                        return await self._tool_step(run, conv, use, notes, progress)
                 if isinstance(step, Settle):
                     return await self._settle(run, conv, step.use, step.ok, step.output)
         except CancelRequested:
@@ -396,6 +409,64 @@ class RunDriver:
         log.info("%s run=%s waiting for %d sub-agents: %s", self.me, run.id.hex[:8], len(made) + len(known),
                  ", ".join(f"{n.agent}@{n.agent_version} {n.spawned_by[1] if n.spawned_by else ''}" for n in made))
         return None
+
+    async def _wait_ended(
+        self, run: Run, progress: Progress, conv: Conversation, owed: list[dict[str, Any]]
+    ) -> Progress | None | Literal[False]:
+        """The result of a wait the run parked for (a timer or an event), once it has ended: recorded as the
+        call's step, once (the tool_use id is its key: a crash before the write leaves the wait's row to
+        decide it again, the same way); a wait not ended yet parks the run again (None). False: no call
+        owed is a wait that was parked."""
+        if not any(u["id"] in conv.started for u in owed):  # a parked wait's call has its STARTED row
+            return False
+        if run.id not in self._waits:
+            self._waits[run.id] = await self.store.wait_state(run.id)
+        state = self._waits[run.id]
+        use = next((u for u in owed if state is not None and u["id"] == state.tool_use_id), None)
+        if state is None or use is None:
+            return False
+        if state.key is None:
+            if state.due:
+                return await self._settle(run, conv, use, True, waits.waited((state.now - state.since).total_seconds()))
+            return await self._park_wait(run, progress, conv, use, waits.WaitForTimer(until=state.wake_at))
+        if state.event_id is not None:
+            return await self._settle(run, conv, use, True, waits.delivered(state.payload))
+        if state.due:
+            return await self._settle(run, conv, use, False, waits.timed_out(state.key))
+        return await self._park_wait(run, progress, conv, use, waits.WaitForEvent(state.key, 0.0), at=state.wake_at)
+
+    async def _park_wait(
+        self, run: Run, progress: Progress, conv: Conversation, use: dict[str, Any], wait: waits.WaitRequest,
+        at: datetime.datetime | None = None,
+    ) -> Progress | None:
+        """Park the run WAITING for a call's timer or event, holding no lease and no slot (None); an event
+        on the key kept from before is the call's result at once, the run still held."""
+        since = self.keeper.since(run.id)
+        self.keeper.drop(run.id)  # a renewal must not find it parked and count it lost
+        if isinstance(wait, waits.WaitForTimer):
+            await self._durably(lambda again: self.store.park_timer(
+                run.id, self.me, use["id"], seconds=wait.seconds, at=wait.until or at, epoch=run.lease_epoch,
+                again=again,
+            ))
+            self.parked_wait()
+            log.info("%s run=%s TOOL %s id=%s waiting for a timer (%s)", self.me, run.id.hex[:8], use["name"],
+                     use["id"], f"{wait.seconds:g}s" if wait.seconds is not None else (wait.until or at))
+            return None
+        got, payload = await self._durably(lambda again: self.store.park_event(
+            run.id, self.me, use["id"], wait.key, retention=self.settings.event_retention,
+            seconds=wait.timeout_seconds, at=at, epoch=run.lease_epoch, again=again,
+        ))
+        if not got:
+            self.parked_wait()
+            log.info("%s run=%s TOOL %s id=%s waiting for event %r", self.me, run.id.hex[:8], use["name"],
+                     use["id"], wait.key)
+            return None
+        driver = asyncio.current_task()
+        assert driver is not None
+        self.keeper.hold(run.id, driver, run.lease_epoch, since=since)
+        log.info("%s run=%s TOOL %s id=%s event %r was kept already", self.me, run.id.hex[:8], use["name"],
+                 use["id"], wait.key)
+        return await self._settle(run, conv, use, True, waits.delivered(payload))
 
     async def _agent(self, run: Run, tool: str) -> Agent:
         """The pinned agent version the sub-agent tool `tool` of the run starts (read once per drive)."""
@@ -661,8 +732,9 @@ class RunDriver:
         return progress
 
     async def _tool_step(
-        self, run: Run, conv: Conversation, use: dict[str, Any], notes: StepNotes = NO_NOTES
-    ) -> Progress:
+        self, run: Run, conv: Conversation, use: dict[str, Any], notes: StepNotes = NO_NOTES,
+        progress: Progress | None = None,
+    ) -> Progress | None:
         tool_use_id, name = use["id"], use["name"]
         started_id, finished_id = uuid.uuid4(), uuid.uuid4()
         seq, attempts, _ = await self._durably(lambda again: self.store.start_tool(
@@ -689,6 +761,9 @@ class RunDriver:
             log.info("%s run=%s seq=%d TOOL %s id=%s cancelled", self.me, run.id.hex[:8], seq, name, tool_use_id)
             raise
         seconds = time.perf_counter() - t0
+        if outcome.wait is not None:  # the call's result is what the wait brings: the run parks (or has it)
+            assert progress is not None
+            return await self._park_wait(run, progress, conv, use, outcome.wait)
         latency_ms = round(seconds * 1000)
         progress = await self._durably(lambda again: self.store.finish_tool(
             run.id, self.me, self.settings.lease_seconds, write_id=finished_id, epoch=run.lease_epoch, again=again,

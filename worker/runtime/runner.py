@@ -21,12 +21,17 @@ from agentrun.worker.runtime.presence import Presence
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import Claim, LeaseLost, RunStore
 from agentrun.worker.store.groupcommit import transient
+from agentrun.worker.store.waits import SWEEP_BATCH
 from agentrun.worker.tools import ToolBox
 
 log = logging.getLogger("agentrun.worker.runtime.runner")
 
 CLAIM_BATCH = 64
 """The most runs one claim statement takes."""
+
+SWEEP_MAX_SLEEP = 2.0
+"""The longest the wait sweep sleeps between two looks: a timer parked by another worker (whose sweep would
+have woken it, had it not died) fires at most this late."""
 
 
 class Worker:
@@ -53,6 +58,7 @@ class Worker:
             DriverSettings(
                 settings.worker_id, settings.lease_seconds, settings.max_tokens, settings.max_crash_claims,
                 max_agent_depth=settings.max_agent_depth, max_children_per_turn=settings.max_children_per_turn,
+                event_retention=settings.event_retention,
             ),
             store,
             llm,
@@ -63,6 +69,9 @@ class Worker:
             self.observer,
         )
         self.driving: dict[uuid.UUID, asyncio.Task[RunStatus | None]] = {}  # run id → its driver task
+        self.sweep_poke = asyncio.Event()  # a run parked for a timer or an event: the sweep looks again
+        self.driver.parked_wait = self.sweep_poke.set
+        self.sweeps = 0  # sweep statements sent (tests count them)
 
     @property
     def in_flight(self) -> set[asyncio.Task[RunStatus | None]]:
@@ -136,6 +145,7 @@ class Worker:
         await self.presence.start()
         heartbeat = asyncio.create_task(self.keeper.run(), name=f"{self.id}-heartbeat")
         housekeeping = asyncio.create_task(self._housekeeping(), name=f"{self.id}-housekeeping")
+        sweep = asyncio.create_task(self._sweep(), name=f"{self.id}-wait-sweep")
         backoff = self.settings.poll_interval
         try:
             while not self.stopping.is_set():
@@ -175,6 +185,10 @@ class Worker:
                 self.observer.in_flight(len(self.driving))
         finally:
             housekeeping.cancel()
+            sweep.cancel()
+            for task in (housekeeping, sweep):
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await self._drain()
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -194,6 +208,29 @@ class Worker:
                     log.info("%s run=%s cancelled: its parent run ended", self.id, run_id.hex[:8])
             except Exception as e:
                 log.debug("%s could not look for expired waiting runs: %s", self.id, e)
+
+    async def _sweep(self) -> None:
+        """Wake the runs whose timer is due or whose event wait timed out: ONE statement for all of them (the
+        database notifies every worker of the runs queued), then sleep until the next wait comes due, at most
+        SWEEP_MAX_SLEEP, or until this worker parks a run. Sleeping runs cost no query of their own."""
+        while True:
+            self.sweep_poke.clear()
+            sleep = SWEEP_MAX_SLEEP
+            try:
+                self.sweeps += 1
+                woke, nxt = await self.store.wake_due()
+                if woke:
+                    log.info("%s woke %d waiting runs (timers due, event waits timed out)", self.id, len(woke))
+                    self.wake.set()
+                if nxt is not None:
+                    sleep = min(sleep, nxt + 0.005)
+                if len(woke) >= SWEEP_BATCH:
+                    sleep = 0.0
+            except Exception as e:
+                log.debug("%s could not sweep the waiting runs: %s", self.id, e)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(sleep):
+                    await self.sweep_poke.wait()
 
     def _done(self, run_id: uuid.UUID, task: asyncio.Task[RunStatus | None]) -> None:
         if self.driving.get(run_id) is task:

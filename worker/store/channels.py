@@ -30,6 +30,11 @@ DELTA_CHANNEL = "agentrun_delta"
 LIVENESS_LOCK_CLASS = 0x61675274  # "agRt"
 """Class of the liveness locks, `pg_advisory_lock(LIVENESS_LOCK_CLASS, hashtext(worker id))`: held by a
 live worker's presence connection (runtime/presence.py), tried by claims of its runs (runs.py)."""
+SIGNAL_KEY_LOCK_CLASS = 0x61675773  # "agWs"
+"""`pg_advisory_xact_lock(SIGNAL_KEY_LOCK_CLASS, hashtext(key))`: an event posted on a key and a run parking
+on it take turns (store/waits.py), so the one that goes second always sees the other."""
+SIGNAL_IDEMPOTENCY_LOCK_CLASS = 0x61675769  # "agWi"
+"""The same for two copies of one POST /api/events (its Idempotency-Key)."""
 MIGRATION_LOCK_KEY = 0x61676E7452756E  # "agntRun"
 """Serialises processes migrating at once (migrate.py)."""
 PRUNE_LOCK_KEY = 0x61675270  # "agRp"

@@ -153,7 +153,9 @@ class Decisions(Gateway):
         rows = await self._all(
             """UPDATE run SET status = 'TIMED_OUT', finished_at = now(),
                    error = 'deadline passed while waiting for '
-                           || CASE WHEN waiting_for = 'children' THEN 'its sub-agents' ELSE 'a decision' END
+                           || CASE WHEN waiting_for = 'children' THEN 'its sub-agents'
+                                   WHEN waiting_for = 'timer' THEN 'a timer'
+                                   WHEN waiting_for = 'event' THEN 'event ' || wait_key ELSE 'a decision' END
                            || ': the run may take ' || timeout_seconds || 's'
                WHERE status = 'WAITING' AND deadline_at <= now() RETURNING id""",
             (),

@@ -183,16 +183,46 @@ async def prune(
     return Pruned(total)
 
 
+EVENTS_BATCH = 1000
+"""Expired events one statement deletes (POST /api/events' table, run_event: rows of no run)."""
+
+
+async def prune_events(
+    conn: psycopg.AsyncConnection[Any], retention: float, *, batch_size: int = EVENTS_BATCH,
+    stopping: asyncio.Event | None = None,
+) -> int:
+    """Delete the events kept longer than `retention` seconds (AGENTRUN_EVENT_RETENTION), a batch per
+    statement: no wait that begins now may get them any more. `conn` in autocommit. Returns how many."""
+    total = 0
+    while stopping is None or not stopping.is_set():
+        cur = await conn.execute(
+            """WITH gone AS (DELETE FROM run_event WHERE id IN (
+                   SELECT id FROM run_event WHERE created_at < now() - make_interval(secs => %s::float8)
+                   ORDER BY created_at LIMIT %s) RETURNING 1)
+               SELECT count(*) FROM gone""",
+            (retention, batch_size),
+        )
+        row = await cur.fetchone()
+        n = int(row[0]) if row else 0
+        total += n
+        if n < batch_size:
+            break
+    return total
+
+
 async def prune_if_first(
     pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
-    older_than: datetime.timedelta,
+    older_than: datetime.timedelta | None,
     *,
     batch_size: int = DEFAULT_BATCH,
     rest: float = REST,
     on_batch: Callable[[Pruned], None] | None = None,
     stopping: asyncio.Event | None = None,
+    event_retention: float | None = None,
 ) -> Pruned | None:
     """Prune unless another process of the fleet is pruning now (its advisory lock is taken): None then.
+    Runs finished more than `older_than` ago (None: no run), and events kept past `event_retention` seconds
+    (None: none), counted as `run_event`.
 
     The lock is a session lock on the connection that prunes, so a worker that dies mid-prune frees it.
     """
@@ -202,30 +232,41 @@ async def prune_if_first(
         if not row or not row[0]:
             return None
         try:
-            return await prune(conn, older_than, batch_size=batch_size, rest=rest, on_batch=on_batch,
-                               stopping=stopping)
+            pruned = Pruned({})
+            if older_than is not None:
+                pruned = await prune(conn, older_than, batch_size=batch_size, rest=rest, on_batch=on_batch,
+                                     stopping=stopping)
+            if event_retention is not None:
+                events = await prune_events(conn, event_retention, stopping=stopping)
+                if events:
+                    pruned = Pruned({**pruned.rows, "run_event": events})
+            return pruned
         finally:
             await conn.execute("SELECT pg_advisory_unlock(%s)", (PRUNE_LOCK_KEY,))
 
 
 async def prune_periodically(
     pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
-    days: float,
+    days: float | None,
     interval: float,
     stopping: asyncio.Event,
     on_batch: Callable[[Pruned], None] | None = None,
     batch_size: int = DEFAULT_BATCH,
     rest: float = REST,
+    event_retention: float | None = None,
 ) -> None:
     """A worker's retention task: every `interval` seconds (the first soon after start), prune runs
-    finished more than `days` ago, if no other worker is at it. Errors are logged and retried next time."""
-    older_than = datetime.timedelta(days=days)
+    finished more than `days` ago (None: keep them) and events past `event_retention` seconds, if no other
+    worker is at it. Errors are logged and retried next time."""
+    older_than = datetime.timedelta(days=days) if days is not None else None
     while not stopping.is_set():
         try:
             pruned = await prune_if_first(pool, older_than, batch_size=batch_size, rest=rest,
-                                          on_batch=on_batch, stopping=stopping)
+                                          on_batch=on_batch, stopping=stopping, event_retention=event_retention)
             if pruned is not None and pruned.runs:
                 log.info("retention: %s (finished over %g days ago)", pruned.describe(), days)
+            elif pruned is not None and pruned.rows.get("run_event"):
+                log.info("retention: deleted %d events kept past their window", pruned.rows["run_event"])
         except Exception as e:
             log.warning("retention: pruning failed, trying again in %.0fs: %s", interval, e)
         try:

@@ -165,6 +165,10 @@ class Submissions(Gateway):
                                 WHEN status = 'QUEUED' THEN 'cancelled while handed back, before a worker resumed it'
                                 WHEN status = 'WAITING' AND waiting_for = 'children'
                                     THEN 'cancelled while waiting for its sub-agents'
+                                WHEN status = 'WAITING' AND waiting_for = 'timer'
+                                    THEN 'cancelled while waiting (a timer)'
+                                WHEN status = 'WAITING' AND waiting_for = 'event'
+                                    THEN 'cancelled while waiting for event ' || wait_key
                                 WHEN status = 'WAITING' THEN 'cancelled while waiting for a decision'
                                 ELSE error END
                WHERE id = %s AND status IN ('QUEUED', 'RUNNING', 'WAITING')

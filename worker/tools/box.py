@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import jsonschema
 
+from agentrun.worker.core import waits
 from agentrun.worker.core.replay import BLOCKS_MARK, dump_tool_blocks
 from agentrun.worker.core.text import REPLACEMENT, storable
 from agentrun.worker.tools.errors import NotStarted, ThreadsFull
@@ -35,7 +36,9 @@ class ToolResult:
     is_error: bool = False
 
 
-ToolFunction = Callable[[dict[str, Any], "ToolContext"], "Awaitable[str | ToolResult] | str | ToolResult"]
+ToolFunction = Callable[[dict[str, Any], "ToolContext"], Any]
+"""A tool's function: returns (or, async, resolves to) a str, a ToolResult, or a `WaitForEvent` (the run waits
+for that event; the call's result is its payload)."""
 ReconcileFunction = Callable[[dict[str, Any], "ToolContext"], "Awaitable[str | None] | str | None"]
 """A tool's reconcile probe: given a call in doubt (its input, and `ctx.idempotency_key` as the call had
 it), the call's result when it was done, None when it was not; it raises when it cannot tell."""
@@ -81,7 +84,7 @@ class Tool:
         """The tool as the Messages API wants it in a request."""
         return {"name": self.name, "description": self.description, "input_schema": dict(self.input_schema)}
 
-    def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Awaitable[str | ToolResult] | str | ToolResult:
+    def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Any:
         return self.fn(args, ctx)
 
 
@@ -183,6 +186,24 @@ def tool(
 class ToolOutcome:
     ok: bool  # False: the model sees the output as an is_error tool_result
     output: str  # the text, or content blocks as `replay.dump_tool_blocks` writes them
+    wait: waits.WaitRequest | None = None  # the call asks the run to wait: its result comes when the wait ends
+
+
+def _wait_tool(args: dict[str, Any], ctx: ToolContext) -> waits.WaitRequest:
+    return waits.timer_of(args)
+
+
+def _wait_for_event_tool(args: dict[str, Any], ctx: ToolContext) -> waits.WaitRequest:
+    return waits.event_of(args)
+
+
+BUILTINS: dict[str, Tool] = {
+    waits.WAIT: Tool(waits.WAIT, waits.WAIT_DESCRIPTION, waits.WAIT_SCHEMA, _wait_tool),
+    waits.WAIT_FOR_EVENT: Tool(waits.WAIT_FOR_EVENT, waits.WAIT_FOR_EVENT_DESCRIPTION, waits.WAIT_FOR_EVENT_SCHEMA,
+                               _wait_for_event_tool),
+}
+"""The built-in tools (core/waits.py): offered only to a run (or agent) whose `tools` lists them; a Python
+or MCP tool of the same name wins."""
 
 
 def load_tool_modules(paths: Iterable[str]) -> list[Tool]:
@@ -340,7 +361,7 @@ class ToolBox:
         for source in self.sources:
             if (found := source.get(name)) is not None:
                 return found
-        return None
+        return BUILTINS.get(name)
 
     def unknown(self, names: Iterable[str]) -> list[str]:
         return [n for n in names if self.get(n) is None]
@@ -354,8 +375,10 @@ class ToolBox:
 
     def definitions(self, allowed: Iterable[str] | None = None) -> list[dict[str, Any]]:
         known = {**{t.name: t for s in reversed(self.sources) for t in s.tools()}, **self._tools}
-        names = sorted(known) if allowed is None else [n for n in allowed if n in known]
-        return [known[n].definition() for n in names]
+        if allowed is None:
+            return [known[n].definition() for n in sorted(known)]
+        known = {**BUILTINS, **known}  # a built-in only when the run lists it
+        return [known[n].definition() for n in allowed if n in known]
 
     def listing(self) -> list[ToolInfo]:
         """Every tool known now, Python and from sources, by name."""
@@ -379,6 +402,8 @@ class ToolBox:
         returned, not raised. BaseExceptions (cancellation, a simulated crash) pass through untouched.
         """
         ok, output = await self._execute(name, args, ctx, allowed)
+        if isinstance(output, waits.WaitForEvent | waits.WaitForTimer):
+            return ToolOutcome(True, "", wait=output)
         if isinstance(output, ToolResult):
             return ToolOutcome(ok and not output.is_error, self._cap_blocks(output.blocks))
         return ToolOutcome(ok, self._text(output))
@@ -424,9 +449,10 @@ class ToolBox:
 
     async def _execute(
         self, name: str, args: Any, ctx: ToolContext, allowed: Iterable[str] | None
-    ) -> tuple[bool, str | ToolResult]:
+    ) -> tuple[bool, str | ToolResult | waits.WaitRequest]:
         t = self.get(name)
-        if t is None or (allowed is not None and name not in allowed):
+        builtin = t is not None and BUILTINS.get(name) is t
+        if t is None or (allowed is not None and name not in allowed) or (builtin and allowed is None):
             return False, f"error: unknown tool {name!r}"
         if not isinstance(args, dict):
             return False, f"error: tool input must be a JSON object, got {type(args).__name__}"
@@ -436,7 +462,7 @@ class ToolBox:
         try:
             if t.is_async:
                 async with asyncio.timeout(t.timeout_seconds):
-                    result = await t.fn(args, ctx)  # type: ignore[misc]
+                    result = await t.fn(args, ctx)
             else:
                 # A plain function runs off the event loop, in a bounded pool of its own (ToolThreads).
                 result = await self.threads.call(name, t.fn, args, ctx, timeout=t.timeout_seconds)
@@ -448,7 +474,7 @@ class ToolBox:
             return False, f"error: tool {name} was not started: {e}"
         except Exception as e:  # a failing tool is information for the model
             return False, f"error: {type(e).__name__}: {e}"
-        if isinstance(result, ToolResult):
+        if isinstance(result, ToolResult | waits.WaitForEvent | waits.WaitForTimer):
             return True, result
         return True, result if isinstance(result, str) else str(result)
 

@@ -266,7 +266,8 @@ function conversation(run, steps, details, live) {
 
 function pendingSection(run, pending, decide) {
   if (pending === null) return null; // this server has no decisions API
-  pending = pending.filter((p) => p.kind !== "children"); // sub-agent calls take no decision: see treeSection
+  // Sub-agent calls (treeSection) and timers and event waits (waitsSection) take no decision.
+  pending = pending.filter((p) => !["children", "timer", "event"].includes(p.kind));
   if (!pending.length) return null;
   return h("section", { class: "card pending", "aria-labelledby": "pending-title" },
     h("h2", { id: "pending-title" }, `Waiting for a decision (${pending.length})`),
@@ -291,6 +292,34 @@ function pendingSection(run, pending, decide) {
         can("decide") ? h("div", { class: "row" }, reason, ...buttons)
           : h("p", { class: "muted", id: `no-decide-${p.toolUseId}` }, "Deciding needs the decide scope."));
     }));
+}
+
+// -- waits: a timer, or an event from outside (POST /api/events) ---------------------------------------
+
+// A time and how far it is from now: "in 5m" ahead, "3s ago" past.
+function whenText(iso) {
+  const s = (new Date(iso).getTime() - Date.now()) / 1000;
+  const rel = s <= 0 ? age(iso)
+    : s < 60 ? `in ${Math.ceil(s)}s` : s < 3600 ? `in ${Math.ceil(s / 60)}m` : s < 86400 ? `in ${Math.ceil(s / 3600)}h`
+      : `in ${Math.ceil(s / 86400)}d`;
+  return `${new Date(iso).toLocaleString()} (${rel})`;
+}
+
+function waitsSection(run, pending) {
+  if (run.status !== "WAITING" || !["timer", "event"].includes(run.waitingFor)) return null;
+  const waits = (pending || []).filter((p) => p.kind === "timer" || p.kind === "event");
+  return h("section", { class: "card waits", id: "waits", "aria-labelledby": "waits-title" },
+    h("h2", { id: "waits-title" }, run.waitingFor === "timer" ? "Waiting for a timer" : "Waiting for an event"),
+    waits.length ? waits.map((w) => h("dl", { class: "wait", "data-kind": w.kind, "data-tool-use": w.toolUseId },
+      w.kind === "timer"
+        ? [h("dt", {}, "Wakes at"), h("dd", { class: "wake-at", "data-at": w.wakeAt }, whenText(w.wakeAt))]
+        : [h("dt", {}, "Event key"), h("dd", { class: "mono event-key" }, w.key),
+          h("dt", {}, "Times out at"), h("dd", { class: "timeout-at", "data-at": w.timeoutAt }, whenText(w.timeoutAt))],
+      h("dt", {}, "Call"), h("dd", { class: "mono small" }, `${w.tool} ${w.toolUseId}`)))
+      : h("p", { class: "muted" }, "…"),
+    run.waitingFor === "event"
+      ? h("p", { class: "muted small" }, "Send it with POST /api/events or `agentrun events send KEY --payload JSON`.")
+      : null);
 }
 
 // -- sub-agents: a child's parent, a parent's tree of children and its totals ------------------------
@@ -474,6 +503,7 @@ function runView(id) {
         await loadPending();
         return r;
       })),
+      waitsSection(run, pending),
       treeSection(run, children),
       run.output !== undefined && run.output !== null
         ? h("section", { class: "card answer" }, h("h2", {}, "Answer"), h("div", { class: "text" },

@@ -17,6 +17,7 @@ from agentrun.worker.api.events import EventHub, events_router
 from agentrun.worker.api.guards import BearerAuth, BodyLimit
 from agentrun.worker.api.identities import Identities
 from agentrun.worker.api.routes import runs_router
+from agentrun.worker.api.schedules import schedules_router
 from agentrun.worker.api.schemas import NOT_NULL, REQUIRED_FIELDS
 from agentrun.worker.api.tools import tools_router
 from agentrun.worker.api.whoami import whoami_router
@@ -64,6 +65,7 @@ def create_app(
     app.include_router(whoami_router(identities.enabled))
     app.include_router(agents_router(store, tools, prices, identities, providers))
     app.include_router(tools_router(tools, identities.enabled))
+    app.include_router(schedules_router(store, tools, settings, prices, identities, metrics, providers))
     app.state.events = EventHub(store)
     app.include_router(events_router(store, app.state.events, identities.enabled))
     # The web UI: static files shipped in the package, talking to the API above like any client.

@@ -153,6 +153,11 @@ class Metrics(NoObserver):
         )
         for table in ("run", "run_step", "run_lease", "run_decision"):  # seen before the first prune
             self.pruned_rows.labels(table)
+        # Schedules (issue 27): runs their ticks created, and ticks skipped past startingDeadlineSeconds.
+        self.schedule_runs = Counter("agentrun_schedule_runs", "Runs created by schedule ticks", registry=r)
+        self.schedule_missed = Counter(
+            "agentrun_schedule_missed", "Schedule ticks missed (past startingDeadlineSeconds, or older ticks of a "
+            "catch-up after an outage): no run", registry=r)
         self.limit_waits = Counter(
             "agentrun_model_limit_waits", "Model calls that waited for a fleet-wide limit", ["model"], registry=r
         )
@@ -210,6 +215,10 @@ class Metrics(NoObserver):
 
     def in_flight(self, runs: int) -> None:
         self.runs_in_flight.set(runs)
+
+    def schedule_ticked(self, created: int, missed: int) -> None:
+        self.schedule_runs.inc(created)
+        self.schedule_missed.inc(missed)
 
     def watch_tool_threads(self, threads: ThreadCounts) -> None:
         """Read the tool-thread gauges from `threads` at scrape time."""

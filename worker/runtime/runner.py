@@ -18,6 +18,7 @@ from agentrun.worker.core.types import LlmClient
 from agentrun.worker.runtime.engine import DriverSettings, RunDriver
 from agentrun.worker.runtime.lease import LeaseKeeper
 from agentrun.worker.runtime.presence import Presence
+from agentrun.worker.runtime.schedules import Ticker
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import Claim, LeaseLost, RunStore
 from agentrun.worker.store.groupcommit import transient
@@ -63,6 +64,7 @@ class Worker:
             self.observer,
         )
         self.driving: dict[uuid.UUID, asyncio.Task[RunStatus | None]] = {}  # run id → its driver task
+        self.ticker = Ticker(store, settings.worker_id, settings.default_model, self.observer)  # schedules
 
     @property
     def in_flight(self) -> set[asyncio.Task[RunStatus | None]]:
@@ -136,6 +138,7 @@ class Worker:
         await self.presence.start()
         heartbeat = asyncio.create_task(self.keeper.run(), name=f"{self.id}-heartbeat")
         housekeeping = asyncio.create_task(self._housekeeping(), name=f"{self.id}-housekeeping")
+        ticker = asyncio.create_task(self.ticker.run(), name=f"{self.id}-schedules")
         backoff = self.settings.poll_interval
         try:
             while not self.stopping.is_set():
@@ -175,6 +178,8 @@ class Worker:
                 self.observer.in_flight(len(self.driving))
         finally:
             housekeeping.cancel()
+            ticker.cancel()  # and awaited: an exception here must not leave it creating runs
+            await asyncio.gather(ticker, return_exceptions=True)
             await self._drain()
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -22,10 +22,11 @@ from agentrun.worker.store.claims import Claims
 from agentrun.worker.store.decisions import Decisions
 from agentrun.worker.store.messages import Messages
 from agentrun.worker.store.reads import Reads
+from agentrun.worker.store.schedules import Schedules
 from agentrun.worker.store.steps import StepWrites
 from agentrun.worker.store.submit import Submissions
 
 
-class RunStore(Submissions, Reads, Claims, StepWrites, Decisions, Children, Agents, Messages):
+class RunStore(Schedules, Submissions, Reads, Claims, StepWrites, Decisions, Children, Agents, Messages):
     """The run tables' one gateway. `writes` sends the fenced writes of held runs; by default they are
     group-committed (groupcommit.py)."""

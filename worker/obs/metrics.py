@@ -49,6 +49,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "agentrun_model_limit",
     "agentrun_writes_total",
     "agentrun_write_batches_total",
+    "agentrun_schedule_runs_total",
+    "agentrun_schedule_missed_total",
 )
 
 # Model steps take seconds and tools anything from milliseconds to minutes.

@@ -156,3 +156,44 @@ async def test_suspended_schedules_do_not_tick_and_a_deleted_agent_fails_the_tic
     assert [t.outcome for t in ticks] == ["failed"]
     view = (await client.get("/api/schedules/agented")).json()
     assert "helper" in view["lastError"] and view["nextScheduleTime"] is not None
+
+
+async def test_after_an_outage_one_catch_up_run_and_the_rest_counted_missed(
+    client: httpx.AsyncClient, store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    from agentrun.worker.obs.metrics import Metrics
+
+    metrics = Metrics()
+    ticker = Ticker(store, "t1", "claude-sonnet-4-5", metrics)
+    await client.post("/api/schedules", json={"name": "sec", "intervalSeconds": 1, "run": RUN})
+    await client.post("/api/schedules", json={"name": "strict", "intervalSeconds": 1, "run": RUN,
+                                              "startingDeadlineSeconds": 0})
+    # Every worker down for five minutes: the first due tick was 300 s ago.
+    await db.execute("UPDATE schedule SET next_due_at = date_trunc('second', now()) - interval '300 seconds', "
+                     "anchor = date_trunc('second', now()) - interval '301 seconds'")
+    await db.execute("UPDATE schedule SET next_due_at = next_due_at - interval '2 seconds', "
+                     "anchor = anchor - interval '2 seconds' WHERE name = 'strict'")
+    ticks = {t.schedule: t for t in await ticker.once()}
+    assert ticks["sec"].outcome == "created" and ticks["sec"].missed >= 299
+    assert len((await client.get("/api/schedules/sec/runs")).json()) == 1
+    view = (await client.get("/api/schedules/sec")).json()
+    assert view["missed"] == ticks["sec"].missed
+    assert datetime.datetime.fromisoformat(view["nextScheduleTime"]) > ticks["sec"].scheduled_time  # type: ignore[operator]
+    # startingDeadlineSeconds 0: the latest tick is late by the pass's own delay, or on time to the second.
+    assert ticks["strict"].outcome in ("created", "missed")
+    missed = ticks["sec"].missed + ticks["strict"].missed
+    assert metrics.registry.get_sample_value("agentrun_schedule_missed_total") == missed
+    created = sum(t.outcome == "created" for t in ticks.values())
+    assert metrics.registry.get_sample_value("agentrun_schedule_runs_total") == created
+
+
+async def test_an_agentschedules_schedule_is_not_changed_through_rest(
+    client: httpx.AsyncClient, store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    await client.post("/api/schedules", json={"name": "owned", "intervalSeconds": 60, "run": RUN})
+    await db.execute("UPDATE schedule SET k8s_namespace = 'team', k8s_name = 'owned' WHERE name = 'owned'")
+    for r in (await client.patch("/api/schedules/owned", json={"suspend": True}),
+              await client.delete("/api/schedules/owned")):
+        assert r.status_code == 409 and "team/owned" in r.json()["error"]
+    for bad in ("%00", "a%2F..", "UPPER", "x" * 64):
+        assert (await client.get(f"/api/schedules/{bad}")).status_code in (404, 422)

@@ -43,7 +43,7 @@ def _dns_label(value: str) -> str:
 
 
 ScheduleName = Annotated[str, AfterValidator(_dns_label), Field(json_schema_extra={"pattern": SCHEDULE_NAME})]
-PathName = Annotated[str, Path(alias="name", max_length=63, description="The schedule's name.")]
+PathName = Annotated[str, Path(alias="name", pattern=SCHEDULE_NAME, max_length=63, description="The schedule's name.")]
 Policy = Literal["Allow", "Forbid", "Replace"]
 
 
@@ -122,6 +122,13 @@ def _no_schedule(name: str) -> ApiError:
     return ApiError(404, f"no schedule {name!r}")
 
 
+def _not_ours(s: Schedule) -> None:
+    """A 409 for a change of a schedule an AgentSchedule owns: its spec is the truth, the operator would undo it."""
+    if s.k8s_namespace is not None:
+        raise ApiError(409, f"schedule {s.name!r} is the AgentSchedule {s.k8s_namespace}/{s.k8s_name or s.name}'s: "
+                       "change or delete that resource (kubectl) instead")
+
+
 class ScheduleRoutes:
     def __init__(self, store: RunStore, runs: RunRoutes) -> None:
         self.store, self.submissions = store, runs
@@ -191,10 +198,12 @@ class ScheduleRoutes:
 
     async def patch(self, name: PathName, body: SchedulePatch) -> ScheduleView:
         """Change some fields of a schedule (checked as at creation). A change of timing, or a resume
-        (`suspend: false`), makes the next tick the first after now. Scope: `submit`."""
+        (`suspend: false`), makes the next tick the first after now. A schedule an AgentSchedule owns is a
+        409 (change the resource). Scope: `submit`."""
         found = await self.store.schedule(name)
         if found is None:
             raise _no_schedule(name)
+        _not_ours(found)
         fields: dict[str, Any] = {
             "cron": found.cron, "intervalSeconds": found.interval_seconds, "timezone": found.timezone,
             "run": found.run, "concurrencyPolicy": found.concurrency_policy.value,
@@ -218,8 +227,12 @@ class ScheduleRoutes:
         return ScheduleView.of(stored)
 
     async def delete(self, name: PathName) -> Response:
-        """Delete a schedule: no more ticks. The runs it created stay, and those in flight go on. Scope: `submit`."""
-        if not await self.store.delete_schedule(name):
+        """Delete a schedule: no more ticks. The runs it created stay, and those in flight go on. A schedule an
+        AgentSchedule owns is a 409 (delete the resource). Scope: `submit`."""
+        found = await self.store.schedule(name)
+        if found is not None:
+            _not_ours(found)
+        if found is None or not await self.store.delete_schedule(name):
             raise _no_schedule(name)
         return Response(status_code=204)
 
@@ -245,6 +258,8 @@ CREATE_ERRORS: Responses = {
     404: {"model": ErrorBody, "description": "The run names no agent (or sub-agent): `fields` names which"},
 }
 READ_ERRORS: Responses = {404: {"model": ErrorBody, "description": "No such schedule"}}
+OWNED_ERRORS: Responses = {409: {"model": ErrorBody, "description": "An AgentSchedule owns the schedule: change "
+                                 "or delete that resource instead"}}
 
 
 def schedules_router(
@@ -259,9 +274,10 @@ def schedules_router(
     router.post("", status_code=201, response_model=ScheduleView, responses=CREATE_ERRORS, **write)(routes.create)
     router.get("", response_model=ScheduleList, **read)(routes.list_schedules)
     router.get("/{name}", response_model=ScheduleView, responses=READ_ERRORS, **read)(routes.get)
-    router.patch("/{name}", response_model=ScheduleView, responses={**READ_ERRORS, **CREATE_ERRORS},
+    router.patch("/{name}", response_model=ScheduleView, responses={**CREATE_ERRORS, **READ_ERRORS, **OWNED_ERRORS},
                  **write)(routes.patch)
-    router.delete("/{name}", status_code=204, response_class=Response, responses=READ_ERRORS, **write)(routes.delete)
+    router.delete("/{name}", status_code=204, response_class=Response, responses={**READ_ERRORS, **OWNED_ERRORS},
+                  **write)(routes.delete)
     router.get("/{name}/runs", response_model=list[RunView], responses=READ_ERRORS, **read)(routes.runs)
     return router
 

@@ -171,6 +171,10 @@ def _document_tools(app: FastAPI, tools: ToolBox) -> None:
     for prop in schemas["AgentRequest"]["properties"].values():  # every limit of an agent is optional (null)
         for branch in prop.get("anyOf", [prop]):
             _json_schema_bounds(branch)
+    for model in ("ScheduleRequest", "SchedulePatch"):  # schedules: their optional limits too
+        for prop in schemas.get(model, {}).get("properties", {}).values():
+            for branch in prop.get("anyOf", [prop]):
+                _json_schema_bounds(branch)
 
 
 def _json_schema_bounds(prop: dict[str, Any]) -> None:

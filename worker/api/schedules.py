@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import zoneinfo
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Path, Query, Request, Response
@@ -45,6 +46,10 @@ def _dns_label(value: str) -> str:
 ScheduleName = Annotated[str, AfterValidator(_dns_label), Field(json_schema_extra={"pattern": SCHEDULE_NAME})]
 PathName = Annotated[str, Path(alias="name", pattern=SCHEDULE_NAME, max_length=63, description="The schedule's name.")]
 Policy = Literal["Allow", "Forbid", "Replace"]
+# The time zones this server knows, named in the document: a JSON Schema cannot say "an IANA name" otherwise.
+ZONES = sorted(z for z in zoneinfo.available_timezones() if timezone_problem(z) is None)
+# A schedule's run starts fresh at its tick: the run request's fields that say otherwise are refused.
+NOT_IN_TEMPLATE = {"not": {"anyOf": [{"required": [f]} for f in ("continueFrom", "forkFrom", "runAt", "delaySeconds")]}}
 
 
 class _Timing(_Camel):
@@ -56,11 +61,13 @@ class _Timing(_Camel):
     interval_seconds: Annotated[Whole, Field(ge=1, le=MAX_INTERVAL_SECONDS)] | None = Field(
         None, description="A tick every this many seconds (at least 1), counted from when the schedule was made "
         "(or its timing last changed).")
-    timezone: Annotated[str, Field(min_length=1, max_length=MAX_TIMEZONE_CHARS)] | None = Field(
+    timezone: Annotated[str, Field(min_length=1, max_length=MAX_TIMEZONE_CHARS,
+                                   json_schema_extra={"enum": ZONES} if ZONES else None)] | None = Field(
         None, description="The IANA time zone `cron` is read in (default UTC). Daylight saving time as cron and "
         "Kubernetes CronJob: a time a spring-forward skips runs once at the jump, one a fall-back repeats once.")
     run: RunRequest | None = Field(None, description="The run each tick starts: a run request (POST /api/runs), "
-                                   "with `agent` or without; not `continueFrom`, `forkFrom`, `runAt`, `delaySeconds`.")
+                                   "with `agent` or without; not `continueFrom`, `forkFrom`, `runAt`, `delaySeconds`.",
+                                   json_schema_extra=NOT_IN_TEMPLATE)
     concurrency_policy: Policy | None = Field(
         None, description="`Allow` (default): a tick starts its run whatever runs of the schedule are still active; "
         "`Forbid`: a tick is skipped while one is; `Replace`: a tick cancels the active ones and starts its own.")
@@ -73,12 +80,28 @@ class _Timing(_Camel):
 class ScheduleRequest(_Timing):
     """A schedule. Unknown fields are refused."""
 
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
+        "anyOf": [{"required": ["cron"], "properties": {"cron": {"type": "string"}}},
+                  {"required": ["intervalSeconds"], "properties": {"intervalSeconds": {"type": "integer"}}}],
+        "not": {"required": ["cron", "intervalSeconds"],
+                "properties": {"cron": {"type": "string"}, "intervalSeconds": {"type": "integer"}}},
+    })
+    run: RunRequest = Field(description="The run each tick starts: a run request (POST /api/runs), with `agent` or "
+                            "without; not `continueFrom`, `forkFrom`, `runAt`, `delaySeconds`.",
+                            json_schema_extra=NOT_IN_TEMPLATE)
+
     name: ScheduleName = Field(description="A DNS label: 1 to 63 lowercase letters, digits and '-', starting and "
                                "ending with a letter or digit.")
 
 
 class SchedulePatch(_Timing):
-    """The fields to change; those left out stay. Setting `cron` clears `intervalSeconds` and the reverse."""
+    """The fields to change; those left out (or null) stay. Setting `cron` clears `intervalSeconds` and the
+    reverse."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
+        "not": {"required": ["cron", "intervalSeconds"],
+                "properties": {"cron": {"type": "string"}, "intervalSeconds": {"type": "integer"}}},
+    })
 
 
 class ScheduleView(_Camel):
@@ -209,7 +232,9 @@ class ScheduleRoutes:
             "run": found.run, "concurrencyPolicy": found.concurrency_policy.value,
             "startingDeadlineSeconds": found.starting_deadline_seconds, "suspend": found.suspend,
         }
-        change = body.model_dump(by_alias=True, exclude_unset=True)
+        change = body.model_dump(by_alias=True, exclude_unset=True, exclude_none=True)
+        if "cron" in change and "intervalSeconds" in change:
+            raise _problem("cron", "exactly one of cron and intervalSeconds")
         if "run" in change:
             change["run"] = _raw(body.run)
         if change.get("cron") is not None:

@@ -49,7 +49,8 @@ Policy = Literal["Allow", "Forbid", "Replace"]
 # The time zones this server knows, named in the document: a JSON Schema cannot say "an IANA name" otherwise.
 ZONES = sorted(z for z in zoneinfo.available_timezones() if timezone_problem(z) is None)
 # A schedule's run starts fresh at its tick: the run request's fields that say otherwise are refused.
-NOT_IN_TEMPLATE = {"not": {"anyOf": [{"required": [f]} for f in ("continueFrom", "forkFrom", "runAt", "delaySeconds")]}}
+NOT_IN_TEMPLATE: dict[str, Any] = {
+    "not": {"anyOf": [{"required": [f]} for f in ("continueFrom", "forkFrom", "runAt", "delaySeconds")]}}
 
 
 class _Timing(_Camel):

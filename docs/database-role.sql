@@ -40,6 +40,9 @@ GRANT SELECT ON schema_migration TO agentrun_runtime;
 GRANT SELECT, INSERT, UPDATE ON model_limit TO agentrun_runtime;
 -- Agent definitions (migration 0014): made and deleted via the API and the operator, read at submission.
 GRANT SELECT, INSERT, UPDATE ON agent, agent_version TO agentrun_runtime;
+-- Schedules (migration 0018): made, changed and deleted via the API and the operator; the workers' tickers
+-- insert the ticks, advance the due times and prune ticks older than a day.
+GRANT SELECT, INSERT, UPDATE, DELETE ON schedule, schedule_tick TO agentrun_runtime;
 -- Live events (migration 0013): each transaction that changes a run, step or decision takes a position
 -- from the sequence agentrun_event_position, which the migration grants to PUBLIC (a role made before
 -- the upgrade goes on writing steps); nothing to grant here.

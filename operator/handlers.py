@@ -22,6 +22,8 @@ from agentrun.operator.errors import DatabaseNotReady
 from agentrun.operator.kube import KubeApi, KubeError
 from agentrun.operator.mapping import AGENT_PLURAL, GROUP, PLURAL, VERSION, Ref
 from agentrun.operator.notify import listen
+from agentrun.operator.schedules import PLURAL as SCHEDULE_PLURAL
+from agentrun.operator.schedules import Schedules
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.status import StatusSync
 from agentrun.worker.core.errors import Refusal, Refused
@@ -399,6 +401,30 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     @kopf.on.delete(GROUP, VERSION, AGENT_PLURAL, **on)  # type: ignore[arg-type]
     async def agent_deleted(body: kopf.Body, retry: int, **_: Any) -> None:
         await agents.deleted(body, retry)
+
+    # AgentSchedules (issue 27): the spec stored as the schedule, as an Agent's; a timer shows the ticks.
+    schedules = Schedules(op.settings.tool_names, op.prices, op.guarded)
+
+    @kopf.on.create(GROUP, VERSION, SCHEDULE_PLURAL, **on)  # type: ignore[arg-type]
+    async def schedule_created(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int, **_: Any) -> None:
+        await schedules.reconcile(body, spec, patch, retry)
+
+    @kopf.on.update(GROUP, VERSION, SCHEDULE_PLURAL, **on)  # type: ignore[arg-type]
+    async def schedule_updated(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int, **_: Any) -> None:
+        await schedules.reconcile(body, spec, patch, retry)
+
+    @kopf.on.resume(GROUP, VERSION, SCHEDULE_PLURAL, **on)  # type: ignore[arg-type]
+    async def schedule_resumed(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int, **_: Any) -> None:
+        await schedules.reconcile(body, spec, patch, retry)
+
+    @kopf.timer(GROUP, VERSION, SCHEDULE_PLURAL, interval=op.settings.schedule_status_seconds, idle=None,
+                **on)  # type: ignore[arg-type]
+    async def schedule_ticks(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
+        await schedules.refresh(body, patch, 0)
+
+    @kopf.on.delete(GROUP, VERSION, SCHEDULE_PLURAL, **on)  # type: ignore[arg-type]
+    async def schedule_deleted(body: kopf.Body, retry: int, **_: Any) -> None:
+        await schedules.deleted(body, retry)
 
 
 def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:

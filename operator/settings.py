@@ -33,6 +33,9 @@ class OperatorSettings:
     """Period of the safety-net sweep over unfinished linked runs (one query), for notifications lost
     while the listener was reconnecting."""
 
+    schedule_status_seconds: float = 10.0
+    """How often each AgentSchedule's status is refreshed from its schedule (last and next tick, active runs)."""
+
     retry_seconds: float = 5.0
     """First delay before a handler retries when the database is unreachable; it doubles up to a minute."""
 

@@ -172,7 +172,35 @@ SCHEMA_RULES = {("outputSchema", "has a string that contains a NUL character (U+
                  "cannot hold")}
 
 
+# A schedule's cron expression is read by cron's own rules (ranges, names, steps), which a pattern cannot
+# hold; its run template is refused for what a run request is refused for (named `run.<field>`).
+CRON_RULES = ("is no valid cron expression", "never matches a time", "must be a standard 5-field cron expression",
+              "must be a 5-field cron expression")
+
+
+def _schedule_rule(response: Any) -> bool:
+    body = response.json() if "json" in str(response.headers.get("content-type", "")) else {}
+    fields = [(f["field"], f["problem"]) for f in body.get("fields", [])] if isinstance(body, dict) else []
+    if response.status_code == 409:  # the name is taken (stored state)
+        return True
+    if fields and all(f == "cron" and p.startswith(CRON_RULES) for f, p in fields):
+        return True
+    if not fields or not all(f.startswith("run.") for f, _ in fields):
+        return False
+    if response.status_code == 404:
+        return all(f == "run.agent" or f.startswith("run.subAgents[") for f, _ in fields)
+    if response.status_code == 400:
+        return len(fields) == 1 and fields[0][0] in ("run.model", "run.costBudgetUsd", "run.outputSchema")
+    sent = response.request.body or b""
+    agent_given = b'"agent"' in (sent.encode() if isinstance(sent, str) else sent)
+    return response.status_code == 422 and all(
+        (f.removeprefix("run."), p) in SCHEMA_RULES or any(p.startswith(c) for c in AGENT_CONFLICTS)
+        or (agent_given and f in ("run.tokenBudget", "run.timeoutSeconds") and p == "is required") for f, p in fields)
+
+
 def _state_conflict(response: Any) -> bool:
+    if "/api/schedules" in str(response.request.url):
+        return _schedule_rule(response)
     body = response.json() if "json" in str(response.headers.get("content-type", "")) else {}
     fields = {f["field"] for f in body.get("fields", [])} if isinstance(body, dict) else set()
     # A run to continue or fork that is not there, did not succeed, or has fewer steps: stored state.

@@ -7,7 +7,7 @@ import yaml
 
 from tests.support.chart import CHART, ROOT
 
-CRDS = ("agentrun.yaml", "agent.yaml")
+CRDS = ("agentrun.yaml", "agent.yaml", "agentschedule.yaml")
 
 
 @pytest.mark.parametrize("name", CRDS)
@@ -25,6 +25,7 @@ def test_the_chart_ships_every_crd() -> None:
 
 @pytest.mark.parametrize("name, kind, plural, short", [
     ("agentrun.yaml", "AgentRun", "agentruns", "ar"), ("agent.yaml", "Agent", "agents", "ag"),
+    ("agentschedule.yaml", "AgentSchedule", "agentschedules", "as"),
 ])
 def test_chart_crd_defines_its_kind(name: str, kind: str, plural: str, short: str) -> None:
     crd = yaml.safe_load((CHART / "crds" / name).read_text())

@@ -34,6 +34,7 @@ from tests.operator.schema import Invalid, Schema
 
 CRD_FILE = pathlib.Path(__file__).resolve().parents[2] / "crds" / "agentrun.yaml"
 AGENT_CRD_FILE = CRD_FILE.with_name("agent.yaml")
+SCHEDULE_CRD_FILE = CRD_FILE.with_name("agentschedule.yaml")
 AGENTRUNS = "agentrun.dev/v1alpha1/agentruns"
 
 
@@ -157,7 +158,8 @@ class RecordingBus(aiobus.Bus[Any]):
 @attrs.define(kw_only=True)
 class ApiServer(kmock.KubernetesEmulator):
     custom: tuple[CustomResource, ...] = attrs.field(
-        factory=lambda: (CustomResource.load(), CustomResource.load(AGENT_CRD_FILE)))
+        factory=lambda: (CustomResource.load(), CustomResource.load(AGENT_CRD_FILE),
+                         CustomResource.load(SCHEDULE_CRD_FILE)))
     _version: int = attrs.field(default=0, init=False)
     _writes: asyncio.Lock = attrs.field(factory=asyncio.Lock, init=False)
     _buses: dict[Any, RecordingBus] = attrs.field(

@@ -17,6 +17,7 @@ from agentrun.worker.api.events import EventHub, events_router
 from agentrun.worker.api.guards import BearerAuth, BodyLimit
 from agentrun.worker.api.identities import Identities
 from agentrun.worker.api.routes import runs_router
+from agentrun.worker.api.schedules import schedules_router
 from agentrun.worker.api.schemas import NOT_NULL, REQUIRED_FIELDS
 from agentrun.worker.api.signals import signals_router
 from agentrun.worker.api.tools import tools_router
@@ -65,6 +66,7 @@ def create_app(
     app.include_router(whoami_router(identities.enabled))
     app.include_router(agents_router(store, tools, prices, identities, providers))
     app.include_router(tools_router(tools, identities.enabled))
+    app.include_router(schedules_router(store, tools, settings, prices, identities, metrics, providers))
     app.state.events = EventHub(store)
     app.include_router(events_router(store, app.state.events, identities.enabled))
     app.include_router(signals_router(store, identities.enabled, metrics))
@@ -171,6 +173,10 @@ def _document_tools(app: FastAPI, tools: ToolBox) -> None:
     for prop in schemas["AgentRequest"]["properties"].values():  # every limit of an agent is optional (null)
         for branch in prop.get("anyOf", [prop]):
             _json_schema_bounds(branch)
+    for model in ("ScheduleRequest", "SchedulePatch"):  # schedules: their optional limits too
+        for prop in schemas.get(model, {}).get("properties", {}).values():
+            for branch in prop.get("anyOf", [prop]):
+                _json_schema_bounds(branch)
 
 
 def _json_schema_bounds(prop: dict[str, Any]) -> None:

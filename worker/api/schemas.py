@@ -353,6 +353,9 @@ class RunView(_Camel):
         "`timer` (a `wait` call) or `event` (an event posted to POST /api/events; GET /api/runs/{id}/pending "
         "says which); null in any other status.")
 
+    schedule_name: str | None = Field(None, description="The schedule whose tick created the run (null: none).")
+    scheduled_time: datetime.datetime | None = Field(None, description="That tick, RFC 3339.")
+
     @classmethod
     def of(cls, run: Run) -> RunView:
         return cls(
@@ -370,6 +373,7 @@ class RunView(_Camel):
             agent=run.agent, agent_version=run.agent_version,
             sub_agents=list(run.sub_agents) if run.sub_agents is not None else None,
             messages_sent=run.messages_sent, messages_delivered=run.messages_delivered,
+            schedule_name=run.schedule_name, scheduled_time=run.scheduled_time,
             **_tree_fields(run),
         )
 

@@ -56,7 +56,9 @@ def cmd_agents(args: argparse.Namespace) -> int:
     return calling(args, COMMANDS[args.agents_command])
 
 
-def read_definition(path: str, stdin: Callable[[], str] = lambda: sys.stdin.read()) -> dict[str, Any]:
+def read_definition(
+    path: str, stdin: Callable[[], str] = lambda: sys.stdin.read(), what: str = "agent"
+) -> dict[str, Any]:
     """The body a definition file holds, or ClientError saying why it holds none."""
     import orjson
     import yaml
@@ -67,18 +69,18 @@ def read_definition(path: str, stdin: Callable[[], str] = lambda: sys.stdin.read
     try:
         text = stdin() if path == "-" else Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise ClientError(0, f"cannot read the agent definition {where}: {e}") from None
+        raise ClientError(0, f"cannot read the {what} definition {where}: {e}") from None
     try:
         doc = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ClientError(0, f"the agent definition {where} is not YAML or JSON: {e}") from None
+        raise ClientError(0, f"the {what} definition {where} is not YAML or JSON: {e}") from None
     if not isinstance(doc, dict):
-        raise ClientError(0, f"the agent definition {where} must be a mapping of its fields (name, system, ...)")
+        raise ClientError(0, f"the {what} definition {where} must be a mapping of its fields (name, system, ...)")
     try:
         # YAML has dates and non-string keys, JSON has neither: say so here rather than send them mangled.
         return orjson.loads(orjson.dumps(doc))  # type: ignore[no-any-return]
     except TypeError as e:
-        raise ClientError(0, f"the agent definition {where} holds a value JSON cannot carry: {e}") from None
+        raise ClientError(0, f"the {what} definition {where} holds a value JSON cannot carry: {e}") from None
 
 
 def _create(api: RunsClient, args: argparse.Namespace, show: Show) -> int:

@@ -163,6 +163,25 @@ class RunsClient:
     def delete_agent(self, name: str) -> None:
         self._call("DELETE", f"/api/agents/{_agent_name(name)}")
 
+    def create_schedule(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/api/schedules", json=dict(body))  # type: ignore[no-any-return]
+
+    def schedules(self) -> dict[str, Any]:
+        return self._call("GET", "/api/schedules")  # type: ignore[no-any-return]
+
+    def schedule(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/api/schedules/{_agent_name(name, 'schedule')}")  # type: ignore[no-any-return]
+
+    def schedule_runs(self, name: str) -> Any:  # a list of runs (`list` names a method here)
+        return self._call("GET", f"/api/schedules/{_agent_name(name, 'schedule')}/runs")
+
+    def patch_schedule(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        path = f"/api/schedules/{_agent_name(name, 'schedule')}"
+        return self._call("PATCH", path, json=dict(body))  # type: ignore[no-any-return]
+
+    def delete_schedule(self, name: str) -> None:
+        self._call("DELETE", f"/api/schedules/{_agent_name(name, 'schedule')}")
+
     def events(self, run_id: str, last_event_id: str | None = None) -> Iterator[ServerEvent]:
         """The run's server-sent events (GET /api/runs/{id}/events) until the server closes the stream."""
         path = f"/api/runs/{_run_id(run_id)}/events"
@@ -273,10 +292,11 @@ def _run_id(text: str, what: str = "run id") -> str:
         raise ClientError(0, f"{what} {_shown(text)} is not a valid UUID") from None
 
 
-def _agent_name(text: str) -> str:
-    """An agent's name, checked here as `_run_id` checks ids: no argument can steer the request elsewhere."""
+def _agent_name(text: str, what: str = "agent") -> str:
+    """An agent's (or schedule's) name, checked here as `_run_id` checks ids: no argument can steer the
+    request elsewhere."""
     if name_problem(text) is not None:
-        raise ClientError(0, f"agent name {_shown(text)} is not a DNS label (lowercase letters, digits and '-')")
+        raise ClientError(0, f"{what} name {_shown(text)} is not a DNS label (lowercase letters, digits and '-')")
     return text
 
 

@@ -21,6 +21,7 @@ from agentrun.worker.cli.migrate import cmd_migrate
 from agentrun.worker.cli.operator import cmd_operator
 from agentrun.worker.cli.prune import cmd_prune
 from agentrun.worker.cli.runs import add_runs
+from agentrun.worker.cli.schedules import add_schedules
 from agentrun.worker.cli.tokens import add_token
 from agentrun.worker.cli.worker import cmd_worker
 
@@ -33,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agentrun",
         description="agentrun: a durable runtime for LLM agents on PostgreSQL and Kubernetes.",
         epilog="Environment: AGENTRUN_DATABASE_URL, AGENTRUN_LOG_FORMAT (console|json), AGENTRUN_LOG_LEVEL; "
-        "`runs` and `agents` read AGENTRUN_URL and AGENTRUN_API_TOKEN.",
+        "`runs`, `agents` and `schedules` read AGENTRUN_URL and AGENTRUN_API_TOKEN.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_migrate(sub)
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_token(sub)
     add_agents(sub)
     add_events(sub)
+    add_schedules(sub)
     return parser
 
 

@@ -55,6 +55,9 @@ class Observer(Protocol):
     def in_flight(self, runs: int) -> None:
         """How many runs the worker drives now."""
 
+    def schedule_ticked(self, created: int, missed: int) -> None:
+        """A ticker pass created `created` runs of schedules and skipped `missed` ticks past their deadline."""
+
     def model_retry(self, status: int) -> None:
         """A model call failed with `status` and is being retried (called inside the step's `model_call`)."""
 
@@ -115,6 +118,9 @@ class NoObserver:
         pass
 
     def in_flight(self, runs: int) -> None:
+        pass
+
+    def schedule_ticked(self, created: int, missed: int) -> None:
         pass
 
     def model_retry(self, status: int) -> None:
@@ -188,6 +194,10 @@ class Observers:
     def in_flight(self, runs: int) -> None:
         for o in self.observers:
             o.in_flight(runs)
+
+    def schedule_ticked(self, created: int, missed: int) -> None:
+        for o in self.observers:
+            o.schedule_ticked(created, missed)
 
     def model_retry(self, status: int) -> None:
         for o in self.observers:

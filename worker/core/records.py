@@ -89,6 +89,8 @@ class NewRun:
     agent: str | None = None  # the agent definition the run was made from (its fields are applied already)
     agent_version: int | None = None
     sub_agents: tuple[str, ...] | None = None  # pinned: each "name@version"
+    schedule_name: str | None = None  # the schedule whose tick created the run
+    scheduled_time: datetime.datetime | None = None  # that tick
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +144,8 @@ class Run:
     messages_delivered: int = 0  # of those, delivered as USER steps
 
     traceparent: str | None = None
+    schedule_name: str | None = None  # the schedule whose tick created the run (issue 27)
+    scheduled_time: datetime.datetime | None = None
 
     @property
     def tokens_used_total(self) -> int:

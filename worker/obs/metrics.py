@@ -51,6 +51,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "agentrun_write_batches_total",
     "agentrun_events_received_total",
     "agentrun_event_runs_woken_total",
+    "agentrun_schedule_runs_total",
+    "agentrun_schedule_missed_total",
 )
 
 # Model steps take seconds and tools anything from milliseconds to minutes.
@@ -155,6 +157,11 @@ class Metrics(NoObserver):
         )
         for table in ("run", "run_step", "run_lease", "run_decision"):  # seen before the first prune
             self.pruned_rows.labels(table)
+        # Schedules (issue 27): runs their ticks created, and ticks skipped past startingDeadlineSeconds.
+        self.schedule_runs = Counter("agentrun_schedule_runs", "Runs created by schedule ticks", registry=r)
+        self.schedule_missed = Counter(
+            "agentrun_schedule_missed", "Schedule ticks missed (past startingDeadlineSeconds, or older ticks of a "
+            "catch-up after an outage): no run", registry=r)
         self.limit_waits = Counter(
             "agentrun_model_limit_waits", "Model calls that waited for a fleet-wide limit", ["model"], registry=r
         )
@@ -219,6 +226,10 @@ class Metrics(NoObserver):
 
     def in_flight(self, runs: int) -> None:
         self.runs_in_flight.set(runs)
+
+    def schedule_ticked(self, created: int, missed: int) -> None:
+        self.schedule_runs.inc(created)
+        self.schedule_missed.inc(missed)
 
     def watch_tool_threads(self, threads: ThreadCounts) -> None:
         """Read the tool-thread gauges from `threads` at scrape time."""

@@ -18,6 +18,7 @@ from agentrun.worker.core.types import LlmClient
 from agentrun.worker.runtime.engine import DriverSettings, RunDriver
 from agentrun.worker.runtime.lease import LeaseKeeper
 from agentrun.worker.runtime.presence import Presence
+from agentrun.worker.runtime.schedules import Ticker
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import Claim, LeaseLost, RunStore
 from agentrun.worker.store.groupcommit import transient
@@ -72,6 +73,7 @@ class Worker:
         self.sweep_poke = asyncio.Event()  # a run parked for a timer or an event: the sweep looks again
         self.driver.parked_wait = self.sweep_poke.set
         self.sweeps = 0  # sweep statements sent (tests count them)
+        self.ticker = Ticker(store, settings.worker_id, settings.default_model, self.observer)  # schedules
 
     @property
     def in_flight(self) -> set[asyncio.Task[RunStatus | None]]:
@@ -146,6 +148,7 @@ class Worker:
         heartbeat = asyncio.create_task(self.keeper.run(), name=f"{self.id}-heartbeat")
         housekeeping = asyncio.create_task(self._housekeeping(), name=f"{self.id}-housekeeping")
         sweep = asyncio.create_task(self._sweep(), name=f"{self.id}-wait-sweep")
+        ticker = asyncio.create_task(self.ticker.run(), name=f"{self.id}-schedules")
         backoff = self.settings.poll_interval
         try:
             while not self.stopping.is_set():
@@ -186,9 +189,9 @@ class Worker:
         finally:
             housekeeping.cancel()
             sweep.cancel()
-            for task in (housekeeping, sweep):
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            ticker.cancel()  # and awaited: an exception here must not leave it creating runs
+            # Awaited, whatever they ended with: none may go on past the loop, nor keep the drain from running.
+            await asyncio.gather(housekeeping, sweep, ticker, return_exceptions=True)
             await self._drain()
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):

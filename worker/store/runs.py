@@ -11,6 +11,7 @@ zero rows means the lease is gone (`LeaseLost`). The store is split by concern, 
 - children.py: sub-agents' child runs, the parent's wait for them, cancels that cascade
 - agents.py: agent definitions, versioned, and their resolution for a new run
 - messages.py: messages posted to a running run, and their delivery as USER steps
+- schedules.py: schedules, and their ticks, each made with its run in one transaction
 - waits.py: durable timers and waits for outside events, the sweep that wakes them, events posted
 - rows.py: the columns, the fence and the records rows become; gateway.py: the pool and query helpers
 """
@@ -23,11 +24,12 @@ from agentrun.worker.store.claims import Claims
 from agentrun.worker.store.decisions import Decisions
 from agentrun.worker.store.messages import Messages
 from agentrun.worker.store.reads import Reads
+from agentrun.worker.store.schedules import Schedules
 from agentrun.worker.store.steps import StepWrites
 from agentrun.worker.store.submit import Submissions
 from agentrun.worker.store.waits import Waits
 
 
-class RunStore(Submissions, Reads, Claims, StepWrites, Decisions, Children, Agents, Messages, Waits):
+class RunStore(Schedules, Submissions, Reads, Claims, StepWrites, Decisions, Children, Agents, Messages, Waits):
     """The run tables' one gateway. `writes` sends the fenced writes of held runs; by default they are
     group-committed (groupcommit.py)."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
+import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
@@ -62,6 +64,78 @@ UPDATE run SET inherited_steps = (SELECT count(*) FROM steps) WHERE id = %(id)s
 """
 
 
+def run_params(new: NewRun) -> dict[str, Any]:
+    """The insert's parameters for `new`. Raises ValueError naming the field if a text cannot be stored
+    (a NUL character, a lone surrogate): the caller's input, refused whole rather than changed."""
+    texts = {"input": new.input, "model": new.model, "system": new.system, "idempotency key": new.idempotency_key,
+             **{f"tool name {t!r}": t for t in new.tools or ()}}
+    for field, text in texts.items():
+        if (why := unstorable(text)) is not None:
+            raise ValueError(f"run {field} {why}")
+    return {
+        "id": new.id or uuid.uuid4(),
+        "input": new.input,
+        "model": new.model,
+        "system": new.system,
+        "tools": list(new.tools) if new.tools is not None else None,
+        "token_budget": new.token_budget,
+        "cost_budget_usd": new.cost_budget_usd,
+        "max_steps": new.max_steps,
+        "timeout_seconds": new.timeout_seconds,
+        "key": new.idempotency_key,
+        "ns": new.k8s_namespace,
+        "name": new.k8s_name,
+        "by": new.created_by,
+        "traceparent": new.traceparent,
+        "priority": new.priority,
+        "run_at": new.run_at,
+        "delay": new.delay_seconds,
+        "approval": list(new.require_approval) if new.require_approval is not None else None,
+        "schema": Jsonb(new.output_schema) if new.output_schema is not None else None,
+        "parent": new.continue_from or (new.fork_from[0] if new.fork_from else None),
+        "fork_seq": new.fork_from[1] if new.fork_from else None,
+        "agent": new.agent, "agent_version": new.agent_version,
+        "sub_agents": list(new.sub_agents) if new.sub_agents is not None else None,
+        "schedule_name": new.schedule_name, "scheduled_time": new.scheduled_time,
+    }
+
+
+# The deadline counts from when the run becomes claimable: a run scheduled for tomorrow has its whole
+# timeout from tomorrow. A time already past means at once.
+_INSERT = b"""WITH at AS (
+        SELECT greatest(now(), coalesce(%(run_at)s::timestamptz,
+                                        now() + make_interval(secs => %(delay)s::float8),
+                                        now())) AS run_at),
+    ins AS (
+        INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd,
+                         max_steps, timeout_seconds, deadline_at, idempotency_key,
+                         k8s_namespace, k8s_name, require_approval, output_schema,
+                         parent_run_id, forked_at_seq, created_by, traceparent, priority, run_at,
+                         agent, agent_version, sub_agents, schedule_name, scheduled_time)
+        SELECT %(id)s, %(input)s, %(model)s, %(system)s, %(tools)s, %(token_budget)s,
+               %(cost_budget_usd)s, %(max_steps)s, %(timeout_seconds)s,
+               at.run_at + make_interval(secs => %(timeout_seconds)s), %(key)s, %(ns)s, %(name)s,
+               %(approval)s, %(schema)s, %(parent)s, %(fork_seq)s, %(by)s, %(traceparent)s,
+               %(priority)s, at.run_at, %(agent)s, %(agent_version)s, %(sub_agents)s,
+               %(schedule_name)s, %(scheduled_time)s
+        FROM at
+        ON CONFLICT DO NOTHING
+        RETURNING id)
+    SELECT (SELECT id FROM ins) AS inserted"""
+
+
+async def insert_run(cur: psycopg.AsyncCursor[dict[str, Any]], params: dict[str, Any]) -> uuid.UUID | None:
+    """Insert the run `params` (run_params) describes in the cursor's transaction, its inherited steps
+    too; returns its id, or None if a run with its id or idempotency key exists (nothing inserted)."""
+    await cur.execute(_INSERT, params)
+    row = await cur.fetchone()
+    inserted: uuid.UUID | None = row["inserted"] if row is not None else None
+    if inserted is not None and params["parent"] is not None:
+        # In the same transaction: no worker may claim the run before its inherited steps are there.
+        await cur.execute(_INHERIT, params)
+    return inserted
+
+
 class Submissions(Gateway):
     async def create(self, new: NewRun) -> tuple[Run, bool]:
         """Insert a run; returns it and whether it is new.
@@ -71,71 +145,12 @@ class Submissions(Gateway):
         if a text cannot be stored (a NUL character, a lone surrogate): the caller's input, refused
         whole rather than changed.
         """
-        texts = {"input": new.input, "model": new.model, "system": new.system, "idempotency key": new.idempotency_key,
-                 **{f"tool name {t!r}": t for t in new.tools or ()}}
-        for field, text in texts.items():
-            if (why := unstorable(text)) is not None:
-                raise ValueError(f"run {field} {why}")
-        params = {
-            "id": new.id or uuid.uuid4(),
-            "input": new.input,
-            "model": new.model,
-            "system": new.system,
-            "tools": list(new.tools) if new.tools is not None else None,
-            "token_budget": new.token_budget,
-            "cost_budget_usd": new.cost_budget_usd,
-            "max_steps": new.max_steps,
-            "timeout_seconds": new.timeout_seconds,
-            "key": new.idempotency_key,
-            "ns": new.k8s_namespace,
-            "name": new.k8s_name,
-            "by": new.created_by,
-            "traceparent": new.traceparent,
-            "priority": new.priority,
-            "run_at": new.run_at,
-            "delay": new.delay_seconds,
-        }
-        params.update({
-            "approval": list(new.require_approval) if new.require_approval is not None else None,
-            "schema": Jsonb(new.output_schema) if new.output_schema is not None else None,
-            "parent": new.continue_from or (new.fork_from[0] if new.fork_from else None),
-            "fork_seq": new.fork_from[1] if new.fork_from else None,
-            "agent": new.agent, "agent_version": new.agent_version,
-            "sub_agents": list(new.sub_agents) if new.sub_agents is not None else None,
-        })
-        # The deadline counts from when the run becomes claimable: a run scheduled for tomorrow has its
-        # whole timeout from tomorrow. A time already past means at once.
+        params = run_params(new)
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(
-                b"""WITH at AS (
-                        SELECT greatest(now(), coalesce(%(run_at)s::timestamptz,
-                                                        now() + make_interval(secs => %(delay)s::float8),
-                                                        now())) AS run_at),
-                    ins AS (
-                        INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd,
-                                         max_steps, timeout_seconds, deadline_at, idempotency_key,
-                                         k8s_namespace, k8s_name, require_approval, output_schema,
-                                         parent_run_id, forked_at_seq, created_by, traceparent, priority, run_at,
-                                         agent, agent_version, sub_agents)
-                        SELECT %(id)s, %(input)s, %(model)s, %(system)s, %(tools)s, %(token_budget)s,
-                               %(cost_budget_usd)s, %(max_steps)s, %(timeout_seconds)s,
-                               at.run_at + make_interval(secs => %(timeout_seconds)s), %(key)s, %(ns)s, %(name)s,
-                               %(approval)s, %(schema)s, %(parent)s, %(fork_seq)s, %(by)s, %(traceparent)s,
-                               %(priority)s, at.run_at, %(agent)s, %(agent_version)s, %(sub_agents)s
-                        FROM at
-                        ON CONFLICT DO NOTHING
-                        RETURNING id)
-                    SELECT (SELECT id FROM ins) AS inserted""",
-                params,
-            )
-            row = await cur.fetchone()
-            if row is not None and row["inserted"] is not None and params["parent"] is not None:
-                # In the same transaction: no worker may claim the run before its inherited steps are there.
-                await cur.execute(_INHERIT, params)
-        assert row is not None
-        if row["inserted"]:
-            run = await self.get(row["inserted"])
+            inserted = await insert_run(cur, params)
+        if inserted is not None:
+            run = await self.get(inserted)
             assert run is not None
             return run, True
         # The conflicting row may have been committed after this statement's snapshot: look again.

@@ -78,6 +78,7 @@ export const api = {
   decide: (id, toolUseId, body) => call("POST", `/api/runs/${id}/pending/${encodeURIComponent(toolUseId)}`, body),
   whoami: () => call("GET", "/api/whoami"),
   children: (id) => call("GET", `/api/runs/${id}/children`),
+  schedules: () => call("GET", "/api/schedules"),
 };
 
 // Server-sent events read with fetch (EventSource cannot send an Authorization header). Resumes after a

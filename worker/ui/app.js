@@ -131,6 +131,49 @@ function listView(params) {
   return () => { alive = false; clearTimeout(timer); };
 }
 
+// -- the schedules list (issue 27) ------------------------------------------------------------------
+
+function when(iso) {
+  return iso ? h("time", { datetime: iso, title: iso }, iso.slice(0, 19).replace("T", " ")) : "–";
+}
+
+function schedulesView() {
+  const body = h("tbody");
+  const info = h("p", { class: "muted", role: "status" });
+  main.replaceChildren(
+    h("section", { class: "list-head" }, h("h1", {}, "Schedules")),
+    h("table", { class: "runs schedules", "aria-label": "schedules, by name" },
+      h("thead", {}, h("tr", {}, ["Name", "Schedule", "Suspend", "Last", "Next", "Active"]
+        .map((c) => h("th", { scope: "col", class: c === "Active" ? "num" : null }, c)))),
+      body),
+    info,
+  );
+  let timer = null;
+  let alive = true;
+  async function refresh() {
+    try {
+      const listed = await api.schedules();
+      if (!alive) return;
+      body.replaceChildren(...listed.items.map((s) => h("tr", { "data-schedule": s.name },
+        h("td", { class: "mono" }, s.name),
+        h("td", { class: "mono" }, s.cron ? `${s.cron} (${s.timezone})` : `every ${s.intervalSeconds}s`),
+        h("td", {}, s.suspend ? "suspended" : "no"),
+        h("td", {}, when(s.lastScheduleTime)),
+        h("td", {}, when(s.nextScheduleTime)),
+        h("td", { class: "num" }, s.active),
+      )));
+      info.textContent = listed.items.length ? `${listed.items.length} schedules, updated every few seconds`
+        : "No schedules yet: create one with POST /api/schedules or `agentrun schedules create`.";
+      connState("");
+    } catch (err) {
+      if (alive) connState(`cannot list schedules: ${err.message}`);
+    }
+    if (alive) timer = setTimeout(refresh, 3000);
+  }
+  refresh();
+  return () => { alive = false; clearTimeout(timer); };
+}
+
 // -- a run's page -----------------------------------------------------------------------------------
 
 function bar(label, used, total, text) {
@@ -553,6 +596,11 @@ function route() {
   const [path, query] = hash.slice(1).split("?");
   const params = new URLSearchParams(query || "");
   const m = path.match(/^\/runs\/([0-9a-fA-F-]{36})$/);
+  if (path === "/schedules") {
+    cleanup = schedulesView();
+    document.title = "schedules · agentrun";
+    return;
+  }
   cleanup = m ? runView(m[1].toLowerCase()) : listView(params);
   document.title = m ? `run ${shortId(m[1])} · agentrun` : "runs · agentrun";
 }

@@ -89,6 +89,7 @@ class NewRun:
     agent: str | None = None  # the agent definition the run was made from (its fields are applied already)
     agent_version: int | None = None
     sub_agents: tuple[str, ...] | None = None  # pinned: each "name@version"
+    webhook: dict[str, Any] | None = None  # {"url", "events", "secretRef"}: told of its status changes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,6 +141,7 @@ class Run:
     children_cost_live: Decimal = Decimal(0)
     messages_sent: int = 0  # messages posted to the run (POST /api/runs/{id}/messages)
     messages_delivered: int = 0  # of those, delivered as USER steps
+    webhook: dict[str, Any] | None = None  # {"url", "events", "secretRef"} (core/webhooks.py)
 
     traceparent: str | None = None
 

@@ -18,6 +18,7 @@ from agentrun.worker.core.types import LlmClient
 from agentrun.worker.runtime.engine import DriverSettings, RunDriver
 from agentrun.worker.runtime.lease import LeaseKeeper
 from agentrun.worker.runtime.presence import Presence
+from agentrun.worker.runtime.webhooks import WebhookSender
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import Claim, LeaseLost, RunStore
 from agentrun.worker.store.groupcommit import transient
@@ -38,8 +39,10 @@ class Worker:
         tools: ToolBox,
         prices: PriceTable | None = None,
         observer: Observer | None = None,
+        webhooks: WebhookSender | None = None,
     ) -> None:
         self.settings = settings
+        self.webhooks = webhooks  # the completion webhooks' sender, run beside the housekeeping
         self.observer: Observer = observer or NoObserver()
         self.store = store
         self.keeper = LeaseKeeper(store, settings.worker_id, settings.lease_seconds)
@@ -136,6 +139,9 @@ class Worker:
         await self.presence.start()
         heartbeat = asyncio.create_task(self.keeper.run(), name=f"{self.id}-heartbeat")
         housekeeping = asyncio.create_task(self._housekeeping(), name=f"{self.id}-housekeeping")
+        background = [housekeeping]
+        if self.webhooks is not None:
+            background.append(asyncio.create_task(self.webhooks.run(), name=f"{self.id}-webhooks"))
         backoff = self.settings.poll_interval
         try:
             while not self.stopping.is_set():
@@ -174,7 +180,10 @@ class Worker:
                     task.add_done_callback(functools.partial(self._done, claimed.run.id))
                 self.observer.in_flight(len(self.driving))
         finally:
-            housekeeping.cancel()
+            for task in background:
+                task.cancel()
+            # Awaited, also when Worker.run leaves by an exception: none may outlive the worker.
+            await asyncio.gather(*background, return_exceptions=True)
             await self._drain()
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):

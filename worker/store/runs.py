@@ -11,6 +11,7 @@ zero rows means the lease is gone (`LeaseLost`). The store is split by concern, 
 - children.py: sub-agents' child runs, the parent's wait for them, cancels that cascade
 - agents.py: agent definitions, versioned, and their resolution for a new run
 - messages.py: messages posted to a running run, and their delivery as USER steps
+- webhooks.py: the webhook outbox (deliveries the run table's trigger writes) and its attempts
 - rows.py: the columns, the fence and the records rows become; gateway.py: the pool and query helpers
 """
 
@@ -24,8 +25,9 @@ from agentrun.worker.store.messages import Messages
 from agentrun.worker.store.reads import Reads
 from agentrun.worker.store.steps import StepWrites
 from agentrun.worker.store.submit import Submissions
+from agentrun.worker.store.webhooks import Webhooks
 
 
-class RunStore(Submissions, Reads, Claims, StepWrites, Decisions, Children, Agents, Messages):
+class RunStore(Submissions, Reads, Claims, StepWrites, Decisions, Children, Agents, Messages, Webhooks):
     """The run tables' one gateway. `writes` sends the fenced writes of held runs; by default they are
     group-committed (groupcommit.py)."""

@@ -103,6 +103,7 @@ class Submissions(Gateway):
             "agent": new.agent, "agent_version": new.agent_version,
             "sub_agents": list(new.sub_agents) if new.sub_agents is not None else None,
         })
+        params["webhook"] = Jsonb(new.webhook) if new.webhook is not None else None
         # The deadline counts from when the run becomes claimable: a run scheduled for tomorrow has its
         # whole timeout from tomorrow. A time already past means at once.
         async with self.pool.connection() as conn, conn.transaction():
@@ -117,12 +118,14 @@ class Submissions(Gateway):
                                          max_steps, timeout_seconds, deadline_at, idempotency_key,
                                          k8s_namespace, k8s_name, require_approval, output_schema,
                                          parent_run_id, forked_at_seq, created_by, traceparent, priority, run_at,
-                                         agent, agent_version, sub_agents)
+                                         agent, agent_version, sub_agents,
+                                         webhook)
                         SELECT %(id)s, %(input)s, %(model)s, %(system)s, %(tools)s, %(token_budget)s,
                                %(cost_budget_usd)s, %(max_steps)s, %(timeout_seconds)s,
                                at.run_at + make_interval(secs => %(timeout_seconds)s), %(key)s, %(ns)s, %(name)s,
                                %(approval)s, %(schema)s, %(parent)s, %(fork_seq)s, %(by)s, %(traceparent)s,
-                               %(priority)s, at.run_at, %(agent)s, %(agent_version)s, %(sub_agents)s
+                               %(priority)s, at.run_at, %(agent)s, %(agent_version)s, %(sub_agents)s,
+                               %(webhook)s
                         FROM at
                         ON CONFLICT DO NOTHING
                         RETURNING id)

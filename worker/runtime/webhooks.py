@@ -255,7 +255,7 @@ class WebhookSender:
             log.error("%s webhook %s run=%s given up after %d attempts: %s", self.worker_id, delivery.id,
                       delivery.run_id.hex[:8], delivery.attempts, outcome.error)
         else:
-            log.warning("%s webhook %s run=%s attempt %d failed (%s); again in %.0fs", self.worker_id, delivery.id,
+            log.warning("%s webhook %s run=%s attempt %d failed (%s); again in %.1fs", self.worker_id, delivery.id,
                         delivery.run_id.hex[:8], delivery.attempts, outcome.error, retry_in)
 
     async def _send(self, client: httpx.AsyncClient, delivery: Delivery) -> Outcome:

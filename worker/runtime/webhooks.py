@@ -181,8 +181,9 @@ class WebhookSender:
 
     @property
     def lease_seconds(self) -> float:
-        """How long a claimed attempt is this sender's: the timeout, resolution and recording, with margin."""
-        return self.settings.timeout * 2 + 10.0
+        """How long a claimed attempt is this sender's: resolution and the request (each cut at the timeout)
+        and recording it, with margin. A sender killed mid-attempt leaves the delivery due after this."""
+        return self.settings.timeout * 2 + 5.0
 
     async def run(self) -> None:
         listener = asyncio.create_task(self._listen(), name=f"{self.worker_id}-webhook-listen")
@@ -314,7 +315,11 @@ class WebhookSender:
         if literal_address(host) is not None:
             addresses = [host.strip("[]")]
         else:
-            addresses = await self.resolver(host, port)
+            try:
+                async with asyncio.timeout(self.settings.timeout):
+                    addresses = await self.resolver(host, port)
+            except TimeoutError:
+                raise OSError(f"{host} did not resolve within {self.settings.timeout:g}s") from None
             if not addresses:
                 raise OSError(f"{host} resolves to no address")
         if self.settings.allow.host(host):

@@ -27,8 +27,8 @@ from agentrun.worker.store import RunStore
 from agentrun.worker.store.retention import prune
 from tests.support.builders import new_run
 from tests.support.ports import free_port
-from tests.webhooks.receiver import SECRET, SECRETS_FILE, Received, Receiver, verify
 from tests.support.waiting import eventually
+from tests.webhooks.receiver import SECRET, SECRETS_FILE, Received, Receiver, verify
 
 
 @pytest.fixture

@@ -93,3 +93,17 @@ async def test_a_retry_with_another_webhook_is_not_the_same_request(client: http
                               headers=headers)
     assert (first.status_code, again.status_code, again.headers.get("Idempotent-Replayed")) == (201, 201, "true")
     assert other.status_code == 422, other.text
+
+
+async def test_an_agents_webhook_is_its_runs_unless_they_name_their_own(client: httpx.AsyncClient) -> None:
+    bad = await client.post("/api/agents", json={"name": "payer", "webhook": {**HOOK, "url": "http://10.0.0.1/"}})
+    assert bad.status_code == 422 and "webhook.url" in problems(bad), bad.text
+    r = await client.post("/api/agents", json={"name": "payer", "webhook": HOOK, "tokenBudget": 1000,
+                                               "timeoutSeconds": 60})
+    assert r.status_code == 201, r.text
+    assert (await client.get("/api/agents/payer")).json()["webhook"] == HOOK
+    same = (await client.post("/api/runs", json={"agent": "payer", "input": "x"})).json()["id"]
+    other = {**HOOK, "url": "https://mine.example.com/"}
+    own = (await client.post("/api/runs", json={"agent": "payer", "input": "x", "webhook": other})).json()["id"]
+    assert (await client.get(f"/api/runs/{same}")).json()["webhook"] == HOOK
+    assert (await client.get(f"/api/runs/{own}")).json()["webhook"] == other

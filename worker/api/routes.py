@@ -33,15 +33,14 @@ from agentrun.worker.api.schemas import (
     TimelineStep,
     WebhookDeliveryView,
 )
+from agentrun.worker.api.webhooks import WebhookCheck
 from agentrun.worker.core.agents import pinned
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import Decision, NewRun, PendingCall, Run, RunStatus, StepKind
 from agentrun.worker.core.submission import Defaults, Offer, Refusal, Refused, RunSpec, new_run
-from agentrun.worker.core.webhooks import Allow, WebhookProblem, check_webhook
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.obs.tracing.context import TRACEPARENT_PATTERN, checked_traceparent
-from agentrun.worker.runtime.webhooks import WebhookSecrets
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import DecideOutcome, RunStore
 from agentrun.worker.tools import ToolBox
@@ -125,18 +124,9 @@ class RunRoutes:
         # The API's policy: a new run names its budgets (no default spends tokens it was not given).
         self.defaults = Defaults(model=settings.default_model, token_budget=None, timeout_seconds=None)
         self.tools, self.prices, self.providers = tools, prices, providers
-        self.webhook_secrets = WebhookSecrets(settings.webhook_secrets_file)
-        self.webhook_allow = Allow.parse(settings.webhook_allow)
-
-    def check_webhook(self, spec: RunSpec) -> None:
-        """The request's own webhook: http(s), a host the URL policy allows, a configured secret; else 422
-        naming the field. An inherited one (an agent's, a source's) was checked when it was given."""
-        if spec.webhook is None:
-            return
-        try:
-            check_webhook(spec.webhook, self.webhook_secrets.names(), self.webhook_allow)
-        except WebhookProblem as e:
-            raise ApiError(422, str(e), [FieldProblem(field=e.field, problem=e.problem)]) from None
+        # The request's own webhook: http(s), a host the URL policy allows, a configured secret; else 422
+        # naming the field. An inherited one (an agent's, a source's) was checked when it was given.
+        self.check_webhook = WebhookCheck(settings)
 
     async def get_run(self, run_id: uuid.UUID) -> Run:
         run = await self.store.get(run_id)
@@ -195,7 +185,7 @@ class RunRoutes:
         key = _idempotency_key(idempotency_key)
         caller_span = _caller_span(traceparent, response)
         spec, source = body.spec(), await self.source(body)
-        self.check_webhook(spec)
+        self.check_webhook(spec.webhook)
 
         async def planned(spec: RunSpec) -> NewRun:
             new = await self.planned(spec, source)

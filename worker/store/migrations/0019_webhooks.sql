@@ -4,6 +4,8 @@
 -- Workers send them (runtime/webhooks.py) and record every attempt.
 
 ALTER TABLE run ADD COLUMN webhook JSONB;  -- {"url", "events": ["finished", "waiting"], "secretRef"}
+-- An agent's runs get its webhook unless their request names one.
+ALTER TABLE agent_version ADD COLUMN webhook JSONB;
 
 CREATE TABLE run_webhook (
     id          UUID PRIMARY KEY DEFAULT gen_random_uuid(),  -- the `webhook-id`, the same on every retry

@@ -10,6 +10,8 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from agentrun.worker.core.errors import WebhookProblem as WebhookProblem
+
 EVENTS = ("finished", "waiting")
 """`finished`: the run reached SUCCEEDED, FAILED, CANCELLED or TIMED_OUT; `waiting`: it parked WAITING."""
 MAX_URL_CHARS = 2048
@@ -33,14 +35,6 @@ REFUSED_NETWORKS: tuple[IpNetwork, ...] = tuple(ipaddress.ip_network(n) for n in
 ))
 """Where a webhook may not go unless AGENTRUN_WEBHOOK_ALLOW names it: the worker's own host, its cluster
 and cloud's internal networks and the metadata service. IPv4-mapped IPv6 addresses are judged as IPv4."""
-
-
-class WebhookProblem(ValueError):
-    """A `webhook` that cannot be accepted; `field` names the part (`webhook.url`, ...)."""
-
-    def __init__(self, field: str, problem: str) -> None:
-        super().__init__(f"{field}: {problem}")
-        self.field, self.problem = field, problem
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,6 +27,8 @@ from standardwebhooks import Webhook
 
 from agentrun.worker.core.records import Run
 from agentrun.worker.core.webhooks import Allow, Backoff, Delivery, address_problem, literal_address, parse_url
+from agentrun.worker.runtime.errors import SecretsFileError as SecretsFileError
+from agentrun.worker.runtime.errors import WebhookRefused
 from agentrun.worker.store import RunStore, channels
 from agentrun.worker.store.channels import WEBHOOK_CHANNEL
 
@@ -36,10 +38,6 @@ SECRET_PREFIX = "whsec_"
 MAX_ERROR_CHARS = 500
 BATCH = 16
 """Deliveries one claim takes, and so sent at once by one worker."""
-
-
-class SecretsFileError(ValueError):
-    pass
 
 
 def parse_secrets(text: str, source: str) -> dict[str, str]:
@@ -144,11 +142,6 @@ async def resolve(host: str, port: int) -> list[str]:
     """The addresses `host` resolves to (the system resolver)."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
-
-
-class Refused(Exception):
-    """The URL policy refuses the target (after resolution): a failed attempt, retried like any other (the
-    name may resolve elsewhere later), with the reason as its error."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,7 +269,7 @@ class WebhookSender:
         try:
             target = parse_url(delivery.url, self.settings.allow)
             address = await self._address(target.host, target.port)
-        except (Refused, ValueError) as e:
+        except (WebhookRefused, ValueError) as e:
             return done("refused", str(e))
         except OSError as e:
             return done("connect_error", f"cannot resolve {delivery.url}: {e}")
@@ -327,7 +320,7 @@ class WebhookSender:
         for a in addresses:
             ip = literal_address(a)
             if ip is None:
-                raise Refused(f"{host} resolved to {a!r}, not an address")
+                raise WebhookRefused(f"{host} resolved to {a!r}, not an address")
             if (why := address_problem(ip, self.settings.allow)) is not None:
-                raise Refused(f"{host} resolves to {why}")
+                raise WebhookRefused(f"{host} resolves to {why}")
         return addresses[0]

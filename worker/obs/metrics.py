@@ -49,6 +49,9 @@ METRIC_NAMES: tuple[str, ...] = (
     "agentrun_model_limit",
     "agentrun_writes_total",
     "agentrun_write_batches_total",
+    # Completion webhooks (README "Completion webhooks").
+    "agentrun_webhook_deliveries_total",
+    "agentrun_webhook_failures_total",
 )
 
 # Model steps take seconds and tools anything from milliseconds to minutes.
@@ -154,14 +157,12 @@ class Metrics(NoObserver):
         for table in ("run", "run_step", "run_lease", "run_decision"):  # seen before the first prune
             self.pruned_rows.labels(table)
         # Completion webhooks: every attempt by its outcome (delivered, http_error, redirect, timeout,
-        # refused, connect_error, no_secret, no_run), and the deliveries given up (agentrun_webhook_failures).
+        # refused, connect_error, no_secret, no_run), and the failed ones among them.
         self.webhook_deliveries = Counter(
             "agentrun_webhook_deliveries", "Webhook delivery attempts, by outcome", ["outcome"], registry=r)
         self.webhook_failures = Counter(
             "agentrun_webhook_failures", "Webhook delivery attempts that failed (any outcome but delivered)",
             registry=r)
-        self.webhook_given_up = Counter(
-            "agentrun_webhook_given_up", "Webhook deliveries given up after the give-up time", registry=r)
         self.limit_waits = Counter(
             "agentrun_model_limit_waits", "Model calls that waited for a fleet-wide limit", ["model"], registry=r
         )
@@ -245,8 +246,6 @@ class Metrics(NoObserver):
         self.webhook_deliveries.labels(outcome).inc()
         if outcome != "delivered":
             self.webhook_failures.inc()
-        if given_up:
-            self.webhook_given_up.inc()
 
     def limit_waited(self, model: str, seconds: float) -> None:
         self.limit_waits.labels(model).inc()

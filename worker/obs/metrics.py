@@ -54,6 +54,10 @@ METRIC_NAMES: tuple[str, ...] = (
     "agentrun_webhook_failures_total",
 )
 
+WEBHOOK_OUTCOMES = ("delivered", "http_error", "redirect", "timeout", "refused", "connect_error", "no_secret",
+                    "no_run")
+"""The `outcome` of agentrun_webhook_deliveries_total (runtime/webhooks.py `Outcome.kind`)."""
+
 # Model steps take seconds and tools anything from milliseconds to minutes.
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 
@@ -163,6 +167,8 @@ class Metrics(NoObserver):
         self.webhook_failures = Counter(
             "agentrun_webhook_failures", "Webhook delivery attempts that failed (any outcome but delivered)",
             registry=r)
+        for outcome in WEBHOOK_OUTCOMES:  # each series there from the start, so a rate sees the first attempt
+            self.webhook_deliveries.labels(outcome)
         self.limit_waits = Counter(
             "agentrun_model_limit_waits", "Model calls that waited for a fleet-wide limit", ["model"], registry=r
         )

@@ -81,6 +81,11 @@ WORKER_ENV = (
     "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT (record prompts and outputs in spans, default false); "
     "AGENTRUN_RETENTION_DAYS, AGENTRUN_RETENTION_INTERVAL_SECONDS (pruning, default every 600 s); "
     "AGENTRUN_MODEL_LIMITS (YAML or JSON file of fleet-wide model limits); "
+    "AGENTRUN_WEBHOOK_SECRETS (YAML/JSON file of webhook signing secrets, whsec_<base64>, re-read on change); "
+    "AGENTRUN_WEBHOOK_ALLOW (hosts/CIDRs webhooks may reach though private, loopback or metadata); "
+    "AGENTRUN_WEBHOOK_TIMEOUT_SECONDS (default 10); AGENTRUN_WEBHOOK_BACKOFF (first retry waits, default 5,10,30); "
+    "AGENTRUN_WEBHOOK_BACKOFF_MAX_SECONDS (default 3600); AGENTRUN_WEBHOOK_GIVE_UP_SECONDS (default 86400); "
+    "AGENTRUN_WEBHOOK_POLL_SECONDS (default 5); "
     "AGENTRUN_DATABASE_RETRY_MAX_SECONDS (longest wait between attempts to reach the database, default 5)."
 )
 """The environment of `agentrun worker`, as its --help lists it."""

@@ -308,7 +308,7 @@ def _cost_budget(spec: Mapping[str, Any]) -> Decimal | None:
 # -- Agent ----------------------------------------------------------------------------------------
 
 AGENT_FIELDS = ("system", "model", "tools", "requireApproval", "outputSchema", "maxSteps", "tokenBudget",
-                "costBudgetUsd", "timeoutSeconds")
+                "costBudgetUsd", "timeoutSeconds", "webhook")
 """The fields an Agent's spec shares with an AgentRun's: checked by the same code, as a run of it would be."""
 
 
@@ -328,7 +328,7 @@ def agent_definition(
         name=name, version=0, description=description, system=shared.system, model=shared.model,
         tools=shared.tools, require_approval=shared.require_approval, output_schema=shared.output_schema,
         max_steps=shared.max_steps, token_budget=shared.token_budget, cost_budget_usd=shared.cost_budget_usd,
-        timeout_seconds=shared.timeout_seconds, sub_agents=_sub_agents(spec),
+        timeout_seconds=shared.timeout_seconds, sub_agents=_sub_agents(spec), webhook=shared.webhook,
     )
     try:
         check_definition(agent, _offer(known_tools, prices))  # as POST /api/agents checks it

@@ -1,4 +1,4 @@
-"""AgentRun.spec.webhook: the CRD's schema refuses what is not a webhook, the operator maps it onto the run
+"""AgentRun.spec.webhook (and Agent.spec.webhook): the CRD's schema refuses what is not a webhook, the operator maps it onto the run
 (under the URL policy the REST API applies), and it stays as created."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import pytest
 
 from agentrun.worker.store import RunStore
 from tests.support.cluster import NAMESPACE, PATH, Cluster, assert_invalid, run_row, uid_of
+from tests.support.waiting import eventually
 
 HOOK = {"url": "https://hooks.example.com/agentrun", "events": ["finished", "waiting"], "secretRef": "hooks"}
 
@@ -48,3 +49,16 @@ async def test_spec_webhook_is_immutable(cluster: Cluster) -> None:
     r = await cluster.http.patch(f"{PATH}/fixed", json={"spec": {"webhook": {**HOOK, "url": "https://x.example/"}}},
                                  headers={"Content-Type": "application/merge-patch+json"})
     assert_invalid(r, "webhook is immutable")
+
+
+@pytest.mark.usefixtures("operator")
+async def test_an_agents_spec_webhook_is_its_runs(cluster: Cluster, store: RunStore) -> None:
+    await cluster.create_agent("notifier", webhook=HOOK, tokenBudget=1000)
+
+    async def stored() -> bool:
+        agent = await store.agent("notifier")
+        return agent is not None and agent.webhook == HOOK
+
+    await eventually(stored, 60, "the agent stored with its webhook")
+    obj = await cluster.create("of-agent", agentRef={"name": "notifier"}, input="x")
+    assert (await run_row(store, obj)).webhook == HOOK

@@ -243,3 +243,24 @@ async def test_an_unknown_secret_is_a_failed_attempt_with_the_reason(store: RunS
         await eventually(tried, 20, "an attempt")
     [d] = await store.webhooks_of(run.id)
     assert "no webhook secret named 'gone'" in (d.history[0].error or "")
+
+
+async def test_a_delivery_past_its_give_up_time_ends_failed_and_is_not_tried_again(
+    store: RunStore, secrets_file: Path
+) -> None:
+    async def fail(_: Received) -> web.StreamResponse:
+        return web.Response(status=500)
+
+    async with Receiver(free_port(), fail) as receiver:
+        run, _ = await store.create(new_run(webhook=hook(receiver.url)))
+        await store.cancel(run.id)
+        async with running(sender_of(store, secrets_file, webhook_give_up=1.5)):
+            async def given_up() -> bool:
+                return [d.state for d in await store.webhooks_of(run.id)] == ["FAILED"]
+            await eventually(given_up, 30, "the delivery to be given up")
+            sent = len(receiver.received)
+            [d] = await store.webhooks_of(run.id)
+        # Never claimed again: nothing is pending, and a claim finds nothing.
+        assert await store.next_webhook_in() is None and await store.claim_webhooks("w", 30, 10) == []
+    assert d.done_at is not None and d.last_error == "answered 500"
+    assert all(a.status_code == 500 for a in d.history) and len(d.history) == sent >= 2

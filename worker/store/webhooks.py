@@ -70,8 +70,9 @@ class Webhooks(Gateway):
     async def next_webhook_in(self) -> float | None:
         """Seconds until the next pending delivery is due (0 if one is), or None if none is pending."""
         row = await self._one(
-            "SELECT greatest(0, extract(epoch FROM min(next_at) - now()))::float8 AS due FROM run_webhook "
-            "WHERE state = 'PENDING'", ())
+            # greatest() skips NULLs: the CASE keeps "none pending" NULL rather than 0 (due now).
+            "SELECT CASE WHEN min(next_at) IS NOT NULL THEN greatest(0, extract(epoch FROM min(next_at) - now())) "
+            "END::float8 AS due FROM run_webhook WHERE state = 'PENDING'", ())
         return row["due"] if row and row["due"] is not None else None
 
     async def webhooks_of(self, run_id: uuid.UUID) -> list[Delivery]:

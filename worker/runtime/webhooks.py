@@ -189,7 +189,14 @@ class WebhookSender:
                     try:
                         claimed = await self.store.claim_webhooks(self.worker_id, self.lease_seconds, BATCH)
                         if claimed:
-                            await asyncio.gather(*(self._attempt(client, d) for d in claimed))
+                            # Each attempt to its end, whatever another does: one that fails here (the
+                            # database went away mid-attempt) is sent again after its lease.
+                            results = await asyncio.gather(*(self._attempt(client, d) for d in claimed),
+                                                           return_exceptions=True)
+                            for d, result in zip(claimed, results, strict=True):
+                                if isinstance(result, Exception):
+                                    log.warning("%s webhook %s: attempt failed here (%s); sent again after its "
+                                                "lease", self.worker_id, d.id, str(result) or type(result).__name__)
                             continue
                         due = await self.store.next_webhook_in()
                         if due is not None:

@@ -152,12 +152,17 @@ class ForkFrom(_Camel):
     seq: Whole = Field(ge=1, le=MAX_SEQ, description="How many of its steps the fork starts with (1..its steps).")
 
 
+WEBHOOK_URL = r"^[hH][tT][tT][pP][sS]?://([^\s/?#@\[\]:]+|\[[0-9a-fA-F:.]+\])(:[0-9]{1,5})?([/?#][^\s]*)?$"
+"""The URL's form as the document states it; which hosts it may name is the server's URL policy."""
+
+
 class WebhookRequest(_Camel):
     """Where to tell of the run's status changes (README "Completion webhooks")."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    url: Annotated[str, Field(min_length=1, max_length=MAX_URL_CHARS, description="An http or https URL. Loopback, "
+    url: Annotated[str, Field(min_length=1, max_length=MAX_URL_CHARS, pattern=WEBHOOK_URL,
+                              description="An http or https URL. Loopback, "
                               "private, link-local, CGNAT, multicast and metadata addresses are refused (at "
                               "submission for a literal address, at each attempt after resolving a name) unless "
                               "the server's AGENTRUN_WEBHOOK_ALLOW names them.")]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import re
 import uuid
 from collections.abc import Collection, Mapping, Sequence
@@ -21,6 +22,7 @@ from agentrun.worker.core.records import NewRun, PendingCall, Run, RunStatus
 from agentrun.worker.core.submission import Defaults, Offer, Refused, RunSpec
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.core.waits import BUILTIN_WAITS
+from agentrun.worker.core.webhooks import Allow, check_webhook
 from agentrun.worker.obs.tracing.context import TRACEPARENT_ANNOTATION, checked_traceparent
 
 GROUP = "agentrun.dev"
@@ -169,8 +171,23 @@ def run_spec(spec: Mapping[str, Any], source: Run | None) -> RunSpec:
         max_steps=_positive_int(spec, "maxSteps", INT_MAX),
         tools=tools, cost_budget_usd=_cost_budget(spec), require_approval=approval,
         output_schema=dict(schema) if isinstance(schema, Mapping) else schema,
-        agent=agent_ref(spec), **_lineage(spec, source), **_schedule(spec),
+        agent=agent_ref(spec), **_lineage(spec, source), **_schedule(spec), webhook=_webhook(spec),
     )
+
+
+def _webhook(spec: Mapping[str, Any]) -> dict[str, Any] | None:
+    """spec.webhook as the run stores it, under the URL policy the REST API applies (AGENTRUN_WEBHOOK_ALLOW
+    of the operator's environment). Whether its secretRef is configured is the workers' to say: a delivery
+    whose secret they lack is a failed attempt naming it (GET /api/runs/{id}/webhooks)."""
+    value = spec.get("webhook")
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise InvalidSpec("spec.webhook must be an object {url, events, secretRef}")
+    try:
+        return check_webhook(dict(value), None, Allow.parse(os.environ.get("AGENTRUN_WEBHOOK_ALLOW", "")))
+    except ValueError as e:  # WebhookProblem names the field
+        raise InvalidSpec(f"spec.{e}") from None
 
 
 def refusal_message(e: Refused, known_tools: Collection[str] | None = None) -> str:
@@ -293,7 +310,7 @@ def _cost_budget(spec: Mapping[str, Any]) -> Decimal | None:
 # -- Agent ----------------------------------------------------------------------------------------
 
 AGENT_FIELDS = ("system", "model", "tools", "requireApproval", "outputSchema", "maxSteps", "tokenBudget",
-                "costBudgetUsd", "timeoutSeconds")
+                "costBudgetUsd", "timeoutSeconds", "webhook")
 """The fields an Agent's spec shares with an AgentRun's: checked by the same code, as a run of it would be."""
 
 
@@ -313,7 +330,7 @@ def agent_definition(
         name=name, version=0, description=description, system=shared.system, model=shared.model,
         tools=shared.tools, require_approval=shared.require_approval, output_schema=shared.output_schema,
         max_steps=shared.max_steps, token_budget=shared.token_budget, cost_budget_usd=shared.cost_budget_usd,
-        timeout_seconds=shared.timeout_seconds, sub_agents=_sub_agents(spec),
+        timeout_seconds=shared.timeout_seconds, sub_agents=_sub_agents(spec), webhook=shared.webhook,
     )
     try:
         check_definition(agent, _offer(known_tools, prices))  # as POST /api/agents checks it

@@ -30,11 +30,13 @@ if TYPE_CHECKING:
     from psycopg_pool import AsyncConnectionPool
 
     from agentrun.worker.api.server import AppSlot, HttpServer
+    from agentrun.worker.core.records import Run
     from agentrun.worker.core.types import LlmClient
     from agentrun.worker.llm.limits import Limiter
     from agentrun.worker.llm.providers import Providers
     from agentrun.worker.obs.tracing.spans import RunTracer
     from agentrun.worker.runtime.runner import Worker
+    from agentrun.worker.runtime.webhooks import WebhookSender
     from agentrun.worker.settings import WorkerSettings
     from agentrun.worker.store import RunStore
     from agentrun.worker.store.pool import Readiness
@@ -147,6 +149,27 @@ def price_table(settings: WorkerSettings) -> PriceTable:
         return PriceTable.load(settings.prices_file)
     except (OSError, ValueError) as e:
         raise SystemExit(f"agentrun: cannot read the price table (AGENTRUN_PRICES_FILE): {e}") from None
+
+
+def webhook_sender(settings: WorkerSettings, store: RunStore, metrics: Metrics) -> WebhookSender:
+    """The completion webhooks' sender of this worker: its secrets file, URL policy, backoff, and the run
+    JSON of `GET /api/runs/{id}` as the body."""
+    import orjson
+
+    from agentrun.worker.api.schemas import RunView
+    from agentrun.worker.core.webhooks import Allow, Backoff
+    from agentrun.worker.runtime.webhooks import SenderSettings, WebhookSecrets, WebhookSender
+
+    def render(run: Run) -> bytes:
+        return orjson.dumps(RunView.of(run).model_dump(mode="json", by_alias=True))
+
+    sender_settings = SenderSettings(
+        timeout=settings.webhook_timeout,
+        backoff=Backoff(settings.webhook_backoff, settings.webhook_backoff_max, settings.webhook_give_up),
+        allow=Allow.parse(settings.webhook_allow), poll_interval=settings.webhook_poll_interval,
+    )
+    return WebhookSender(store, settings.worker_id, WebhookSecrets(settings.webhook_secrets_file), render,
+                         sender_settings, on_outcome=metrics.webhook_attempted)
 
 
 def identities_of(settings: WorkerSettings) -> Identities:
@@ -294,7 +317,7 @@ class Serving:
 
         await self.parts.mcp.settled(MCP_FIRST_CONNECT_WAIT)
         return Worker(self.settings, store, self.parts.llm, self.parts.tools, self.parts.prices,
-                      observer=self.parts.observer)
+                      observer=self.parts.observer, webhooks=webhook_sender(self.settings, store, self.parts.metrics))
 
     def api(self, store: RunStore) -> FastAPI:
         from agentrun.worker.api.app import create_app

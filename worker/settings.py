@@ -144,6 +144,35 @@ class WorkerSettings:
     """Longest wait, in seconds, between two attempts to reach an unusable database at start
     (AGENTRUN_DATABASE_RETRY_MAX_SECONDS; the waits double from a quarter second up to it)."""
 
+    # -- completion webhooks (README "Completion webhooks") --
+    webhook_secrets_file: str | None = None
+    """YAML or JSON file `{"secrets": [{"name", "secret"}]}` of the secrets webhooks are signed with
+    (AGENTRUN_WEBHOOK_SECRETS), `whsec_<base64>`; re-read when it changes. None: no secrets, so a request
+    naming a webhook is refused (every webhook names its `secretRef`)."""
+
+    webhook_allow: str = ""
+    """Comma-separated hosts, addresses and CIDR ranges a webhook may reach though they are loopback, private,
+    link-local, CGNAT, multicast or metadata addresses (AGENTRUN_WEBHOOK_ALLOW). Empty: none of those."""
+
+    webhook_timeout: float = 10.0
+    """Seconds a receiver has to answer one attempt (AGENTRUN_WEBHOOK_TIMEOUT_SECONDS); a slower one is
+    cut off, and the attempt counts as failed and is retried."""
+
+    webhook_backoff: tuple[float, ...] = (5.0, 10.0, 30.0)
+    """Waits after the first failed attempts, in seconds (AGENTRUN_WEBHOOK_BACKOFF, comma-separated); after
+    them each wait doubles up to `webhook_backoff_max`. Jittered by ±20%."""
+
+    webhook_backoff_max: float = 3600.0
+    """Longest wait between two attempts (AGENTRUN_WEBHOOK_BACKOFF_MAX_SECONDS): an hour."""
+
+    webhook_give_up: float = 24 * 3600.0
+    """Seconds after the status change past which a delivery is not tried again and ends FAILED
+    (AGENTRUN_WEBHOOK_GIVE_UP_SECONDS): a day, long enough to outlast a receiver's outage."""
+
+    webhook_poll_interval: float = 5.0
+    """Seconds between looks at the outbox while idle: the safety net under its notifications
+    (AGENTRUN_WEBHOOK_POLL_SECONDS)."""
+
     pool_size: int = 10
     """Database connections. Steps hold a connection only while they write, so a few serve many runs."""
 

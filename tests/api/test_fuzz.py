@@ -229,6 +229,10 @@ def _state_conflict(response: Any) -> bool:
     if response.status_code != 422:
         return False
     fields = {(f["field"], f["problem"]) for f in response.json().get("fields", [])}
+    # A webhook's host under the URL policy (AGENTRUN_WEBHOOK_ALLOW) and its secretRef among the configured
+    # secrets (AGENTRUN_WEBHOOK_SECRETS) are the server's configuration, as the price table is.
+    if fields and all(name in ("webhook.url", "webhook.secretRef") for name, _ in fields):
+        return True
     sent = response.request.body or b""
     agent_given = b'"agent"' in (sent.encode() if isinstance(sent, str) else sent)
     return bool(fields) and all(

@@ -345,7 +345,7 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
     props = doc["components"]["schemas"]["RunRequest"]["properties"]
     assert {"input", "model", "tokenBudget", "timeoutSeconds", "maxSteps", "tools", "system", "costBudgetUsd",
             "requireApproval", "continueFrom", "forkFrom", "outputSchema", "priority", "runAt", "delaySeconds",
-            "agent", "subAgents"} == set(props)
+            "agent", "subAgents", "webhook"} == set(props)
     assert "next" in doc["paths"]["/api/runs"]["get"]["description"]
 
 

@@ -67,15 +67,17 @@ async def test_prune_deletes_old_finished_runs_only(store: RunStore, db: psycopg
     assert (await cur.fetchone())[0] == 4  # type: ignore[index]  # lease history exists for the old runs
 
     dry = await retention.prune(db, 30 * DAY, dry_run=True)
-    assert dry.rows == {"run_step": 12, "run_lease": 4, "run_decision": 0, "run_message": 0, "run": 4}
+    assert dry.rows == {"run_step": 12, "run_lease": 4, "run_decision": 0, "run_message": 0, "run_webhook_attempt": 0, "run_webhook": 0,
+                         "run": 4}
     assert await _ids(db) == {*old, *kept}  # a dry run deletes nothing
 
     done = await retention.prune(db, 30 * DAY, batch_size=3)
-    assert done.rows == {"run_step": 12, "run_lease": 4, "run_decision": 0, "run_message": 0, "run": 4}
+    assert done.rows == {"run_step": 12, "run_lease": 4, "run_decision": 0, "run_message": 0, "run_webhook_attempt": 0, "run_webhook": 0,
+                         "run": 4}
     assert await _ids(db) == kept
     assert await _orphans(db) == 0
     assert (await retention.prune(db, 30 * DAY)).runs == 0
-    assert "deleted 0 run_step, 0 run_lease, 0 run_decision, 0 run_message, 0 run" == (await retention.prune(db, 30 * DAY)).describe()
+    assert "deleted 0 run_step, 0 run_lease, 0 run_decision, 0 run_message, 0 run_webhook_attempt, 0 run_webhook, 0 run" == (await retention.prune(db, 30 * DAY)).describe()
 
 
 async def test_prune_batches_report_each_batch(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
@@ -142,9 +144,9 @@ async def test_cli_prune(store: RunStore, db: psycopg.AsyncConnection[Any], data
 
     out = await asyncio.to_thread(cli, "--older-than", "30d", "--dry-run")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "would delete 3 run_step, 1 run_lease, 0 run_decision, 0 run_message, 1 run"
+    assert out.stdout.strip() == "would delete 3 run_step, 1 run_lease, 0 run_decision, 0 run_message, 0 run_webhook_attempt, 0 run_webhook, 1 run"
     out = await asyncio.to_thread(cli, "--older-than", "30d", "--batch-size", "1")
-    assert out.returncode == 0 and out.stdout.strip() == "deleted 3 run_step, 1 run_lease, 0 run_decision, 0 run_message, 1 run", out.stderr
+    assert out.returncode == 0 and out.stdout.strip() == "deleted 3 run_step, 1 run_lease, 0 run_decision, 0 run_message, 0 run_webhook_attempt, 0 run_webhook, 1 run", out.stderr
     assert len(await _ids(db)) == 1
     bad = await asyncio.to_thread(cli, "--older-than", "soon")
     assert bad.returncode == 2 and "not a duration" in bad.stderr
@@ -197,6 +199,7 @@ async def test_decisions_are_pruned_with_their_runs(store: RunStore, db: psycopg
     for run_id in (old, waiting):
         await db.execute("INSERT INTO run_decision (run_id, tool_use_id, kind, tool_name) VALUES (%s, 'toolu_1', 'approval', 't')", (run_id,))
     assert (await retention.prune(db, 30 * DAY, dry_run=True)).rows["run_decision"] == 1
-    assert (await retention.prune(db, 30 * DAY)).rows == {"run_step": 1, "run_lease": 1, "run_decision": 1, "run_message": 0, "run": 1}
+    assert (await retention.prune(db, 30 * DAY)).rows == {"run_step": 1, "run_lease": 1, "run_decision": 1, "run_message": 0,
+                                                         "run_webhook_attempt": 0, "run_webhook": 0, "run": 1}
     cur = await db.execute("SELECT run_id FROM run_decision")
     assert [r[0] for r in await cur.fetchall()] == [waiting]

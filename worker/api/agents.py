@@ -26,9 +26,11 @@ from agentrun.worker.api.schemas import (
     JsonObject,
     Name,
     Text,
+    WebhookRequest,
     Whole,
     _Camel,
 )
+from agentrun.worker.api.webhooks import WebhookCheck
 from agentrun.worker.core.agents import AGENT_NAME, MAX_VERSION, Agent, check_definition, name_problem
 from agentrun.worker.core.errors import Refused
 from agentrun.worker.core.pricing import PriceTable
@@ -76,6 +78,8 @@ class AgentRequest(_Camel):
     sub_agents: list[AgentRef] | None = Field(
         None, max_length=MAX_SUB_AGENTS, description="Agents its runs may hand work to: `name` (the latest "
         "version when a run is submitted, then pinned) or `name@N`. Each must exist; not the agent itself.")
+    webhook: WebhookRequest | None = Field(None, description="Its runs' webhook (README \"Completion webhooks\") "
+                                           "unless their request names one.")
 
     def agent(self) -> Agent:
         cost = (Decimal(str(self.cost_budget_usd)).quantize(MIN_COST_BUDGET_USD, rounding=ROUND_HALF_UP)
@@ -86,6 +90,7 @@ class AgentRequest(_Camel):
             output_schema=self.output_schema, max_steps=self.max_steps, token_budget=self.token_budget,
             cost_budget_usd=cost, timeout_seconds=self.timeout_seconds,
             sub_agents=tuple(dict.fromkeys(self.sub_agents)) if self.sub_agents is not None else None,
+            webhook=self.webhook.as_stored() if self.webhook is not None else None,
         )
 
 
@@ -114,6 +119,7 @@ class AgentView(_Camel):
     cost_budget_usd: float | None
     timeout_seconds: int | None
     sub_agents: list[str] | None = Field(description="As defined: `name` or `name@N`.")
+    webhook: dict[str, Any] | None = Field(None, description="Its runs' webhook: `{url, events, secretRef}`.")
     created_at: datetime.datetime | None = Field(description="When this version was made.")
     created_by: str | None = Field(description="Who made this version, named as a run's `createdBy`.")
 
@@ -124,7 +130,8 @@ class AgentView(_Camel):
             tools=_list(a.tools), require_approval=_list(a.require_approval), output_schema=a.output_schema,
             max_steps=a.max_steps, token_budget=a.token_budget,
             cost_budget_usd=float(a.cost_budget_usd) if a.cost_budget_usd is not None else None,
-            timeout_seconds=a.timeout_seconds, sub_agents=_list(a.sub_agents), created_at=a.created_at,
+            timeout_seconds=a.timeout_seconds, sub_agents=_list(a.sub_agents), webhook=a.webhook,
+            created_at=a.created_at,
             created_by=a.created_by,
         )
 
@@ -144,8 +151,10 @@ def _no_agent(name: str, version: int | None = None) -> ApiError:
 class AgentRoutes:
     """The /api/agents handlers over the store; `agents_router` mounts them."""
 
-    def __init__(self, store: RunStore, tools: ToolBox, prices: PriceTable, providers: Providers) -> None:
+    def __init__(self, store: RunStore, tools: ToolBox, prices: PriceTable, providers: Providers,
+                 check_webhook: WebhookCheck | None = None) -> None:
         self.store = store
+        self.check_webhook = check_webhook
         self.offer = Offer(has_tool=lambda name: tools.get(name) is not None, tool_names=tools.names,
                            prices=prices, model_problem=providers.problem)
 
@@ -155,6 +164,8 @@ class AgentRoutes:
         pinned to. Putting a deleted agent's name undeletes it. Scope: `submit`; the version records who
         as `createdBy`."""
         agent = body.agent()
+        if self.check_webhook is not None:
+            self.check_webhook(agent.webhook)
         try:
             check_definition(agent, self.offer)
             await self.store.resolve_sub_agents(agent.sub_agents or ())  # each must exist (404 naming it)
@@ -218,8 +229,9 @@ READ_ERRORS: Responses = {404: {"model": ErrorBody, "description": "No such agen
 
 def agents_router(
     store: RunStore, tools: ToolBox, prices: PriceTable, identities: Identities, providers: Providers | None = None,
+    check_webhook: WebhookCheck | None = None,
 ) -> APIRouter:
-    routes = AgentRoutes(store, tools, prices, providers or Providers())
+    routes = AgentRoutes(store, tools, prices, providers or Providers(), check_webhook)
     secured = identities.enabled
     errors = {code: spec for code, spec in ERRORS.items() if code != 404 and (secured or code not in (401, 403))}
     router = APIRouter(prefix="/api/agents", tags=["agents"], route_class=OrjsonRoute, responses=errors)

@@ -21,6 +21,7 @@ from agentrun.worker.api.schedules import schedules_router
 from agentrun.worker.api.schemas import NOT_NULL, REQUIRED_FIELDS
 from agentrun.worker.api.signals import signals_router
 from agentrun.worker.api.tools import tools_router
+from agentrun.worker.api.webhooks import WebhookCheck
 from agentrun.worker.api.whoami import whoami_router
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.llm.providers import Providers
@@ -64,7 +65,7 @@ def create_app(
     prices = prices if prices is not None else PriceTable.load(settings.prices_file)
     app.include_router(runs_router(store, tools, settings, prices, identities, metrics, providers))
     app.include_router(whoami_router(identities.enabled))
-    app.include_router(agents_router(store, tools, prices, identities, providers))
+    app.include_router(agents_router(store, tools, prices, identities, providers, WebhookCheck(settings)))
     app.include_router(tools_router(tools, identities.enabled))
     app.include_router(schedules_router(store, tools, settings, prices, identities, metrics, providers))
     app.state.events = EventHub(store)

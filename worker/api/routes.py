@@ -31,7 +31,9 @@ from agentrun.worker.api.schemas import (
     RunView,
     StepDetail,
     TimelineStep,
+    WebhookDeliveryView,
 )
+from agentrun.worker.api.webhooks import WebhookCheck
 from agentrun.worker.core.agents import pinned
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import Decision, NewRun, PendingCall, Run, RunStatus, StepKind
@@ -89,9 +91,11 @@ def _not_found(run_id: uuid.UUID) -> ApiError:
 def _same_request(run: Run, new: NewRun) -> bool:
     # The identity too: another identity reusing a key is not retrying, and must not be handed the run.
     return (run.input, run.model, run.token_budget, run.timeout_seconds, run.max_steps, run.tools, run.system,
-            run.cost_budget_usd, run.created_by, run.priority, run.agent, run.agent_version, run.sub_agents) == (
+            run.cost_budget_usd, run.created_by, run.priority, run.agent, run.agent_version, run.sub_agents,
+            run.webhook) == (
                 new.input, new.model, new.token_budget, new.timeout_seconds, new.max_steps, new.tools, new.system,
-                new.cost_budget_usd, new.created_by, new.priority, new.agent, new.agent_version, new.sub_agents)
+                new.cost_budget_usd, new.created_by, new.priority, new.agent, new.agent_version, new.sub_agents,
+                new.webhook)
 
 
 def _traceparent_schema(schema: dict[str, Any]) -> None:
@@ -120,6 +124,9 @@ class RunRoutes:
         # The API's policy: a new run names its budgets (no default spends tokens it was not given).
         self.defaults = Defaults(model=settings.default_model, token_budget=None, timeout_seconds=None)
         self.tools, self.prices, self.providers = tools, prices, providers
+        # The request's own webhook: http(s), a host the URL policy allows, a configured secret; else 422
+        # naming the field. An inherited one (an agent's, a source's) was checked when it was given.
+        self.check_webhook = WebhookCheck(settings)
 
     async def get_run(self, run_id: uuid.UUID) -> Run:
         run = await self.store.get(run_id)
@@ -178,6 +185,7 @@ class RunRoutes:
         key = _idempotency_key(idempotency_key)
         caller_span = _caller_span(traceparent, response)
         spec, source = body.spec(), await self.source(body)
+        self.check_webhook(spec.webhook)
 
         async def planned(spec: RunSpec) -> NewRun:
             new = await self.planned(spec, source)
@@ -250,6 +258,12 @@ class RunRoutes:
         # Calls that wait for a person and have no step yet (approvals not given) follow the steps.
         rows.extend(TimelineStep.waiting(c[-1], c) for c in by_call.values())
         return rows
+
+    async def webhooks(self, run_id: RunId) -> list[WebhookDeliveryView]:
+        """The run's webhook deliveries, oldest first, each with every attempt (status code, latency, error)
+        and its state: PENDING (retried with backoff), DELIVERED, or FAILED (given up). Scope: `read`."""
+        await self.get_run(run_id)
+        return [WebhookDeliveryView.of(d) for d in await self.store.webhooks_of(run_id)]
 
     async def pending(self, run_id: RunId) -> list[PendingView]:
         """The tool calls waiting for a person's decision, oldest first (empty when none); for a run that
@@ -442,6 +456,7 @@ def runs_router(
     router.get("/{id}/timeline", response_model=list[TimelineStep], **read)(routes.timeline)
     router.get("/{id}/children", response_model=list[RunView], **read)(routes.children)
     router.get("/{id}/pending", response_model=list[PendingView], **read)(routes.pending)
+    router.get("/{id}/webhooks", response_model=list[WebhookDeliveryView], **read)(routes.webhooks)
     router.post("/{id}/pending/{toolUseId}", response_model=RunView, **access(Scope.DECIDE, secured),
                 responses=DECIDE_ERRORS)(routes.decide)
     router.get("/{id}/steps/{seq}", response_model=StepDetail, **read)(routes.step)

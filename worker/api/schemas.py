@@ -29,6 +29,7 @@ from agentrun.worker.core.records import (
 )
 from agentrun.worker.core.submission import DEFAULT_MAX_STEPS, RunSpec
 from agentrun.worker.core.text import unstorable
+from agentrun.worker.core.webhooks import MAX_URL_CHARS, Delivery
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -156,6 +157,32 @@ class ForkFrom(_Camel):
     seq: Whole = Field(ge=1, le=MAX_SEQ, description="How many of its steps the fork starts with (1..its steps).")
 
 
+WEBHOOK_URL = r"^[hH][tT][tT][pP][sS]?://([^\s/?#@\[\]:]+|\[[0-9a-fA-F:.]+\])(:[0-9]{1,5})?([/?#][^\s]*)?$"
+"""The URL's form as the document states it; which hosts it may name is the server's URL policy."""
+
+
+class WebhookRequest(_Camel):
+    """Where to tell of the run's status changes (README "Completion webhooks")."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    url: Annotated[str, Field(min_length=1, max_length=MAX_URL_CHARS, pattern=WEBHOOK_URL,
+                              description="An http or https URL. Loopback, "
+                              "private, link-local, CGNAT, multicast and metadata addresses are refused (at "
+                              "submission for a literal address, at each attempt after resolving a name) unless "
+                              "the server's AGENTRUN_WEBHOOK_ALLOW names them.")]
+    events: list[Literal["finished", "waiting"]] = Field(
+        ["finished"], min_length=1, max_length=2,
+        description="`finished`: the run ended (SUCCEEDED, FAILED, CANCELLED, TIMED_OUT); `waiting`: it parked "
+        "WAITING. Default: finished.")
+    secret_ref: Annotated[str, Field(min_length=1, max_length=MAX_NAME_CHARS, description="The name of one of "
+                                     "the server's webhook secrets (AGENTRUN_WEBHOOK_SECRETS) the deliveries are "
+                                     "signed with.")]
+
+    def as_stored(self) -> dict[str, Any]:
+        return {"url": self.url, "events": list(dict.fromkeys(self.events)), "secretRef": self.secret_ref}
+
+
 class RunRequest(_Camel):
     """A run to start. Unknown fields are refused, so a misspelt budget does not pass unnoticed."""
 
@@ -236,6 +263,9 @@ class RunRequest(_Camel):
     sub_agents: list[AgentRef] | None = Field(
         None, max_length=MAX_SUB_AGENTS, description="Agents this run may hand work to (`name` or `name@N`), "
         "pinned at submission (`name@version`); when absent the agent's, or the source's.")
+    webhook: WebhookRequest | None = Field(
+        None, description="Signed HTTP POSTs of the run's JSON when it finishes (or waits): README \"Completion "
+        "webhooks\". When absent the agent's, or the source's (with `continueFrom` or `forkFrom`).")
 
     @model_validator(mode="after")
     def _one_schedule(self) -> RunRequest:
@@ -264,6 +294,7 @@ class RunRequest(_Camel):
             priority=self.priority, run_at=self.run_at, delay_seconds=self.delay_seconds,
             agent=parse_ref(self.agent) if self.agent is not None else None,
             sub_agents=tuple(self.sub_agents) if self.sub_agents is not None else None,
+            webhook=self.webhook.as_stored() if self.webhook is not None else None,
         )
 
 
@@ -355,6 +386,9 @@ class RunView(_Camel):
 
     schedule_name: str | None = Field(None, description="The schedule whose tick created the run (null: none).")
     scheduled_time: datetime.datetime | None = Field(None, description="That tick, RFC 3339.")
+    webhook: dict[str, Any] | None = Field(
+        None, description="`{url, events, secretRef}`: where the run's status changes are posted; its deliveries "
+        "are at /api/runs/{id}/webhooks.")
 
     @classmethod
     def of(cls, run: Run) -> RunView:
@@ -373,7 +407,7 @@ class RunView(_Camel):
             agent=run.agent, agent_version=run.agent_version,
             sub_agents=list(run.sub_agents) if run.sub_agents is not None else None,
             messages_sent=run.messages_sent, messages_delivered=run.messages_delivered,
-            schedule_name=run.schedule_name, scheduled_time=run.scheduled_time,
+            schedule_name=run.schedule_name, scheduled_time=run.scheduled_time, webhook=run.webhook,
             **_tree_fields(run),
         )
 
@@ -613,3 +647,43 @@ class MessageView(_Camel):
     def of(cls, message: Message) -> MessageView:
         return cls(run_id=message.run_id, n=message.n, text=message.text, created_by=message.created_by,
                    created_at=message.created_at, seq=message.seq)
+
+
+class WebhookAttemptView(_Camel):
+    attempt: int = Field(description="1 for the first attempt.")
+    started_at: datetime.datetime
+    status_code: int | None = Field(description="The receiver's HTTP status; null when it gave none (refused, "
+                                    "unreachable, timed out).")
+    latency_ms: int | None
+    error: str | None = Field(description="Why the attempt failed; null for a 2xx.")
+    worker: str | None = Field(None, description="The worker that sent it.")
+
+
+class WebhookDeliveryView(_Camel):
+    """One delivery of a run's webhook: one status change, sent until answered 2xx or given up."""
+
+    id: str = Field(description="The `webhook-id` header, the same on every attempt: receivers deduplicate by it.")
+    event: Literal["finished", "waiting"]
+    run_status: RunStatus = Field(description="The status the run changed to. The body shows the run as it was "
+                                  "when the attempt was sent.")
+    url: str
+    secret_ref: str
+    state: Literal["PENDING", "DELIVERED", "FAILED"] = Field(
+        description="PENDING: not delivered yet (retried with backoff); DELIVERED: answered 2xx; FAILED: given up.")
+    attempts: int
+    next_attempt_at: datetime.datetime | None = Field(description="While PENDING, when it is due next.")
+    created_at: datetime.datetime
+    done_at: datetime.datetime | None
+    last_error: str | None
+    history: list[WebhookAttemptView] = Field(description="Every attempt, first first.")
+
+    @classmethod
+    def of(cls, d: Delivery) -> WebhookDeliveryView:
+        return cls(
+            id=f"msg_{d.id.hex}", event=d.event, run_status=RunStatus(d.run_status), url=d.url,  # type: ignore[arg-type]
+            secret_ref=d.secret_ref, state=d.state, attempts=d.attempts,  # type: ignore[arg-type]
+            next_attempt_at=d.next_at if d.state == "PENDING" else None, created_at=d.created_at, done_at=d.done_at,
+            last_error=d.last_error,
+            history=[WebhookAttemptView(attempt=a.attempt, started_at=a.started_at, status_code=a.status_code,
+                                        latency_ms=a.latency_ms, error=a.error, worker=a.worker) for a in d.history],
+        )

@@ -87,6 +87,11 @@ WORKER_ENV = (
     "AGENTRUN_MODEL_LIMITS (YAML or JSON file of fleet-wide model limits); "
     "AGENTRUN_EVENT_RETENTION (how long an event of POST /api/events is kept for waits that begin after it: "
     "seconds or a duration like 24h, the default); "
+    "AGENTRUN_WEBHOOK_SECRETS (YAML/JSON file of webhook signing secrets, whsec_<base64>, re-read on change); "
+    "AGENTRUN_WEBHOOK_ALLOW (hosts/CIDRs webhooks may reach though private, loopback or metadata); "
+    "AGENTRUN_WEBHOOK_TIMEOUT_SECONDS (default 10); AGENTRUN_WEBHOOK_BACKOFF (first retry waits, default 5,10,30); "
+    "AGENTRUN_WEBHOOK_BACKOFF_MAX_SECONDS (default 3600); AGENTRUN_WEBHOOK_GIVE_UP_SECONDS (default 86400); "
+    "AGENTRUN_WEBHOOK_POLL_SECONDS (default 5); "
     "AGENTRUN_DATABASE_RETRY_MAX_SECONDS (longest wait between attempts to reach the database, default 5)."
 )
 """The environment of `agentrun worker`, as its --help lists it."""

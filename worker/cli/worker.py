@@ -6,7 +6,7 @@ import argparse
 import asyncio
 import math
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agentrun.worker.cli.arguments import database_url, module_list, positive_int
 
@@ -70,7 +70,32 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
         event_retention=_env_duration("AGENTRUN_EVENT_RETENTION", WorkerSettings.event_retention),
         database_retry_max=_env_positive_float("AGENTRUN_DATABASE_RETRY_MAX_SECONDS")
         or WorkerSettings.database_retry_max,
+        **_webhook_settings(),
     )
+
+
+def _webhook_settings() -> dict[str, Any]:
+    """The completion webhooks' settings (README "Completion webhooks"), checked here so a bad one exits."""
+    from agentrun.worker.core.webhooks import Allow, Backoff
+    from agentrun.worker.settings import WorkerSettings
+
+    allow = os.environ.get("AGENTRUN_WEBHOOK_ALLOW", "")
+    try:
+        Allow.parse(allow)
+        backoff = Backoff.parse(os.environ.get("AGENTRUN_WEBHOOK_BACKOFF"), None, None)
+    except ValueError as e:
+        raise SystemExit(f"agentrun: {e}") from None
+    return {
+        "webhook_secrets_file": os.environ.get("AGENTRUN_WEBHOOK_SECRETS") or None,
+        "webhook_allow": allow,
+        "webhook_timeout": _env_positive_float("AGENTRUN_WEBHOOK_TIMEOUT_SECONDS") or WorkerSettings.webhook_timeout,
+        "webhook_backoff": tuple(backoff.first),
+        "webhook_backoff_max": _env_positive_float("AGENTRUN_WEBHOOK_BACKOFF_MAX_SECONDS")
+        or WorkerSettings.webhook_backoff_max,
+        "webhook_give_up": _env_positive_float("AGENTRUN_WEBHOOK_GIVE_UP_SECONDS") or WorkerSettings.webhook_give_up,
+        "webhook_poll_interval": _env_positive_float("AGENTRUN_WEBHOOK_POLL_SECONDS")
+        or WorkerSettings.webhook_poll_interval,
+    }
 
 
 def _env_positive_int(name: str, default: int) -> int:

@@ -42,6 +42,7 @@ class Agent:
     cost_budget_usd: Decimal | None = None
     timeout_seconds: int | None = None
     sub_agents: tuple[str, ...] | None = None  # as given in the definition (names, optionally name@N)
+    webhook: dict[str, Any] | None = None  # its runs' webhook unless their request names one
     created_at: datetime.datetime | None = None
     created_by: str | None = None
 
@@ -52,12 +53,12 @@ class Agent:
 
 
 DEFINITION = ("description", "system", "model", "tools", "require_approval", "output_schema", "max_steps",
-              "token_budget", "cost_budget_usd", "timeout_seconds", "sub_agents")
+              "token_budget", "cost_budget_usd", "timeout_seconds", "sub_agents", "webhook")
 """The fields that make a definition: two versions with the same values are the same definition."""
 
 # Applied to a run; the spec may give its own. The first four may only be lowered.
 _APPLIED = ("model", "system", "tools", "require_approval", "output_schema", "token_budget", "cost_budget_usd",
-            "max_steps", "timeout_seconds", "sub_agents")
+            "max_steps", "timeout_seconds", "sub_agents", "webhook")
 LOWER_ONLY = {"token_budget": "tokenBudget", "cost_budget_usd": "costBudgetUsd", "max_steps": "maxSteps",
               "timeout_seconds": "timeoutSeconds"}
 

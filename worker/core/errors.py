@@ -22,6 +22,7 @@ __all__ = [
     "Problem",
     "Refusal",
     "Refused",
+    "WebhookProblem",
     "retryable_status",
     "sane_retry_after",
 ]
@@ -115,3 +116,11 @@ class Refused(ValueError):
     @classmethod
     def of(cls, kind: Refusal, problems: Sequence[Problem]) -> Refused:
         return cls(kind, "; ".join(f"{p.field}: {p.problem}" for p in problems), problems)
+
+
+class WebhookProblem(ValueError):
+    """A `webhook` that cannot be accepted; `field` names the part (`webhook.url`, ...)."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field, self.problem = field, problem

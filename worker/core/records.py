@@ -91,6 +91,7 @@ class NewRun:
     sub_agents: tuple[str, ...] | None = None  # pinned: each "name@version"
     schedule_name: str | None = None  # the schedule whose tick created the run
     scheduled_time: datetime.datetime | None = None  # that tick
+    webhook: dict[str, Any] | None = None  # {"url", "events", "secretRef"}: told of its status changes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +143,7 @@ class Run:
     children_cost_live: Decimal = Decimal(0)
     messages_sent: int = 0  # messages posted to the run (POST /api/runs/{id}/messages)
     messages_delivered: int = 0  # of those, delivered as USER steps
+    webhook: dict[str, Any] | None = None  # {"url", "events", "secretRef"} (core/webhooks.py)
 
     traceparent: str | None = None
     schedule_name: str | None = None  # the schedule whose tick created the run (issue 27)

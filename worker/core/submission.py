@@ -49,6 +49,7 @@ class RunSpec:
     delay_seconds: float | None = None
     agent: tuple[str, int | None] | None = None  # the agent's name and version (None: the latest)
     sub_agents: tuple[str, ...] | None = None  # as the caller gave them: `name` or `name@N`
+    webhook: dict[str, Any] | None = None  # checked by the transport (core/webhooks.check_webhook)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,7 +75,7 @@ class Offer:
 
 # Inherited from the source when the request leaves them out; the schedule and priority never are.
 INHERITED = ("model", "token_budget", "timeout_seconds", "max_steps", "tools", "system", "cost_budget_usd",
-             "require_approval", "output_schema")
+             "require_approval", "output_schema", "webhook")
 
 
 def new_run(spec: RunSpec, source: Run | None, defaults: Defaults = Defaults(), offer: Offer = Offer()) -> NewRun:

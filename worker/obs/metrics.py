@@ -53,7 +53,14 @@ METRIC_NAMES: tuple[str, ...] = (
     "agentrun_event_runs_woken_total",
     "agentrun_schedule_runs_total",
     "agentrun_schedule_missed_total",
+    # Completion webhooks (README "Completion webhooks").
+    "agentrun_webhook_deliveries_total",
+    "agentrun_webhook_failures_total",
 )
+
+WEBHOOK_OUTCOMES = ("delivered", "http_error", "redirect", "timeout", "refused", "connect_error", "no_secret",
+                    "no_run")
+"""The `outcome` of agentrun_webhook_deliveries_total (runtime/webhooks.py `Outcome.kind`)."""
 
 # Model steps take seconds and tools anything from milliseconds to minutes.
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
@@ -162,6 +169,15 @@ class Metrics(NoObserver):
         self.schedule_missed = Counter(
             "agentrun_schedule_missed", "Schedule ticks missed (past startingDeadlineSeconds, or older ticks of a "
             "catch-up after an outage): no run", registry=r)
+        # Completion webhooks: every attempt by its outcome (delivered, http_error, redirect, timeout,
+        # refused, connect_error, no_secret, no_run), and the failed ones among them.
+        self.webhook_deliveries = Counter(
+            "agentrun_webhook_deliveries", "Webhook delivery attempts, by outcome", ["outcome"], registry=r)
+        self.webhook_failures = Counter(
+            "agentrun_webhook_failures", "Webhook delivery attempts that failed (any outcome but delivered)",
+            registry=r)
+        for outcome in WEBHOOK_OUTCOMES:  # each series there from the start, so a rate sees the first attempt
+            self.webhook_deliveries.labels(outcome)
         self.limit_waits = Counter(
             "agentrun_model_limit_waits", "Model calls that waited for a fleet-wide limit", ["model"], registry=r
         )
@@ -251,6 +267,11 @@ class Metrics(NoObserver):
         """Rows one retention batch deleted (`retention.Pruned`)."""
         for table, n in pruned.rows.items():
             self.pruned_rows.labels(table).inc(n)
+
+    def webhook_attempted(self, outcome: str, given_up: bool) -> None:
+        self.webhook_deliveries.labels(outcome).inc()
+        if outcome != "delivered":
+            self.webhook_failures.inc()
 
     def limit_waited(self, model: str, seconds: float) -> None:
         self.limit_waits.labels(model).inc()

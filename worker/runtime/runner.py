@@ -19,6 +19,7 @@ from agentrun.worker.runtime.engine import DriverSettings, RunDriver
 from agentrun.worker.runtime.lease import LeaseKeeper
 from agentrun.worker.runtime.presence import Presence
 from agentrun.worker.runtime.schedules import Ticker
+from agentrun.worker.runtime.webhooks import WebhookSender
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import Claim, LeaseLost, RunStore
 from agentrun.worker.store.groupcommit import transient
@@ -44,8 +45,10 @@ class Worker:
         tools: ToolBox,
         prices: PriceTable | None = None,
         observer: Observer | None = None,
+        webhooks: WebhookSender | None = None,
     ) -> None:
         self.settings = settings
+        self.webhooks = webhooks  # the completion webhooks' sender, run beside the housekeeping
         self.observer: Observer = observer or NoObserver()
         self.store = store
         self.keeper = LeaseKeeper(store, settings.worker_id, settings.lease_seconds)
@@ -149,6 +152,9 @@ class Worker:
         housekeeping = asyncio.create_task(self._housekeeping(), name=f"{self.id}-housekeeping")
         sweep = asyncio.create_task(self._sweep(), name=f"{self.id}-wait-sweep")
         ticker = asyncio.create_task(self.ticker.run(), name=f"{self.id}-schedules")
+        background = [housekeeping, sweep, ticker]
+        if self.webhooks is not None:
+            background.append(asyncio.create_task(self.webhooks.run(), name=f"{self.id}-webhooks"))
         backoff = self.settings.poll_interval
         try:
             while not self.stopping.is_set():
@@ -187,11 +193,10 @@ class Worker:
                     task.add_done_callback(functools.partial(self._done, claimed.run.id))
                 self.observer.in_flight(len(self.driving))
         finally:
-            housekeeping.cancel()
-            sweep.cancel()
-            ticker.cancel()  # and awaited: an exception here must not leave it creating runs
-            # Awaited, whatever they ended with: none may go on past the loop, nor keep the drain from running.
-            await asyncio.gather(housekeeping, sweep, ticker, return_exceptions=True)
+            for task in background:
+                task.cancel()
+            # Awaited, also when Worker.run leaves by an exception: none may outlive the worker.
+            await asyncio.gather(*background, return_exceptions=True)
             await self._drain()
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -26,6 +26,8 @@ EVENTS_CHANNEL = "agentrun_events"
 """Payload: a run id whose run, step or decision rows changed; the events API reads them (0010)."""
 DELTA_CHANNEL = "agentrun_delta"
 """Streamed model text of a call in flight, from workers to the events API (not stored)."""
+WEBHOOK_CHANNEL = "agentrun_webhook"
+"""A webhook delivery was written to the outbox: the workers' senders look (0019)."""
 
 LIVENESS_LOCK_CLASS = 0x61675274  # "agRt"
 """Class of the liveness locks, `pg_advisory_lock(LIVENESS_LOCK_CLASS, hashtext(worker id))`: held by a
@@ -47,6 +49,7 @@ EVENT_LOCK_PREFIX = EVENT_LOCK_GATE >> 48
 CHANNELS = {
     "WAKE_CHANNEL": WAKE_CHANNEL, "CANCEL_CHANNEL": CANCEL_CHANNEL, "RUN_CHANNEL": RUN_CHANNEL,
     "EVENTS_CHANNEL": EVENTS_CHANNEL, "DELTA_CHANNEL": DELTA_CHANNEL,
+    "WEBHOOK_CHANNEL": WEBHOOK_CHANNEL,
 }
 NAMES: dict[str, str | int] = {
     **CHANNELS,

@@ -21,7 +21,9 @@ log = logging.getLogger("agentrun.worker.store.retention")
 
 # Tables whose rows belong to one run (a `run_id` column), deleted with it. Only those that exist are
 # used, so a table an issue adds later (run_decision) is one line here and nothing else.
-CHILD_TABLES: tuple[str, ...] = ("run_step", "run_lease", "run_decision", "run_message")
+# The webhook attempts come before their deliveries (their foreign key).
+CHILD_TABLES: tuple[str, ...] = ("run_step", "run_lease", "run_decision", "run_message", "run_webhook_attempt",
+                                 "run_webhook")
 # A column of `run` naming the run it was continued or forked from. A run another run points at is kept
 # as long as that one is (the link stays true); once both are old enough the child goes first, then it.
 PARENT_COLUMNS: tuple[str, ...] = ("parent_run_id",)

@@ -13,6 +13,7 @@ zero rows means the lease is gone (`LeaseLost`). The store is split by concern, 
 - messages.py: messages posted to a running run, and their delivery as USER steps
 - schedules.py: schedules, and their ticks, each made with its run in one transaction
 - waits.py: durable timers and waits for outside events, the sweep that wakes them, events posted
+- webhooks.py: the webhook outbox (deliveries the run table's trigger writes) and its attempts
 - rows.py: the columns, the fence and the records rows become; gateway.py: the pool and query helpers
 """
 
@@ -28,8 +29,11 @@ from agentrun.worker.store.schedules import Schedules
 from agentrun.worker.store.steps import StepWrites
 from agentrun.worker.store.submit import Submissions
 from agentrun.worker.store.waits import Waits
+from agentrun.worker.store.webhooks import Webhooks
 
 
-class RunStore(Schedules, Submissions, Reads, Claims, StepWrites, Decisions, Children, Agents, Messages, Waits):
+class RunStore(
+    Schedules, Submissions, Reads, Claims, StepWrites, Decisions, Children, Agents, Messages, Waits, Webhooks
+):
     """The run tables' one gateway. `writes` sends the fenced writes of held runs; by default they are
     group-committed (groupcommit.py)."""

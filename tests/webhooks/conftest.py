@@ -1,0 +1,3 @@
+"""The webhooks tests use the API fixtures too."""
+
+from tests.support.api import app, client, metrics, server_url, settings, toolbox  # noqa: F401  (fixtures)

@@ -1,0 +1,333 @@
+"""Completion webhooks, sent: the secrets file (re-read when it changes), and the sender each worker runs
+beside its housekeeping, which claims due deliveries from the outbox (store/webhooks.py), signs them the
+Standard Webhooks way and records every attempt.
+
+At least once: a delivery leaves the outbox only when a receiver answered 2xx (or after the give-up time);
+a worker killed mid-attempt leaves it due again when its claim's lease passes. The body is the run's JSON
+as `GET /api/runs/{id}` shows it, rendered when the attempt is sent (so it shows the run as it is then).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import dataclasses
+import datetime
+import logging
+import os
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import httpx
+from standardwebhooks import Webhook
+
+from agentrun.worker.core.records import Run
+from agentrun.worker.core.webhooks import Allow, Backoff, Delivery, address_problem, literal_address, parse_url
+from agentrun.worker.runtime.errors import SecretsFileError as SecretsFileError
+from agentrun.worker.runtime.errors import WebhookRefused
+from agentrun.worker.store import RunStore, channels
+from agentrun.worker.store.channels import WEBHOOK_CHANNEL
+
+log = logging.getLogger("agentrun.worker.runtime.webhooks")
+
+SECRET_PREFIX = "whsec_"
+MAX_ERROR_CHARS = 500
+BATCH = 16
+"""Deliveries one claim takes, and so sent at once by one worker."""
+
+
+def parse_secrets(text: str, source: str) -> dict[str, str]:
+    """`{"secrets": [{"name", "secret"}]}` (YAML or JSON) as name → secret; SecretsFileError saying what is wrong."""
+    import yaml  # YAML is a superset of JSON: one parser reads both
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SecretsFileError(f"webhook secrets file {source} is neither YAML nor JSON: {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("secrets"), list):
+        raise SecretsFileError(f"webhook secrets file {source} must be an object with a list `secrets`")
+    found: dict[str, str] = {}
+    for i, entry in enumerate(doc["secrets"]):
+        where = f"webhook secrets file {source}: secrets[{i}]"
+        if not isinstance(entry, dict) or set(entry) != {"name", "secret"}:
+            raise SecretsFileError(f"{where} must have exactly `name` and `secret`")
+        name, secret = entry["name"], entry["secret"]
+        if not isinstance(name, str) or not name.strip():
+            raise SecretsFileError(f"{where}.name must be a non-empty string")
+        if name in found:
+            raise SecretsFileError(f"{where}.name {name!r} is given twice")
+        if not isinstance(secret, str) or not secret.startswith(SECRET_PREFIX):
+            raise SecretsFileError(f"{where}.secret must be of the form {SECRET_PREFIX}<base64> (Standard Webhooks)")
+        try:
+            key = base64.b64decode(secret[len(SECRET_PREFIX):], validate=True)
+        except (binascii.Error, ValueError):
+            raise SecretsFileError(f"{where}.secret is not {SECRET_PREFIX} followed by base64") from None
+        if len(key) < 24:
+            raise SecretsFileError(f"{where}.secret must hold at least 24 bytes (it holds {len(key)})")
+        found[name] = secret
+    return found
+
+
+class WebhookSecrets:
+    """The AGENTRUN_WEBHOOK_SECRETS file, re-read when it changes as the API tokens file is (one `stat` at
+    most every `recheck_seconds`; inode, size or mtime changed: read again). Unlike the tokens file, a file
+    that became unreadable or malformed keeps the last good secrets (logged as an error): a broken rotation
+    must not stop deliveries that were being signed a moment ago. It never raises."""
+
+    def __init__(self, path: str | None, recheck_seconds: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.path, self.recheck_seconds, self._clock = path, recheck_seconds, clock
+        self._secrets: dict[str, str] = {}
+        self._seen: tuple[int, int, int, int] | None = None
+        self._checked_at = -float("inf")
+        self._refresh()
+
+    def _refresh(self) -> None:
+        if self.path is None:
+            return
+        now = self._clock()
+        if now - self._checked_at < self.recheck_seconds:
+            return
+        self._checked_at = now
+        try:
+            st = os.stat(self.path)
+        except OSError as e:
+            if self._seen != (0, 0, 0, 0):
+                log.error("webhook secrets file %s cannot be read (%s); keeping the %d secrets read before",
+                          self.path, e.strerror, len(self._secrets))
+            self._seen = (0, 0, 0, 0)
+            return
+        stamp = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
+        if stamp == self._seen:
+            return
+        self._seen = stamp
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                text = f.read()
+            self._secrets = parse_secrets(text, self.path)
+        except (OSError, UnicodeDecodeError) as e:
+            log.error("webhook secrets file %s cannot be read (%s); keeping the %d secrets read before",
+                      self.path, getattr(e, "strerror", None) or e, len(self._secrets))
+            return
+        except SecretsFileError as e:
+            log.error("%s; keeping the %d secrets read before (AGENTRUN_WEBHOOK_SECRETS)", e, len(self._secrets))
+            return
+        log.info("webhook secrets file %s read: %d secrets", self.path, len(self._secrets))
+
+    def names(self) -> list[str]:
+        self._refresh()
+        return sorted(self._secrets)
+
+    def get(self, name: str) -> str | None:
+        self._refresh()
+        return self._secrets.get(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class SenderSettings:
+    timeout: float = 10.0
+    backoff: Backoff = Backoff()
+    allow: Allow = Allow()
+    poll_interval: float = 5.0
+
+
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+
+async def resolve(host: str, port: int) -> list[str]:
+    """The addresses `host` resolves to (the system resolver)."""
+    infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    return list(dict.fromkeys(str(info[4][0]) for info in infos))
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    delivered: bool
+    status_code: int | None
+    latency_ms: int
+    error: str | None
+    kind: str  # delivered, http_error, redirect, timeout, refused, connect_error, no_secret, no_run
+
+
+def _truncate(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_CHARS else text[:MAX_ERROR_CHARS] + "…"
+
+
+class WebhookSender:
+    """One per worker process (Worker.run). `render` makes a run's JSON body; `on_outcome(kind, given_up)`
+    counts each attempt (the metrics)."""
+
+    def __init__(
+        self, store: RunStore, worker_id: str, secrets: WebhookSecrets, render: Callable[[Run], bytes],
+        settings: SenderSettings = SenderSettings(),
+        on_outcome: Callable[[str, bool], None] | None = None, resolver: Resolver | None = None,
+    ) -> None:
+        self.store, self.worker_id, self.secrets, self.render = store, worker_id, secrets, render
+        self.settings = settings
+        self.on_outcome = on_outcome
+        self.resolver = resolver or resolve
+        self.wake = asyncio.Event()
+
+    @property
+    def lease_seconds(self) -> float:
+        """How long a claimed attempt is this sender's: resolution and the request (each cut at the timeout)
+        and recording it, with margin. A sender killed mid-attempt leaves the delivery due after this."""
+        return self.settings.timeout * 2 + 5.0
+
+    async def run(self) -> None:
+        listener = asyncio.create_task(self._listen(), name=f"{self.worker_id}-webhook-listen")
+        try:
+            async with httpx.AsyncClient(follow_redirects=False, timeout=self.settings.timeout,
+                                         trust_env=False) as client:
+                while True:
+                    self.wake.clear()
+                    idle = self.settings.poll_interval
+                    try:
+                        claimed = await self.store.claim_webhooks(self.worker_id, self.lease_seconds, BATCH)
+                        if claimed:
+                            # Each attempt to its end, whatever another does: one that fails here (the
+                            # database went away mid-attempt) is sent again after its lease.
+                            results = await asyncio.gather(*(self._attempt(client, d) for d in claimed),
+                                                           return_exceptions=True)
+                            for d, result in zip(claimed, results, strict=True):
+                                if isinstance(result, Exception):
+                                    log.warning("%s webhook %s: attempt failed here (%s); sent again after its "
+                                                "lease", self.worker_id, d.id, str(result) or type(result).__name__)
+                            continue
+                        due = await self.store.next_webhook_in()
+                        if due is not None:
+                            idle = min(idle, due + 0.01)
+                    except Exception as e:
+                        log.warning("%s cannot look for webhook deliveries: %s", self.worker_id,
+                                    str(e) or type(e).__name__)
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(idle):
+                            await self.wake.wait()
+        finally:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
+
+    async def _listen(self) -> None:
+        """LISTEN for new deliveries; on a failure, reconnect (the poll covers the gap)."""
+        while True:
+            conn = None
+            try:
+                conn = await self.store.dedicated_connection()
+                await channels.listen(conn, WEBHOOK_CHANNEL)
+                self.wake.set()  # anything written while not listening
+                async for _ in conn.notifies():
+                    self.wake.set()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                log.debug("%s webhook listener: %s; reconnecting", self.worker_id, e)
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+            await asyncio.sleep(self.settings.poll_interval)
+
+    async def _attempt(self, client: httpx.AsyncClient, delivery: Delivery) -> None:
+        started = datetime.datetime.now(datetime.UTC)
+        outcome = await self._send(client, delivery)
+        retry_in = self.settings.backoff.delay(delivery.attempts)
+        try:
+            state = await self.store.record_webhook_attempt(
+                delivery, self.worker_id, started, status_code=outcome.status_code, latency_ms=outcome.latency_ms,
+                error=outcome.error, delivered=outcome.delivered, retry_in=retry_in,
+                give_up_seconds=self.settings.backoff.give_up_seconds,
+            )
+        except Exception as e:
+            log.warning("%s webhook %s: attempt %d not recorded (%s); it is sent again after its lease",
+                        self.worker_id, delivery.id, delivery.attempts, e)
+            return
+        given_up = state == "FAILED"
+        if self.on_outcome is not None:
+            self.on_outcome(outcome.kind, given_up)
+        if outcome.delivered:
+            log.info("%s webhook %s run=%s %s delivered (%s)", self.worker_id, delivery.id, delivery.run_id.hex[:8],
+                     delivery.event, outcome.status_code)
+        elif given_up:
+            log.error("%s webhook %s run=%s given up after %d attempts: %s", self.worker_id, delivery.id,
+                      delivery.run_id.hex[:8], delivery.attempts, outcome.error)
+        else:
+            log.warning("%s webhook %s run=%s attempt %d failed (%s); again in %.1fs", self.worker_id, delivery.id,
+                        delivery.run_id.hex[:8], delivery.attempts, outcome.error, retry_in)
+
+    async def _send(self, client: httpx.AsyncClient, delivery: Delivery) -> Outcome:
+        t0 = time.monotonic()
+
+        def done(kind: str, error: str | None, status: int | None = None) -> Outcome:
+            return Outcome(kind == "delivered", status, int((time.monotonic() - t0) * 1000),
+                           _truncate(error) if error else None, kind)
+
+        secret = self.secrets.get(delivery.secret_ref)
+        if secret is None:
+            return done("no_secret", f"no webhook secret named {delivery.secret_ref!r} is configured "
+                        "(AGENTRUN_WEBHOOK_SECRETS)")
+        run = await self.store.get(delivery.run_id)
+        if run is None:
+            return done("no_run", "the run is gone")
+        try:
+            target = parse_url(delivery.url, self.settings.allow)
+            address = await self._address(target.host, target.port)
+        except (WebhookRefused, ValueError) as e:
+            return done("refused", str(e))
+        except OSError as e:
+            return done("connect_error", f"cannot resolve {delivery.url}: {e}")
+        body = self.render(run)
+        msg_id = f"msg_{delivery.id.hex}"
+        now = datetime.datetime.now(datetime.UTC)
+        signature = Webhook(secret).sign(msg_id, now, body.decode())
+        headers = {
+            "content-type": "application/json", "webhook-id": msg_id, "webhook-timestamp": str(int(now.timestamp())),
+            "webhook-signature": signature, "user-agent": "agentrun-webhooks",
+            "agentrun-event": delivery.event, "agentrun-run-status": delivery.run_status,
+            "host": target.host if target.port == (443 if target.scheme == "https" else 80)
+            else f"{target.host}:{target.port}",
+        }
+        # Sent to the address just checked, not to the name again: a name that resolves elsewhere a moment
+        # later (DNS rebinding) cannot redirect it. For https, TLS still names (and verifies) the host.
+        literal = f"[{address}]" if ":" in address else address
+        url = httpx.URL(delivery.url).copy_with(host=literal.strip("[]"))
+        extensions: dict[str, Any] = {"sni_hostname": target.host} if target.scheme == "https" else {}
+        try:
+            response = await client.post(url, content=body, headers=headers, extensions=extensions)
+        except httpx.TimeoutException:
+            return done("timeout", f"no answer within {self.settings.timeout:g}s")
+        except httpx.HTTPError as e:
+            return done("connect_error", f"{type(e).__name__}: {e}" if str(e) else type(e).__name__)
+        code = response.status_code
+        if 200 <= code < 300:
+            return done("delivered", None, code)
+        if 300 <= code < 400:
+            return done("redirect", f"answered {code} (redirects are not followed)", code)
+        return done("http_error", f"answered {code}", code)
+
+    async def _address(self, host: str, port: int) -> str:
+        """The address to send to: `host` itself if it is one, else the first it resolves to; Refused if
+        any address it resolves to is one the policy refuses."""
+        if literal_address(host) is not None:
+            addresses = [host.strip("[]")]
+        else:
+            try:
+                async with asyncio.timeout(self.settings.timeout):
+                    addresses = await self.resolver(host, port)
+            except TimeoutError:
+                raise OSError(f"{host} did not resolve within {self.settings.timeout:g}s") from None
+            if not addresses:
+                raise OSError(f"{host} resolves to no address")
+        if self.settings.allow.host(host):
+            return addresses[0]
+        for a in addresses:
+            ip = literal_address(a)
+            if ip is None:
+                raise WebhookRefused(f"{host} resolved to {a!r}, not an address")
+            if (why := address_problem(ip, self.settings.allow)) is not None:
+                raise WebhookRefused(f"{host} resolves to {why}")
+        return addresses[0]

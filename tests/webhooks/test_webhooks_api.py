@@ -107,3 +107,21 @@ async def test_an_agents_webhook_is_its_runs_unless_they_name_their_own(client: 
     own = (await client.post("/api/runs", json={"agent": "payer", "input": "x", "webhook": other})).json()["id"]
     assert (await client.get(f"/api/runs/{same}")).json()["webhook"] == HOOK
     assert (await client.get(f"/api/runs/{own}")).json()["webhook"] == other
+
+
+async def test_a_schedules_run_template_may_name_a_webhook_checked_as_a_runs_is(
+    client: httpx.AsyncClient, store: Any, db: psycopg.AsyncConnection[Any]
+) -> None:
+    from agentrun.worker.runtime.schedules import Ticker
+
+    bad = await client.post("/api/schedules", json={
+        "name": "leaky", "intervalSeconds": 3600,
+        "run": {**BODY, "webhook": {**HOOK, "url": "http://169.254.169.254/latest/meta-data/"}}})
+    assert bad.status_code == 422 and "run.webhook.url" in problems(bad), bad.text
+    made = await client.post("/api/schedules", json={"name": "hooked", "intervalSeconds": 3600,
+                                                      "run": {**BODY, "webhook": HOOK}})
+    assert made.status_code == 201, made.text
+    await db.execute("UPDATE schedule SET next_due_at = date_trunc('second', now()) WHERE name = 'hooked'")
+    assert [t.outcome for t in await Ticker(store, "t1", MODEL).once()] == ["created"]
+    [run] = (await client.get("/api/schedules/hooked/runs")).json()
+    assert (await client.get(f"/api/runs/{run['id']}")).json()["webhook"] == HOOK

@@ -180,6 +180,7 @@ class ScheduleRoutes:
         if unfit := template_problems(spec):
             raise ApiError(422, f"{unfit[0][0]}: {unfit[0][1]}", [FieldProblem(field=f, problem=p) for f, p in unfit])
         try:
+            self.submissions.check_webhook(spec.webhook)
             await self.submissions.planned(spec, None)  # the checks of a submission: tools, agent, model, budgets
         except ApiError as e:
             raise ApiError(e.status, f"run.{e.message}" if e.fields else e.message,

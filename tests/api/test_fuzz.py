@@ -168,8 +168,8 @@ STATE_CONFLICTS = {
 AGENT_CONFLICTS = ("may only lower agent ", "names the agent itself")
 # What a JSON Schema (the document's own language) cannot say of an `outputSchema`: that it is itself a
 # valid JSON Schema, and that none of its strings holds a NUL (JSONB cannot).
-SCHEMA_RULES = {("outputSchema", "has a string that contains a NUL character (U+0000), which PostgreSQL text "
-                 "cannot hold")}
+SCHEMA_RULES = {(field, "has a string that contains a NUL character (U+0000), which PostgreSQL text cannot hold")
+                for field in ("outputSchema", "payload")}  # payload: POST /api/events
 
 
 # A schedule's cron expression is read by cron's own rules (ranges, names, steps), which a pattern cannot

@@ -33,7 +33,7 @@ def test_token_new_prints_the_token_once_and_the_line_to_add(capsys: pytest.Capt
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["alice", "--scopes", "read,fly"], "--scopes: unknown scope 'fly'; the scopes are: read, submit, decide, "
-                                        "cancel, admin"),
+                                        "cancel, signal, admin"),
     (["alice", "--scopes", " , "], "--scopes: no scopes"),
     (["two words", "--scopes", "read"], "name 'two words': must be"),
 ])

@@ -15,8 +15,9 @@ from fastapi import APIRouter, Header, Request, Response
 from pydantic import AfterValidator, ConfigDict, Field, field_validator
 
 from agentrun.worker.api.errors import ApiError
-from agentrun.worker.api.guards import ScopedRoute, access, caller_name
+from agentrun.worker.api.guards import access, caller_name
 from agentrun.worker.api.identities import Scope
+from agentrun.worker.api.routes import OrjsonRoute
 from agentrun.worker.api.schemas import NOT_BLANK, ErrorBody, FieldProblem, _Camel, _not_blank, _storable
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.core.waits import MAX_KEY_CHARS
@@ -45,14 +46,18 @@ class EventRequest(_Camel):
     @field_validator("payload")
     @classmethod
     def _payload(cls, value: Any) -> Any:
-        try:
-            text = orjson.dumps(value).decode()
-        except (orjson.JSONEncodeError, TypeError) as e:
-            raise ValueError(f"is not storable JSON: {e}") from None
-        if len(text.encode()) > MAX_PAYLOAD_BYTES:
+        # The body was parsed by orjson (OrjsonRoute): no NaN, no integer beyond 64 bits, so it dumps back.
+        if len(orjson.dumps(value)) > MAX_PAYLOAD_BYTES:
             raise ValueError(f"must be at most {MAX_PAYLOAD_BYTES} bytes as JSON")
-        if "\\u0000" in text or unstorable(text) is not None:
-            raise ValueError("contains a NUL character (U+0000), which PostgreSQL JSON cannot hold")
+        stack: list[Any] = [value]
+        while stack:  # JSONB holds no NUL in any string, keys included
+            item = stack.pop()
+            if isinstance(item, dict):
+                stack.extend([*item.keys(), *item.values()])
+            elif isinstance(item, list):
+                stack.extend(item)
+            elif isinstance(item, str) and (why := unstorable(item)):
+                raise ValueError(f"has a string that {why}")
         return value
 
 
@@ -73,7 +78,7 @@ def signals_router(store: RunStore, secured: bool, metrics: Metrics | None = Non
             401: {"model": ErrorBody, "description": "Missing or wrong bearer token"},
             403: {"model": ErrorBody, "description": "The token's identity lacks the `signal` (or `submit`) scope"},
         })
-    router = APIRouter(prefix="/api", tags=["events"], responses=responses, route_class=ScopedRoute)
+    router = APIRouter(prefix="/api", tags=["events"], responses=responses, route_class=OrjsonRoute)
 
     @router.post("/events", response_model=EventPosted, **access(Scope.SIGNAL, secured))
     async def post_event(

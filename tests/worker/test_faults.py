@@ -99,7 +99,9 @@ async def test_database_restart_mid_step_readyz_and_recovery() -> None:
         llm = ScriptedLlm().then_tool_use("toolu_s", "slow", {}, 10, 5).then_text("done", 10, 5)
         run, _ = await store.create(new_run())
         assert await readyz() == 200
-        async with serving(worker(store, llm, [slow], lease=1.5)):
+        # A lease of 3 s (renewals bounded at 0.3 s): on a loaded machine a shorter one is given up for
+        # slow renewals alone once the database is back, and the model call after the tool is paid twice.
+        async with serving(worker(store, llm, [slow], lease=3.0)):
             await asyncio.wait_for(started.wait(), 20)
             await asyncio.to_thread(pg.stop)  # the database crashes while the tool runs
             assert await readyz() == 503

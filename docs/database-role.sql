@@ -34,6 +34,12 @@ GRANT SELECT, INSERT, UPDATE ON run_message TO agentrun_runtime;
 GRANT SELECT, INSERT, UPDATE, DELETE ON run_event TO agentrun_runtime;
 GRANT USAGE ON SEQUENCE run_event_id_seq TO agentrun_runtime;
 GRANT SELECT, INSERT ON run_event_delivery TO agentrun_runtime;
+-- Completion webhooks (migration 0019): the run table's trigger writes each delivery in the transaction of
+-- the status change (so every role that changes a run's status needs INSERT); workers' senders claim and
+-- update them and record each attempt; the API reads both.
+GRANT SELECT, INSERT, UPDATE ON run_webhook TO agentrun_runtime;
+GRANT SELECT, INSERT ON run_webhook_attempt TO agentrun_runtime;
+GRANT USAGE ON SEQUENCE run_webhook_attempt_id_seq TO agentrun_runtime;
 -- /readyz and `agentrun worker` (without --no-migrate) read the applied versions.
 GRANT SELECT ON schema_migration TO agentrun_runtime;
 -- Fleet-wide model limits (worker/llm/limits.py): one row per limit, reserved and freed by workers.
@@ -55,3 +61,4 @@ GRANT SELECT, DELETE ON run_lease TO agentrun_runtime;
 GRANT DELETE ON run_decision TO agentrun_runtime;
 GRANT DELETE ON run_message TO agentrun_runtime;
 GRANT DELETE ON run_event_delivery TO agentrun_runtime;  -- its rows go with their run (ON DELETE CASCADE)
+GRANT DELETE ON run_webhook, run_webhook_attempt TO agentrun_runtime;

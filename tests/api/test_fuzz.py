@@ -187,6 +187,8 @@ def _schedule_rule(response: Any) -> bool:
         return True
     if not fields or not all(f.startswith("run.") for f, _ in fields):
         return False
+    if response.status_code == 422 and all(f in ("run.webhook.url", "run.webhook.secretRef") for f, _ in fields):
+        return True  # the URL policy and the configured secrets, as for a run (below)
     if response.status_code == 404:
         return all(f == "run.agent" or f.startswith("run.subAgents[") for f, _ in fields)
     if response.status_code == 400:

@@ -91,7 +91,8 @@ async def test_prune_bench_prunes_every_old_step(database_url: str) -> None:
 
     figures = await prune.bench(database_url, steps=200, steps_per_run=10, runs=4, turns=1, concurrency=2,
                                 batch_size=5)
-    assert figures["pruned"] == {"run_step": 200, "run_lease": 20, "run_decision": 0, "run_message": 0, "run": 20}
+    assert figures["pruned"] == {"run_step": 200, "run_lease": 20, "run_decision": 0, "run_message": 0,
+                                  "run_webhook_attempt": 0, "run_webhook": 0, "run": 20}
     assert figures["alone"]["before"]["steps"] == figures["alone"]["after"]["steps"] == 4 * 3
 
 

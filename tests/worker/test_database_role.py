@@ -3,6 +3,8 @@ that role can neither change the schema nor delete anything."""
 
 from __future__ import annotations
 
+import datetime
+
 import uuid
 from typing import Any
 
@@ -57,6 +59,18 @@ async def test_a_worker_runs_as_the_least_privileged_role(postgres_url: str, rol
         assert after is not None and after.status is RunStatus.SUCCEEDED
         second, _ = await store.create(new_run())
         assert (await store.cancel(second.id)).status is RunStatus.CANCELLED  # type: ignore[union-attr]
+        # Completion webhooks (migration 0019): the status change's trigger writes the delivery as this role,
+        # a sender claims it and records its attempt, the API reads both.
+        hook = {"url": "https://hooks.example.com/agentrun", "events": ["finished"], "secretRef": "hooks"}
+        hooked, _ = await store.create(new_run(webhook=hook))
+        assert (await store.cancel(hooked.id)).status is RunStatus.CANCELLED  # type: ignore[union-attr]
+        [delivery] = await store.claim_webhooks("worker-A", 30.0, 10)
+        assert await store.record_webhook_attempt(
+            delivery, "worker-A", datetime.datetime.now(datetime.UTC), status_code=204, latency_ms=3, error=None,
+            delivered=True, retry_in=5.0, give_up_seconds=86400.0,
+        ) == "DELIVERED"
+        [seen] = await store.webhooks_of(hooked.id)
+        assert seen.state == "DELIVERED" and len(seen.history) == 1
         # Agent definitions: stored, versioned, read and deleted by the API and the operator (migration 0014).
         assert (await store.put_agent(Agent(name="researcher", version=0)))[0].version == 1
         assert (await store.put_agent(Agent(name="researcher", version=0, system="v2")))[0].version == 2

@@ -4,7 +4,6 @@ that role can neither change the schema nor delete anything."""
 from __future__ import annotations
 
 import datetime
-
 import uuid
 from typing import Any
 

@@ -11,7 +11,6 @@ import enum
 import hashlib
 import hmac
 import logging
-import os
 import re
 import secrets
 import time
@@ -19,6 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from agentrun.worker.api.errors import IdentityFileError as IdentityFileError
+from agentrun.worker.core.watched import Look, WatchedFile
 
 log = logging.getLogger("agentrun.worker.api")
 
@@ -137,52 +137,40 @@ class Identities:
         if token:
             self._fixed.append((Identity(DEFAULT_IDENTITY, frozenset(Scope)), digest(token)))
         self._from_file: list[tuple[Identity, bytes]] = []
-        self._seen: tuple[int, int, int, int] | None = None
-        self._checked_at = -float("inf")
-        if path is not None:
-            self._seen, self._from_file = self._load(path)  # at start, a bad file is an error, not a warning
+        self._file = WatchedFile(path, recheck_seconds, clock) if path is not None else None
+        if self._file is not None:
+            self._from_file = self._load(self._file)  # at start, a bad file is an error, not a warning
 
     @property
     def enabled(self) -> bool:
         """Whether the API requires a token at all (a token or a tokens file is configured)."""
         return bool(self._fixed) or self.path is not None
 
-    def _load(self, path: str) -> tuple[tuple[int, int, int, int], list[tuple[Identity, bytes]]]:
+    def _load(self, file: WatchedFile) -> list[tuple[Identity, bytes]]:
         try:
-            with open(path, encoding="utf-8") as f:
-                st = os.fstat(f.fileno())
-                text = f.read()
+            text = file.read()
         except (OSError, UnicodeDecodeError) as e:
-            raise IdentityFileError(f"cannot read the tokens file {path} (AGENTRUN_API_TOKENS): "
+            raise IdentityFileError(f"cannot read the tokens file {file.path} (AGENTRUN_API_TOKENS): "
                                     f"{getattr(e, 'strerror', None) or e}") from None
         reserved = [DEFAULT_IDENTITY] if self._fixed else []
-        return (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns), parse(text, path, reserved)
+        return parse(text, file.path, reserved)
 
     def _refresh(self) -> None:
-        if self.path is None:
+        if self._file is None:
             return
-        now = self._clock()
-        if now - self._checked_at < self.recheck_seconds:
-            return
-        # Synchronous on purpose: one stat a second, and a read of a few hundred bytes when it changed.
-        self._checked_at = now
-        try:
-            st = os.stat(self.path)
-            stamp = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
-        except OSError as e:
-            if self._seen is not None:
-                log.error("tokens file %s is gone (%s): no token from it is accepted", self.path, e.strerror)
-            self._seen, self._from_file = None, []
-            return
-        if stamp == self._seen:
-            return
-        try:
-            self._seen, self._from_file = self._load(self.path)
-        except IdentityFileError as e:
-            log.error("%s; no token from it is accepted until it is fixed", e)
-            self._seen, self._from_file = stamp, []
-            return
-        log.info("tokens file %s read: %d identities", self.path, len(self._from_file))
+        look = self._file.look()
+        if look is Look.GONE:
+            strerror = self._file.error.strerror if self._file.error else None
+            log.error("tokens file %s is gone (%s): no token from it is accepted", self.path, strerror)
+            self._from_file = []
+        elif look is Look.CHANGED:
+            try:
+                self._from_file = self._load(self._file)
+            except IdentityFileError as e:
+                log.error("%s; no token from it is accepted until it is fixed", e)
+                self._from_file = []
+                return
+            log.info("tokens file %s read: %d identities", self.path, len(self._from_file))
 
     def authenticate(self, token: bytes) -> Identity | None:
         """The identity whose token this is, or None. Takes the same time whichever entry matches."""

@@ -16,7 +16,6 @@ import contextlib
 import dataclasses
 import datetime
 import logging
-import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -26,6 +25,7 @@ import httpx
 from standardwebhooks import Webhook
 
 from agentrun.worker.core.records import Run
+from agentrun.worker.core.watched import Look, WatchedFile
 from agentrun.worker.core.webhooks import Allow, Backoff, Delivery, address_problem, literal_address, parse_url
 from agentrun.worker.runtime.errors import SecretsFileError as SecretsFileError
 from agentrun.worker.runtime.errors import WebhookRefused
@@ -80,35 +80,23 @@ class WebhookSecrets:
 
     def __init__(self, path: str | None, recheck_seconds: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self.path, self.recheck_seconds, self._clock = path, recheck_seconds, clock
+        self.path = path
         self._secrets: dict[str, str] = {}
-        self._seen: tuple[int, int, int, int] | None = None
-        self._checked_at = -float("inf")
+        self._file = WatchedFile(path, recheck_seconds, clock) if path is not None else None
         self._refresh()
 
     def _refresh(self) -> None:
-        if self.path is None:
+        if self._file is None:
             return
-        now = self._clock()
-        if now - self._checked_at < self.recheck_seconds:
+        look = self._file.look()
+        if look is Look.GONE:
+            strerror = self._file.error.strerror if self._file.error else None
+            log.error("webhook secrets file %s cannot be read (%s); keeping the %d secrets read before",
+                      self.path, strerror, len(self._secrets))
+        if look is not Look.CHANGED:
             return
-        self._checked_at = now
         try:
-            st = os.stat(self.path)
-        except OSError as e:
-            if self._seen != (0, 0, 0, 0):
-                log.error("webhook secrets file %s cannot be read (%s); keeping the %d secrets read before",
-                          self.path, e.strerror, len(self._secrets))
-            self._seen = (0, 0, 0, 0)
-            return
-        stamp = (st.st_ino, st.st_dev, st.st_size, st.st_mtime_ns)
-        if stamp == self._seen:
-            return
-        self._seen = stamp
-        try:
-            with open(self.path, encoding="utf-8") as f:
-                text = f.read()
-            self._secrets = parse_secrets(text, self.path)
+            self._secrets = parse_secrets(self._file.read(), self._file.path)
         except (OSError, UnicodeDecodeError) as e:
             log.error("webhook secrets file %s cannot be read (%s); keeping the %d secrets read before",
                       self.path, getattr(e, "strerror", None) or e, len(self._secrets))

@@ -30,7 +30,7 @@ async def _worker(database_url: str, model_url: str, name: str, secrets: Path) -
     env = {**os.environ, "AGENTRUN_DATABASE_URL": database_url, "ANTHROPIC_BASE_URL": model_url,
            "ANTHROPIC_API_KEY": "test-key", "PYTHONPATH": str(ROOT), "AGENTRUN_LOG_LEVEL": "WARNING",
            "AGENTRUN_WEBHOOK_SECRETS": str(secrets), "AGENTRUN_WEBHOOK_ALLOW": "127.0.0.1",
-           "AGENTRUN_WEBHOOK_TIMEOUT_SECONDS": "5", "AGENTRUN_WEBHOOK_BACKOFF": "0.2",
+           "AGENTRUN_WEBHOOK_TIMEOUT_SECONDS": "1", "AGENTRUN_WEBHOOK_BACKOFF": "0.2",
            "AGENTRUN_WEBHOOK_POLL_SECONDS": "0.2"}
     proc = await start_worker(port, "--id", name, "--concurrency", "1", "--poll-interval", "0.1", "--no-migrate",
                               "--lease-seconds", "3", env=env, stdout=asyncio.subprocess.DEVNULL,

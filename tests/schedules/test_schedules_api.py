@@ -141,6 +141,35 @@ async def test_forbid_skips_and_replace_cancels(
             assert old is not None and old.status is RunStatus.CANCELLED and old.cancelled_by == "schedule:replace"
 
 
+async def test_replace_cancels_the_run_before_only_in_the_commit_that_makes_the_next(
+    client: httpx.AsyncClient, store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """A pass that dies after deciding to replace (a worker killed, a statement failing) leaves the run
+    before as it was: never cancelled with no run after it."""
+    ticker = Ticker(store, "t1", "claude-sonnet-4-5")
+    await client.post("/api/schedules", json={"name": "swap", "intervalSeconds": 3600, "run": RUN,
+                                              "concurrencyPolicy": "Replace", "startingDeadlineSeconds": 100000})
+    await due_now(db, "swap")
+    assert [t.outcome for t in await ticker.once()] == ["created"]
+    [first] = (await client.get("/api/schedules/swap/runs")).json()
+    await db.execute("UPDATE schedule SET next_due_at = next_due_at - interval '2 hours' + interval '1 second' "
+                     "WHERE name = 'swap'")
+
+    async def dies(*_: Any) -> Any:
+        raise RuntimeError("the worker dies while planning the next run")
+
+    try:
+        await store.tick(dies)
+    except RuntimeError:
+        pass
+    before = await store.get(uuid.UUID(first["id"]))
+    assert before is not None and before.status is RunStatus.QUEUED and not before.cancel_requested
+    second = await ticker.once()
+    assert [t.outcome for t in second] == ["created"] and second[0].replaced == (uuid.UUID(first["id"]),)
+    before = await store.get(uuid.UUID(first["id"]))
+    assert before is not None and before.status is RunStatus.CANCELLED
+
+
 async def test_suspended_schedules_do_not_tick_and_a_deleted_agent_fails_the_tick(
     client: httpx.AsyncClient, store: RunStore, db: psycopg.AsyncConnection[Any]
 ) -> None:

@@ -33,18 +33,19 @@ async def parked(store: RunStore, run_id: uuid.UUID, kind: str) -> None:
 
 async def test_a_timer_parks_the_run_with_no_lease_and_resumes_it_once_with_how_long_it_waited(store: RunStore) -> None:
     run, _ = await store.create(new_run(tools=("wait",)))
-    llm = ScriptedLlm().then_tool_use("toolu_t", "wait", {"seconds": 1}).then_text("rested")
+    # Long enough that the run is still asleep when looked at below, on a loaded machine too.
+    llm = ScriptedLlm().then_tool_use("toolu_t", "wait", {"seconds": 3}).then_text("rested")
     async with running(worker(store, llm)):
         await parked(store, run.id, "timer")
         sleeping = await store.get(run.id)
-        assert sleeping is not None and sleeping.locked_by is None
+        assert sleeping is not None and sleeping.locked_by is None and sleeping.pending == 1
         pending = await store.pending_wait(run.id)
         assert pending is not None and pending.kind == "timer" and pending.key is None
         done = await finished(store, run.id)
     assert done.status is RunStatus.SUCCEEDED, done.error
     [(tuid, status, output)] = await tool_steps(store, run.id)
     assert (tuid, status) == ("toolu_t", StepStatus.DONE) and output is not None and output.startswith("waited ")
-    assert 0.9 <= float(output.split()[1]) < 10
+    assert 2.9 <= float(output.split()[1]) < 15
     assert [t["name"] for t in llm.seen[0].tools] == ["wait"]  # offered because the run lists it
 
 
@@ -306,7 +307,8 @@ class CrashOnSettle(RunStore):
 @pytest.mark.parametrize("after", [False, True], ids=["before-the-write", "after-the-write"])
 async def test_a_crash_while_recording_a_waits_result_records_it_once(store: RunStore, after: bool) -> None:
     run, _ = await store.create(new_run(tools=("wait",)))
-    first = ScriptedLlm().then_tool_use("toolu_w", "wait", {"seconds": 0.2})
+    # Asleep long enough to be seen parked (and worker-A stopped) before it is due, on a loaded machine too.
+    first = ScriptedLlm().then_tool_use("toolu_w", "wait", {"seconds": 2})
     async with running(worker(store, first, name="worker-A", liveness_lock=False)):
         await parked(store, run.id, "timer")
 

@@ -49,8 +49,9 @@ async def test_a_run_sleeping_3s_resumes_once_after_a_kill_9_of_the_worker_that_
         first = await start_worker(port, "--id", "sleep-1", *ARGS, env=env)
         try:
             await wait_ready(f"http://127.0.0.1:{port}", first)
-            sleeper, _ = await store.create(new_run("sleep a while", tools=("wait",)))
+            # The one that waits without end first: then both are parked for the sleeper's whole 3 s.
             eventer, _ = await store.create(new_run("wait for the reply", tools=("wait_for_event",)))
+            sleeper, _ = await store.create(new_run("sleep a while", tools=("wait",)))
 
             async def both_parked() -> bool:
                 runs = [await store.get(sleeper.id), await store.get(eventer.id)]

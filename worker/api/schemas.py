@@ -343,7 +343,9 @@ class RunView(_Camel):
     cancelled_by: str | None = Field(
         default=None, description="Who first asked the run to stop, named as `createdBy`; null if no one did.",
     )
-    pending: int = Field(0, description="Tool calls waiting for a person's decision (while WAITING).")
+    pending: int = Field(0, description="While WAITING, how much it waits on: tool calls waiting for a person's "
+                         "decision, its sub-agents at work, or 1 for a timer or an event (GET /api/runs/{id}/pending "
+                         "lists them); 0 in any other status.")
     output: Any = Field(
         None, description="The answer of a SUCCEEDED run: the text of its final assistant message, or the JSON "
         "value of a structured answer (with `outputSchema`); null otherwise.",

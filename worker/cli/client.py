@@ -377,7 +377,7 @@ def run_details(run: Mapping[str, Any]) -> str:
         fields.append(("cancel", "requested"))
     if run.get("cancelledBy"):
         fields.append(("cancelled by", run["cancelledBy"]))
-    if run.get("pending") and run.get("waitingFor") != "children":  # children: the `waiting` line below
+    if run.get("pending") and run.get("waitingFor") not in ("children", "timer", "event"):  # those: below
         fields.append(("pending", f"{run['pending']} decisions (agentrun runs pending {run['id']})"))
     if run.get("parentRunId") and run.get("parentToolUseId"):
         fields.append(("started by", f"run {run['parentRunId']} for call {run['parentToolUseId']}"))

@@ -46,6 +46,7 @@ RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_bu
                                                      coalesce(sum(t.cost_usd + t.children_cost), 0))
         FROM ({ACTIVE_DESCENDANTS}) t) END AS live,
     CASE WHEN r.status <> 'WAITING' THEN 0 WHEN r.waiting_for = 'children' THEN r.children_active
+         WHEN r.waiting_for IN ('timer', 'event') THEN 1
          ELSE (SELECT count(*) FROM run_decision d WHERE d.run_id = r.id AND d.decision IS NULL) END AS pending,
     (SELECT coalesce(max(s.seq), 0) FROM run_step s WHERE s.run_id = r.id) AS steps""".replace(
     "{ACTIVE_DESCENDANTS}", ACTIVE_DESCENDANTS)

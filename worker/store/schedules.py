@@ -22,7 +22,7 @@ from agentrun.worker.core.records import NewRun, Run
 from agentrun.worker.core.schedules import ConcurrencyPolicy, Schedule, due, next_time
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.store.rows import RUN_COLUMNS, _run
-from agentrun.worker.store.submit import Submissions, insert_run, run_params
+from agentrun.worker.store.submit import Submissions, cancel_in, insert_run, run_params
 
 SCHEDULE_COLUMNS = """s.name, s.cron, s.interval_seconds, s.timezone, s.run, s.spec, s.concurrency_policy,
     s.starting_deadline_seconds, s.suspend, s.anchor, s.next_due_at, s.last_schedule_time, s.last_error, s.missed,
@@ -225,21 +225,23 @@ class Schedules(Submissions):
             if active and s.concurrency_policy is ConcurrencyPolicy.FORBID:
                 await self._tick_row(cur, s.name, tick, "skipped", None)
                 return "skipped", None, None, ()
-            for run_id in active:  # Replace: through the cancel path (a held run stops at its next step)
-                await self.cancel(run_id, by=by or f"schedule:{s.name}")
-            replaced = tuple(active)
+            replaced = tuple(active)  # cancelled below, once this tick's run is made
         try:
             new = await plan(s, tick)
             params = run_params(new)
         except (Refused, ValueError) as e:
             error = f"tick {tick.isoformat()} created no run: {e}"
             await self._tick_row(cur, s.name, tick, "failed", None)
-            return "failed", None, error, replaced
+            return "failed", None, error, ()
         if not await self._tick_row(cur, s.name, tick, "created", params["id"]):
-            return "taken", None, None, replaced
+            return "taken", None, None, ()
         run_id = await insert_run(cur, params)
         if run_id is None:  # its id is the tick's: already there, from this tick
-            return "taken", None, None, replaced
+            return "taken", None, None, ()
+        # Replace: the runs before are asked to stop in the transaction that makes the new one, so a pass
+        # that fails or a worker that dies leaves both as they were, never the old cancelled and no new one.
+        for old in replaced:
+            await cancel_in(cur, old, by or f"schedule:{s.name}")
         return "created", run_id, None, replaced
 
     @staticmethod

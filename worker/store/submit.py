@@ -137,6 +137,36 @@ async def insert_run(cur: psycopg.AsyncCursor[dict[str, Any]], params: dict[str,
     return inserted
 
 
+_CANCEL = b"""WITH asked AS (
+    UPDATE run SET cancel_requested = true,
+           cancelled_by = CASE WHEN cancel_requested THEN cancelled_by ELSE %(by)s END,
+           status = CASE WHEN status IN ('QUEUED', 'WAITING') THEN 'CANCELLED' ELSE status END,
+           finished_at = CASE WHEN status IN ('QUEUED', 'WAITING') THEN now() ELSE finished_at END,
+           error = CASE WHEN status = 'QUEUED' AND started_at IS NULL THEN 'cancelled before it started'
+                        WHEN status = 'QUEUED' THEN 'cancelled while handed back, before a worker resumed it'
+                        WHEN status = 'WAITING' AND waiting_for = 'children'
+                            THEN 'cancelled while waiting for its sub-agents'
+                        WHEN status = 'WAITING' AND waiting_for = 'timer'
+                            THEN 'cancelled while waiting (a timer)'
+                        WHEN status = 'WAITING' AND waiting_for = 'event'
+                            THEN 'cancelled while waiting for event ' || wait_key
+                        WHEN status = 'WAITING' THEN 'cancelled while waiting for a decision'
+                        ELSE error END
+       WHERE id = %(id)s AND status IN ('QUEUED', 'RUNNING', 'WAITING')
+       RETURNING id)
+SELECT children_active FROM run WHERE id = %(id)s"""
+
+
+async def cancel_in(cur: psycopg.AsyncCursor[dict[str, Any]], run_id: uuid.UUID, by: str | None) -> None:
+    """Ask a run to stop (Submissions.cancel), in the cursor's transaction: the run, and when it waits for
+    sub-agents their whole tree, in one commit with whatever else the transaction does."""
+    await cur.execute(_CANCEL, {"id": run_id, "by": by})
+    row = await cur.fetchone()
+    if row is not None and row["children_active"] > 0:  # it waited for its sub-agents: they stop too
+        await cur.execute(CANCEL_DESCENDANTS.encode(),
+                          {"id": run_id, "by": by, "reason": "cancelled with its parent run"})
+
+
 class Submissions(Gateway):
     async def create(self, new: NewRun) -> tuple[Run, bool]:
         """Insert a run; returns it and whether it is new.
@@ -172,27 +202,6 @@ class Submissions(Gateway):
         Returns the run afterwards, or None if there is no such run. A finished run is left as it is.
         `by` is recorded as `cancelled_by` unless someone asked before.
         """
-        await self._one(
-            """UPDATE run SET cancel_requested = true,
-                   cancelled_by = CASE WHEN cancel_requested THEN cancelled_by ELSE %s END,
-                   status = CASE WHEN status IN ('QUEUED', 'WAITING') THEN 'CANCELLED' ELSE status END,
-                   finished_at = CASE WHEN status IN ('QUEUED', 'WAITING') THEN now() ELSE finished_at END,
-                   error = CASE WHEN status = 'QUEUED' AND started_at IS NULL THEN 'cancelled before it started'
-                                WHEN status = 'QUEUED' THEN 'cancelled while handed back, before a worker resumed it'
-                                WHEN status = 'WAITING' AND waiting_for = 'children'
-                                    THEN 'cancelled while waiting for its sub-agents'
-                                WHEN status = 'WAITING' AND waiting_for = 'timer'
-                                    THEN 'cancelled while waiting (a timer)'
-                                WHEN status = 'WAITING' AND waiting_for = 'event'
-                                    THEN 'cancelled while waiting for event ' || wait_key
-                                WHEN status = 'WAITING' THEN 'cancelled while waiting for a decision'
-                                ELSE error END
-               WHERE id = %s AND status IN ('QUEUED', 'RUNNING', 'WAITING')
-               RETURNING id""",
-            (by, run_id),
-        )
-        run = await self.get(run_id)
-        if run is not None and run.children_active > 0:  # it waited for its sub-agents: they stop too
-            await self._all(CANCEL_DESCENDANTS, {"id": run_id, "by": by, "reason": "cancelled with its parent run"})
-            run = await self.get(run_id)
-        return run
+        async with self.pool.connection() as conn, conn.transaction():
+            await cancel_in(conn.cursor(row_factory=dict_row), run_id, by)
+        return await self.get(run_id)

@@ -134,7 +134,8 @@ function listView(params) {
 // -- the schedules list (issue 27) ------------------------------------------------------------------
 
 function when(iso) {
-  return iso ? h("time", { datetime: iso, title: iso }, iso.slice(0, 19).replace("T", " ")) : "–";
+  // In the browser's time zone, as the run page shows times; the exact instant (UTC) on hover.
+  return iso ? h("time", { datetime: iso, title: iso }, new Date(iso).toLocaleString()) : "–";
 }
 
 function schedulesView() {

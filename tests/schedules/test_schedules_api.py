@@ -28,6 +28,13 @@ async def due_now(db: psycopg.AsyncConnection[Any], name: str) -> None:
     await db.execute("UPDATE schedule SET next_due_at = date_trunc('second', now()) WHERE name = %s", (name,))
 
 
+async def second_tick_due(db: psycopg.AsyncConnection[Any], name: str) -> None:
+    """Another tick due now, half an hour before the first (an hourly schedule): never the first's own time,
+    whichever second the first fell on and however slow the machine is."""
+    await db.execute("UPDATE schedule SET next_due_at = (SELECT max(scheduled_time) FROM schedule_tick "
+                     "WHERE schedule_name = %(n)s) - interval '30 minutes' WHERE name = %(n)s", {"n": name})
+
+
 async def test_create_read_patch_delete(client: httpx.AsyncClient) -> None:
     r = await client.post("/api/schedules", json={"name": "nightly", "cron": "0 3 * * *", "timezone": "Europe/Berlin",
                                                   "run": RUN})
@@ -124,8 +131,7 @@ async def test_forbid_skips_and_replace_cancels(
                                                   "concurrencyPolicy": policy})
         await due_now(db, name)
         assert [t.outcome for t in await ticker.once()] == ["created"]
-        await db.execute("UPDATE schedule SET next_due_at = next_due_at - interval '2 hours' + interval '1 second' "
-                         "WHERE name = %s", (name,))
+        await second_tick_due(db, name)
         await db.execute("UPDATE schedule SET starting_deadline_seconds = 100000 WHERE name = %s", (name,))
         second = await ticker.once()
         first_run = (await client.get(f"/api/schedules/{name}/runs")).json()[-1]
@@ -152,8 +158,7 @@ async def test_replace_cancels_the_run_before_only_in_the_commit_that_makes_the_
     await due_now(db, "swap")
     assert [t.outcome for t in await ticker.once()] == ["created"]
     [first] = (await client.get("/api/schedules/swap/runs")).json()
-    await db.execute("UPDATE schedule SET next_due_at = next_due_at - interval '2 hours' + interval '1 second' "
-                     "WHERE name = 'swap'")
+    await second_tick_due(db, "swap")
 
     async def dies(*_: Any) -> Any:
         raise RuntimeError("the worker dies while planning the next run")

@@ -23,6 +23,7 @@ from agentrun.worker.core.records import RunStatus
 from agentrun.worker.core.types import LlmRequest, LlmResponse, Usage
 from agentrun.worker.llm.limits import Limited, Limiter, ModelLimits, estimate_tokens
 from agentrun.worker.store import RunStore
+from agentrun.worker.store.limits import LimitCounters
 from agentrun.worker.testing.fake_server import FakeAnthropic, Json, Reply
 from tests.support.builders import MODEL, new_run, worker
 from tests.support.ports import free_port
@@ -224,6 +225,37 @@ class Gate:
                                usage=Usage(input_tokens=1, output_tokens=1))
         finally:
             self.in_flight -= 1
+
+
+class LateAnswers(LimitCounters):
+    """The reservation is made on the server, and its answer is late: a cancel comes first."""
+
+    def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
+        super().__init__(pool)
+        self.made = asyncio.Event()
+
+    async def reserve(self, params: Any) -> Any:
+        row = await super().reserve(params)
+        self.made.set()
+        await asyncio.Event().wait()
+        return row
+
+
+async def test_a_cancel_while_the_reservation_is_answered_frees_its_slot(pool: AsyncConnectionPool[Any]) -> None:
+    limiter = Limiter(ModelLimits.parse({MODEL: {"maxConcurrentRequests": 1}}), pool)
+    late = LateAnswers(pool)
+    limiter._store = late
+    waiting = asyncio.create_task(limiter.acquire(MODEL, 10))
+    await asyncio.wait_for(late.made.wait(), 20)
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT in_flight FROM model_limit WHERE key = %s", (MODEL,))
+        assert len((await cur.fetchone())[0]) == 1  # type: ignore[index]  # taken on the server
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    async with pool.connection() as conn:
+        cur = await conn.execute("SELECT in_flight FROM model_limit WHERE key = %s", (MODEL,))
+        assert (await cur.fetchone())[0] == {}  # type: ignore[index]  # and freed, not left to expire
 
 
 async def test_a_waiting_run_keeps_its_lease_and_a_cancel_interrupts_the_wait(

@@ -190,7 +190,14 @@ class Limiter:
         started = time.monotonic()
         waited = False
         while True:
-            row = await self._counters.reserve(params)
+            try:
+                row = await self._counters.reserve(params)
+            except asyncio.CancelledError:
+                # Cancelled (the run, a shutdown) while the statement ran: the server may have made the
+                # reservation all the same. Freed by its id now (nothing if it was not made), not left
+                # taken until it expires.
+                await _quietly(self._counters.release(limit.key, grant_id, 0.0))
+                raise
             if row is None:  # the row was deleted under us: make it again
                 self._known.discard(limit.key)
                 await self._ensure_row(limit)
@@ -231,6 +238,18 @@ class Limiter:
         log.warning("model limit %s tightened after a 429 (for %.0fs)", grant.limit.key, self.tight_seconds)
 
 
+async def _quietly(write: Any) -> None:
+    """Await a bookkeeping write, shielded: a cancel of the caller does not stop it (it goes on in the
+    background, and the cancel goes on up). A failure is logged: the slot expires by itself."""
+    task = asyncio.ensure_future(write)
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        raise
+    except Exception as e:
+        log.warning("model limit bookkeeping failed (the slot expires by itself): %s", e)
+
+
 class Limited:
     """`LlmClient` decorator: each call waits for the fleet-wide limit of its model, then frees it.
 
@@ -254,18 +273,9 @@ class Limited:
         except LlmError as e:
             used = 0  # the API refused it: no tokens were spent
             if e.status == 429:
-                await self._quietly(self.limiter.tighten(grant, e.retry_after))
+                await _quietly(self.limiter.tighten(grant, e.retry_after))
             raise
         finally:
             # Shielded: a cancel (of the run, or a shutdown) must not leave the slot taken until it expires.
-            await self._quietly(self.limiter.release(grant, used))
+            await _quietly(self.limiter.release(grant, used))
 
-    @staticmethod
-    async def _quietly(write: Any) -> None:
-        task = asyncio.ensure_future(write)
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            log.warning("model limit bookkeeping failed (the slot expires by itself): %s", e)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime
 import uuid
 from decimal import ROUND_HALF_UP, Decimal
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar
 
 import orjson
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -57,7 +57,10 @@ def _storable(value: str) -> str:
     return value
 
 
-def _storable_json(value: dict[str, Any]) -> dict[str, Any]:
+T = TypeVar("T")
+
+
+def _storable_json(value: T) -> T:
     """Every string of a JSON value (keys too) as PostgreSQL JSONB holds it: no NUL character."""
     stack: list[Any] = [value]
     while stack:

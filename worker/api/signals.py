@@ -14,19 +14,16 @@ import orjson
 from fastapi import APIRouter, Header, Request, Response
 from pydantic import AfterValidator, ConfigDict, Field, field_validator
 
-from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.guards import access, caller_name
 from agentrun.worker.api.identities import Scope
-from agentrun.worker.api.routes import OrjsonRoute
-from agentrun.worker.api.schemas import NOT_BLANK, ErrorBody, FieldProblem, _Camel, _not_blank, _storable
-from agentrun.worker.core.text import unstorable
+from agentrun.worker.api.routes import MAX_IDEMPOTENCY_KEY, OrjsonRoute, _idempotency_key
+from agentrun.worker.api.schemas import NOT_BLANK, ErrorBody, _Camel, _not_blank, _storable, _storable_json
 from agentrun.worker.core.waits import MAX_KEY_CHARS
 from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.store import RunStore
 
 MAX_PAYLOAD_BYTES = 64 * 1024
 """The largest payload, as JSON: it becomes a tool result the model reads, not a file transfer."""
-IDEMPOTENCY_KEY_CHARS = 255
 
 
 class EventRequest(_Camel):
@@ -49,15 +46,7 @@ class EventRequest(_Camel):
         # The body was parsed by orjson (OrjsonRoute): no NaN, no integer beyond 64 bits, so it dumps back.
         if len(orjson.dumps(value)) > MAX_PAYLOAD_BYTES:
             raise ValueError(f"must be at most {MAX_PAYLOAD_BYTES} bytes as JSON")
-        stack: list[Any] = [value]
-        while stack:  # JSONB holds no NUL in any string, keys included
-            item = stack.pop()
-            if isinstance(item, dict):
-                stack.extend([*item.keys(), *item.values()])
-            elif isinstance(item, list):
-                stack.extend(item)
-            elif isinstance(item, str) and (why := unstorable(item)):
-                raise ValueError(f"has a string that {why}")
+        _storable_json(value)  # JSONB holds no NUL in any string, keys included
         return value
 
 
@@ -87,20 +76,14 @@ def signals_router(store: RunStore, secured: bool, metrics: Metrics | None = Non
             alias="Idempotency-Key",
             description="A retry with the same key is answered with the first answer (with "
             "`Idempotent-Replayed: true`) and delivers nothing again.",
-            json_schema_extra={"minLength": 1, "maxLength": IDEMPOTENCY_KEY_CHARS, "pattern": "^[\\x20-\\x7e]*$"},
+            json_schema_extra={"minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY, "pattern": "^[\\x20-\\x7e]*$"},
         )] = None,
     ) -> EventPosted:
         """Post an event: every run waiting on its key gets its payload as its wait's result and is queued
         again; the event is kept for AGENTRUN_EVENT_RETENTION (default 24 h) for waits that begin later,
         each run receiving it at most once. Scope: `signal` or `submit`."""
-        if idempotency_key is not None and not (
-            0 < len(idempotency_key) <= IDEMPOTENCY_KEY_CHARS and idempotency_key.isprintable()
-            and idempotency_key.isascii()
-        ):
-            problem = f"must be 1 to {IDEMPOTENCY_KEY_CHARS} printable ASCII characters"
-            raise ApiError(422, f"Idempotency-Key: {problem}", [FieldProblem(field="Idempotency-Key", problem=problem)])
         posted = await store.post_event(body.key, body.payload, by=caller_name(request),
-                                        idempotency_key=idempotency_key)
+                                        idempotency_key=_idempotency_key(idempotency_key))
         if posted.replayed:
             response.headers["Idempotent-Replayed"] = "true"
         elif metrics is not None:

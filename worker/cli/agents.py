@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agentrun.worker.cli.arguments import positive_int
-from agentrun.worker.cli.runs import CLIENT_ENV, Show, calling
+from agentrun.worker.cli.runs import CLIENT_ENV, Show, calling, client_commands
 
 if TYPE_CHECKING:
     from agentrun.worker.cli.client import RunsClient
@@ -30,12 +30,7 @@ def add_agents(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     commands = agents.add_subparsers(dest="agents_command", required=True, metavar="COMMAND")
 
-    def command(name: str, help: str, description: str) -> argparse.ArgumentParser:
-        p = commands.add_parser(name, help=help, description=f"{description} {CLIENT_ENV}")
-        p.add_argument("--url", help="server URL (default: $AGENTRUN_URL or http://localhost:8080)")
-        p.add_argument("--json", action="store_true", help="print the server's JSON instead of text")
-        p.set_defaults(func=cmd_agents)
-        return p
+    command = client_commands(commands, cmd_agents)
 
     p = command("create", "create an agent, or a new version of it",
                 "Create the agent the file defines, or a new version of it; a definition identical to the latest "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, Any
 
-from agentrun.worker.cli.runs import CLIENT_ENV, Show, calling
+from agentrun.worker.cli.runs import CLIENT_ENV, Show, calling, client_commands
 
 if TYPE_CHECKING:
     from agentrun.worker.cli.client import RunsClient
@@ -31,19 +31,16 @@ def add_events(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         epilog=CLIENT_ENV,
     )
     commands = events.add_subparsers(dest="events_command", required=True, metavar="COMMAND")
-    p = commands.add_parser(
-        "send", help="post an event (POST /api/events)",
-        description="Post the event KEY with a JSON payload: every run waiting on KEY gets the payload as its "
-        "wait's result and goes on; prints the runs it woke. With --idempotency-key, sending it again answers "
-        "the first answer and wakes nobody twice. Needs the scope signal (or submit). " + CLIENT_ENV,
+    p = client_commands(commands, cmd_events)(
+        "send", "post an event (POST /api/events)",
+        "Post the event KEY with a JSON payload: every run waiting on KEY gets the payload as its wait's result "
+        "and goes on; prints the runs it woke. With --idempotency-key, sending it again answers the first answer "
+        "and wakes nobody twice. Needs the scope signal (or submit).",
     )
     p.add_argument("key", metavar="KEY", help="the event's key, as the runs wait for it")
     p.add_argument("--payload", type=json_value, default=None, metavar="JSON",
                    help="the payload, any JSON value (default: null)")
     p.add_argument("--idempotency-key", metavar="KEY", help="a retry with the same key delivers nothing twice")
-    p.add_argument("--url", help="server URL (default: $AGENTRUN_URL or http://localhost:8080)")
-    p.add_argument("--json", action="store_true", help="print the server's JSON instead of text")
-    p.set_defaults(func=cmd_events)
 
 
 def cmd_events(args: argparse.Namespace) -> int:

@@ -21,6 +21,24 @@ CLIENT_ENV = (
 
 Show = Callable[[object, str], None]
 """Prints an answer: the server's JSON with --json, else the text made of it."""
+Command = Callable[[str, str, str], argparse.ArgumentParser]
+"""Adds a client sub-command: its name, help and description."""
+
+
+def client_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], func: Callable[[argparse.Namespace], int]
+) -> Command:
+    """The sub-command maker of a REST client command group: each takes --url and --json, runs `func`, and
+    says which environment it reads."""
+
+    def command(name: str, help: str, description: str) -> argparse.ArgumentParser:
+        p = commands.add_parser(name, help=help, description=f"{description} {CLIENT_ENV}")
+        p.add_argument("--url", help="server URL (default: $AGENTRUN_URL or http://localhost:8080)")
+        p.add_argument("--json", action="store_true", help="print the server's JSON instead of text")
+        p.set_defaults(func=func)
+        return p
+
+    return command
 
 
 # -- the parser ------------------------------------------------------------------------------------------
@@ -34,13 +52,7 @@ def add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         epilog=CLIENT_ENV,
     )
     commands = runs.add_subparsers(dest="runs_command", required=True, metavar="COMMAND")
-
-    def command(name: str, help: str, description: str) -> argparse.ArgumentParser:
-        p = commands.add_parser(name, help=help, description=f"{description} {CLIENT_ENV}")
-        p.add_argument("--url", help="server URL (default: $AGENTRUN_URL or http://localhost:8080)")
-        p.add_argument("--json", action="store_true", help="print the server's JSON instead of text")
-        p.set_defaults(func=cmd_runs)
-        return p
+    command = client_commands(commands, cmd_runs)
 
     _add_submit(command("submit", "queue a run", "Queue a run and print its id and status."))
     _add_fork(command("fork", "start a run from the first steps of another",

@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentrun.worker.cli.arguments import positive_int
-from agentrun.worker.cli.runs import CLIENT_ENV, Show, calling
+from agentrun.worker.cli.runs import CLIENT_ENV, Show, calling, client_commands
 
 if TYPE_CHECKING:
     from agentrun.worker.cli.client import RunsClient
@@ -27,12 +27,7 @@ def add_schedules(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     commands = schedules.add_subparsers(dest="schedules_command", required=True, metavar="COMMAND")
 
-    def command(name: str, help: str, description: str) -> argparse.ArgumentParser:
-        p = commands.add_parser(name, help=help, description=f"{description} {CLIENT_ENV}")
-        p.add_argument("--url", help="server URL (default: $AGENTRUN_URL or http://localhost:8080)")
-        p.add_argument("--json", action="store_true", help="print the server's JSON instead of text")
-        p.set_defaults(func=cmd_schedules)
-        return p
+    command = client_commands(commands, cmd_schedules)
 
     p = command("create", "create a schedule", "Create a schedule; its first tick is the first after now. "
                 + CREATE_HELP)

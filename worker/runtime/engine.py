@@ -301,7 +301,7 @@ class RunDriver:
                 return await self._children(run, progress, conv, list(conv.pending.values()))
             except CancelRequested:
                 return Stop(RunStatus.CANCELLED, "cancel requested")
-        waited = await self._wait_ended(run, progress, conv, others)
+        waited = await self._wait_ended(run, conv, others)
         if waited is not False:
             return waited
         decided = self._decisions.get(run.id)
@@ -327,7 +327,7 @@ class RunDriver:
                 if isinstance(step, Execute):
                     use = step.use
                     with self.observer.tool_call(run, use["name"], use["id"], use.get("input")) as notes:
-                        return await self._tool_step(run, conv, use, notes, progress)
+                        return await self._tool_step(run, conv, use, notes)
                 if isinstance(step, Settle):
                     return await self._settle(run, conv, step.use, step.ok, step.output)
         except CancelRequested:
@@ -393,15 +393,12 @@ class RunDriver:
             progress = await self._settle(run, conv, use, False, why)
         if not made and len(known) == 0:
             return progress  # nothing to wait for: the model hears of the errors
-        since = self.keeper.since(run.id)
-        self.keeper.drop(run.id)  # a renewal must not find it parked and count it lost
+        held = self.keeper.set_aside(run.id)
         parked = await self._durably(lambda again: self.store.spawn(
             run.id, self.me, made, epoch=run.lease_epoch, again=again
         ))
         if not parked:  # every child had ended by then: their results are next
-            driver = asyncio.current_task()
-            assert driver is not None
-            self.keeper.hold(run.id, driver, run.lease_epoch, since=since)
+            self.keeper.take_back(run.id, held)
             if not made and not any(c.status.terminal for c in await self.store.children(run.id)):
                 # The parent's count says none is at work, its children's rows say otherwise: never loop.
                 raise RuntimeError(f"run {run.id} counts no sub-agent at work but none of its children has ended")
@@ -411,7 +408,7 @@ class RunDriver:
         return None
 
     async def _wait_ended(
-        self, run: Run, progress: Progress, conv: Conversation, owed: list[dict[str, Any]]
+        self, run: Run, conv: Conversation, owed: list[dict[str, Any]]
     ) -> Progress | None | Literal[False]:
         """The result of a wait the run parked for (a timer or an event), once it has ended: recorded as the
         call's step, once (the tool_use id is its key: a crash before the write leaves the wait's row to
@@ -428,21 +425,20 @@ class RunDriver:
         if state.key is None:
             if state.due:
                 return await self._settle(run, conv, use, True, waits.waited((state.now - state.since).total_seconds()))
-            return await self._park_wait(run, progress, conv, use, waits.WaitForTimer(until=state.wake_at))
+            return await self._park_wait(run, conv, use, waits.WaitForTimer(until=state.wake_at))
         if state.event_id is not None:
             return await self._settle(run, conv, use, True, waits.delivered(state.payload))
         if state.due:
             return await self._settle(run, conv, use, False, waits.timed_out(state.key))
-        return await self._park_wait(run, progress, conv, use, waits.WaitForEvent(state.key, 0.0), at=state.wake_at)
+        return await self._park_wait(run, conv, use, waits.WaitForEvent(state.key, 0.0), at=state.wake_at)
 
     async def _park_wait(
-        self, run: Run, progress: Progress, conv: Conversation, use: dict[str, Any], wait: waits.WaitRequest,
+        self, run: Run, conv: Conversation, use: dict[str, Any], wait: waits.WaitRequest,
         at: datetime.datetime | None = None,
     ) -> Progress | None:
         """Park the run WAITING for a call's timer or event, holding no lease and no slot (None); an event
         on the key kept from before is the call's result at once, the run still held."""
-        since = self.keeper.since(run.id)
-        self.keeper.drop(run.id)  # a renewal must not find it parked and count it lost
+        held = self.keeper.set_aside(run.id)
         if isinstance(wait, waits.WaitForTimer):
             await self._durably(lambda again: self.store.park_timer(
                 run.id, self.me, use["id"], seconds=wait.seconds, at=wait.until or at, epoch=run.lease_epoch,
@@ -461,9 +457,7 @@ class RunDriver:
             log.info("%s run=%s TOOL %s id=%s waiting for event %r", self.me, run.id.hex[:8], use["name"],
                      use["id"], wait.key)
             return None
-        driver = asyncio.current_task()
-        assert driver is not None
-        self.keeper.hold(run.id, driver, run.lease_epoch, since=since)
+        self.keeper.take_back(run.id, held)
         log.info("%s run=%s TOOL %s id=%s event %r was kept already", self.me, run.id.hex[:8], use["name"],
                  use["id"], wait.key)
         return await self._settle(run, conv, use, True, waits.delivered(payload))
@@ -733,7 +727,6 @@ class RunDriver:
 
     async def _tool_step(
         self, run: Run, conv: Conversation, use: dict[str, Any], notes: StepNotes = NO_NOTES,
-        progress: Progress | None = None,
     ) -> Progress | None:
         tool_use_id, name = use["id"], use["name"]
         started_id, finished_id = uuid.uuid4(), uuid.uuid4()
@@ -762,8 +755,7 @@ class RunDriver:
             raise
         seconds = time.perf_counter() - t0
         if outcome.wait is not None:  # the call's result is what the wait brings: the run parks (or has it)
-            assert progress is not None
-            return await self._park_wait(run, progress, conv, use, outcome.wait)
+            return await self._park_wait(run, conv, use, outcome.wait)
         latency_ms = round(seconds * 1000)
         progress = await self._durably(lambda again: self.store.finish_tool(
             run.id, self.me, self.settings.lease_seconds, write_id=finished_id, epoch=run.lease_epoch, again=again,

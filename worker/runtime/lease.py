@@ -80,16 +80,21 @@ class LeaseKeeper:
         """Stop renewing: the run is about to be finished or released by its driver."""
         self._held.pop(run_id, None)
 
+    def set_aside(self, run_id: uuid.UUID) -> _Held | None:
+        """Stop renewing while a statement may park the run (a renewal must not find it parked and count
+        it lost); `take_back` what this returns if it did not park."""
+        return self._held.pop(run_id, None)
+
+    def take_back(self, run_id: uuid.UUID, held: _Held | None) -> None:
+        """Renew again a run set aside that did not park, its give-up mark where it was."""
+        if held is not None:
+            self.hold(run_id, held.driver, held.epoch, since=held.since)
+
     def forget(self, run_id: uuid.UUID) -> None:
         """The run's driver has ended: stop renewing and drop the record of a loss, once it was read."""
         self._held.pop(run_id, None)
         self._lost.discard(run_id)
         self._cancel.discard(run_id)
-
-    def since(self, run_id: uuid.UUID) -> float | None:
-        """When the held run's lease was last known extended (as `hold` takes it), or None."""
-        held = self._held.get(run_id)
-        return None if held is None else held.since
 
     def lost(self, run_id: uuid.UUID) -> bool:
         return run_id in self._lost

@@ -30,6 +30,7 @@ class StepKind(str, enum.Enum):
     MODEL = "MODEL"
     TOOL = "TOOL"
     USER = "USER"  # a user message: the first input of a continued conversation, or the next one
+    COMPACT = "COMPACT"  # the turns before a point summarised, or their old tool results cleared (core/context.py)
 
 
 class DecisionKind(str, enum.Enum):
@@ -144,6 +145,7 @@ class Run:
     messages_sent: int = 0  # messages posted to the run (POST /api/runs/{id}/messages)
     messages_delivered: int = 0  # of those, delivered as USER steps
     webhook: dict[str, Any] | None = None  # {"url", "events", "secretRef"} (core/webhooks.py)
+    context_management: dict[str, Any] | None = None  # {"strategy", ...} as stored (core/context.py); None: auto
 
     traceparent: str | None = None
     schedule_name: str | None = None  # the schedule whose tick created the run (issue 27)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal, cast
 
+import orjson
+
 Strategy = Literal["auto", "server", "summarize", "clear_tool_results", "none"]
 STRATEGIES: tuple[Strategy, ...] = ("auto", "server", "summarize", "clear_tool_results", "none")
 DEFAULT_KEEP_RECENT_TURNS = 2
@@ -86,3 +88,74 @@ def parse(value: Any, field: str = "contextManagement") -> ContextPolicy:
 
 def _count(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
+
+
+class DoesNotFit(Exception):
+    """A request that cannot fit the model's window even after the run's context management: the run fails
+    before it is sent (never with the provider's 400, after paying for it)."""
+
+
+SUMMARY_SYSTEM = (
+    "You condense the work so far of an AI agent into a summary the agent will continue from, in place of "
+    "the turns summarised. Keep everything the rest of the task needs: the task itself as first given, "
+    "decisions made, facts and figures found, identifiers (files, records, tool call ids), what was tried "
+    "and failed, and what remains to do. Leave out what no later step needs. Write plain text, no preamble."
+)
+SUMMARY_ASK = "Summarise the conversation above as instructed, for the agent to continue from."
+SUMMARY_HEADER = ("[The conversation before this point was summarised to keep it within the model's context "
+                  "window; every original step is kept in the run's step log. Summary:]")
+SUMMARY_MAX_TOKENS = 4096
+CHARS_PER_TOKEN = 3
+"""The estimate of tokens in text the provider has not counted yet: a character count over 3, which
+overestimates English prose and JSON (about 4 characters a token) on purpose."""
+
+
+def estimate_tokens(value: Any) -> int:
+    """Tokens `value` (messages, blocks, tool definitions) will take, estimated from its JSON's length."""
+    return -(-len(orjson.dumps(value)) // CHARS_PER_TOKEN)
+
+
+def summary_message(summary: str) -> dict[str, Any]:
+    """The user message replay sends in place of the turns a summary covers."""
+    return {"role": "user", "content": [{"type": "text", "text": f"{SUMMARY_HEADER}\n\n{summary}"}]}
+
+
+def cleared(tool: str, seq: int) -> str:
+    """What a cleared tool result reads as: which tool, and the step that keeps the full result."""
+    return (f"[result of tool {tool} cleared to keep the conversation within the context window; the full "
+            f"result is kept in step {seq}]")
+
+
+def transcript(messages: list[dict[str, Any]], max_chars: int | None = None) -> str:
+    """The messages as text for a summarising call, which needs no tools: every block labelled, tool calls
+    and results with their ids. Longer than `max_chars`, each block is cut to an equal share of it."""
+    parts: list[tuple[str, str]] = []
+    for message in messages:
+        who = "User" if message.get("role") == "user" else "Assistant"
+        content = message.get("content")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content or []
+        for block in blocks:
+            if not isinstance(block, dict):
+                continue
+            kind = block.get("type")
+            if kind == "text":
+                parts.append((f"{who}:", str(block.get("text", ""))))
+            elif kind == "tool_use":
+                parts.append((f"{who} called tool {block.get('name')} (id {block.get('id')}) with:",
+                               orjson.dumps(block.get("input")).decode()))
+            elif kind == "tool_result":
+                error = " (an error)" if block.get("is_error") else ""
+                parts.append((f"Result{error} of tool call {block.get('tool_use_id')}:", _text(block.get("content"))))
+            elif kind == "compaction" and isinstance(block.get("content"), str):
+                parts.append(("Earlier summary:", block["content"]))
+    if max_chars is not None and parts and sum(len(h) + len(t) + 2 for h, t in parts) > max_chars:
+        share = max(max_chars // len(parts) - 80, 40)
+        parts = [(h, t if len(t) <= share else t[:share] + " …[cut]") for h, t in parts]
+    return "\n\n".join(f"{h}\n{t}" for h, t in parts)
+
+
+def _text(content: Any) -> str:
+    if isinstance(content, list):
+        return "\n".join(str(b.get("text", "")) if b.get("type") == "text" else f"[{b.get('type')} block]"
+                         for b in content if isinstance(b, dict))
+    return str(content or "")

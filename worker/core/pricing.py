@@ -33,9 +33,21 @@ class Price:
     cache_read: Decimal
 
 
+@dataclasses.dataclass(frozen=True)
+class Limits:
+    """A model's limits, in tokens: a request fits when its input plus its `max_tokens` is within the window."""
+
+    context_window: int
+    max_output_tokens: int
+
+
+MAX_LIMIT = 100_000_000
+
+
 class PriceTable:
-    def __init__(self, prices: Mapping[str, Price]) -> None:
+    def __init__(self, prices: Mapping[str, Price], limits: Mapping[str, Limits] | None = None) -> None:
         self.prices = dict(prices)
+        self.windows = dict(limits or {})
         self._warned: set[str] = set()
 
     @classmethod
@@ -45,7 +57,7 @@ class PriceTable:
         models = data.get("models", {})
         if not isinstance(models, dict):
             raise ValueError("price table: [models] must be a table of models")
-        prices = {}
+        prices, limits = {}, {}
         for model, p in models.items():
             values = []
             for field in ("input", "output", "cache_write", "cache_read"):
@@ -59,7 +71,21 @@ class PriceTable:
                     raise ValueError(f"price table: {field} of model {model!r} must be a number >= 0, got {p[field]!r}")
                 values.append(value)
             prices[model] = Price(*values)
-        return cls(prices)
+            window, output = p.get("context_window"), p.get("max_output_tokens")
+            for field, number in (("context_window", window), ("max_output_tokens", output)):
+                if number is not None and (not isinstance(number, int) or isinstance(number, bool)
+                                           or not 1 <= number <= MAX_LIMIT):
+                    raise ValueError(f"price table: {field} of model {model!r} must be an integer from 1 to "
+                                     f"{MAX_LIMIT}, got {number!r}")
+            if (window is None) != (output is None):
+                raise ValueError(f"price table: model {model!r} names one of context_window and max_output_tokens "
+                                 "without the other")
+            if window is not None and output is not None:
+                if output >= window:
+                    raise ValueError(f"price table: max_output_tokens of model {model!r} ({output}) must be below "
+                                     f"its context_window ({window})")
+                limits[model] = Limits(window, output)
+        return cls(prices, limits)
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> PriceTable:
@@ -72,6 +98,13 @@ class PriceTable:
         for name in _names(model):
             if name in self.prices:
                 return self.prices[name]
+        return None
+
+    def limits(self, model: str) -> Limits | None:
+        """The model's window and output limit, found under the same names as its price; None if unknown."""
+        for name in _names(model):
+            if name in self.windows:
+                return self.windows[name]
         return None
 
     def cost(self, model: str, usage: Usage) -> Decimal | None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from agentrun.worker.core import context
 from agentrun.worker.core.answer import FINAL_ANSWER
 from agentrun.worker.core.records import Step, StepKind, StepStatus
 from agentrun.worker.core.types import Block, Message
@@ -29,10 +30,13 @@ MESSAGE = "message"
 (POST /api/runs/{id}/messages); its `created_by` says who sent it."""
 
 STOP_REASONS = frozenset(
-    {"end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal", "model_context_window_exceeded"}
+    {"end_turn", "max_tokens", "stop_sequence", "tool_use", "pause_turn", "refusal", "model_context_window_exceeded",
+     "compaction"}
 )
-CONTINUES = frozenset({"tool_use", "pause_turn"})
-"""Stop reasons after which the run goes on: with the tools the model asked for, or with the paused turn."""
+CONTINUES = frozenset({"tool_use", "pause_turn", "compaction"})
+"""Stop reasons after which the run goes on: with the tools the model asked for, or with the paused turn
+(a turn paused by the model's server tools, or after the provider compacted the conversation)."""
+PAUSES = frozenset({"pause_turn", "compaction"})
 
 # Content block types of Messages API responses: the model's own and those of server tools (which is
 # where a `pause_turn` comes from). Anything else is not something this engine can send back.
@@ -40,7 +44,7 @@ BLOCK_TYPES = frozenset({
     "text", "thinking", "redacted_thinking", "tool_use", "server_tool_use", "web_search_tool_result",
     "web_fetch_tool_result", "code_execution_tool_result", "bash_code_execution_tool_result",
     "text_editor_code_execution_tool_result", "tool_search_tool_result", "mcp_tool_use", "mcp_tool_result",
-    "container_upload",
+    "container_upload", "compaction",
 })
 
 # What orjson (the step log's JSON codec) can write: a signed or unsigned 64-bit integer.
@@ -130,6 +134,7 @@ class Conversation:
         self.started: set[str] = set()  # pending tool_use ids with a STARTED row: executed before, outcome unknown
         self.attempts: dict[str, int] = {}  # of each of those: the executions its row counts (Step.attempts)
         self._results: list[Block] = []  # tool_result blocks of the current turn, not yet flushed
+        self._results_seq = 0  # the seq of the first of them
         self._used: set[str] = set()  # every tool_use id the model has used, in any turn
         self.last_stop: str | None = None
         self.refused: str | None = None
@@ -139,6 +144,13 @@ class Conversation:
         self.steps = 0  # the highest seq applied
         self.model_steps = 0
         self.rejected_answers = 0  # structured answers refused (a final_answer that did not validate, or none)
+        self.origins: list[int] = [0]
+        """The seq of the step each message began with (0: the run's input), for COMPACT steps to name a point."""
+        self.results: dict[str, tuple[int, str]] = {}  # tool_use id → (seq, tool) of the step holding its result
+        self.stable = 0  # leading messages every later request sends unchanged (a summary)
+        self.cleared: set[str] = set()  # tool_use ids whose results a COMPACT step cleared
+        self._last_model: tuple[str | None, int] | None = None  # the newest MODEL step's request and output tokens
+        self._counted = 0  # messages the newest MODEL step's request and answer hold
 
     @classmethod
     def replay(cls, input: str, steps: Iterable[Step]) -> Conversation:
@@ -147,7 +159,7 @@ class Conversation:
         c = cls(input)
         for i, s in enumerate(steps):
             if i == 0 and s.kind is StepKind.USER and s.request != MESSAGE:
-                c.messages = []
+                c.messages, c.origins = [], []
             c.apply(s)
         return c
 
@@ -190,18 +202,21 @@ class Conversation:
                 self.messages[-1] = {"role": "user", "content": [
                     *_blocks(self.messages[-1]["content"]), {"type": "text", "text": step.response or ""}]}
             else:
-                self.messages.append({"role": "user", "content": step.response or ""})
+                self._append({"role": "user", "content": step.response or ""}, step.seq)
             self.last_stop = None
             self.refused = None
             self.pending = {}
             self.started.clear()
         elif step.kind is StepKind.MODEL:
             self._apply_model(step)
+        elif step.kind is StepKind.COMPACT:
+            self._apply_compact(step)
         elif step.status is StepStatus.STARTED:
             if step.tool_use_id in self.pending:
                 self.started.add(step.tool_use_id)
                 self.attempts[step.tool_use_id] = step.attempts
         elif step.tool_use_id in self.pending:
+            self.results[step.tool_use_id] = (step.seq, step.tool_name or "?")
             del self.pending[step.tool_use_id]
             self.started.discard(step.tool_use_id)
             result: dict[str, Any] = {
@@ -213,6 +228,8 @@ class Conversation:
                 result["is_error"] = True
                 if step.tool_name == FINAL_ANSWER:
                     self.rejected_answers += 1
+            if not self._results:
+                self._results_seq = step.seq
             self._results.append(result)
             if not self.pending:
                 self._flush()
@@ -223,11 +240,12 @@ class Conversation:
         stop = step.stop_reason
         self.refused = problem(content, stop, self._used)
         blocks: list[Block] = content if isinstance(content, list) else []
-        if self.last_stop == "pause_turn" and self.messages[-1]["role"] == "assistant":
+        if self.last_stop in PAUSES and self.messages[-1]["role"] == "assistant":
             # The paused turn was sent back as it was and the model went on with it: one assistant turn.
             self.messages[-1] = {"role": "assistant", "content": [*self.messages[-1]["content"], *blocks]}
         else:
-            self.messages.append({"role": "assistant", "content": blocks})
+            self._append({"role": "assistant", "content": blocks}, step.seq)
+        self._last_model, self._counted = (step.request, step.output_tokens), len(self.messages)
         self.model_steps += 1
         self.last_stop = stop
         uses = [b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
@@ -242,8 +260,98 @@ class Conversation:
     def _flush(self) -> None:
         """All tool_result blocks of one turn go into ONE user message, as the API requires."""
         if self._results:
-            self.messages.append({"role": "user", "content": self._results})
+            self._append({"role": "user", "content": self._results}, self._results_seq)
             self._results = []
+
+    def _append(self, message: Message, seq: int) -> None:
+        self.messages.append(message)
+        self.origins.append(seq)
+
+    # Context management (core/context.py): what a request would take, and the COMPACT steps replayed.
+
+    def estimate(self, system: str | None, tools: list[dict[str, Any]]) -> int:
+        """Input tokens the next request would take: the provider's count of the newest model call's input
+        and its answer, plus an estimate of the messages added since; an estimate of all of it when there
+        is no such count (no model call yet, a client that does not count, a COMPACT step since)."""
+        base = self._provider_count()
+        if base is not None:
+            return base + context.estimate_tokens(self.messages[self._counted:])
+        return context.estimate_tokens([system, tools, self.messages])
+
+    def _provider_count(self) -> int | None:
+        if self._last_model is None:
+            return None
+        request, output_tokens = self._last_model
+        try:
+            summary = orjson.loads(request) if request else None
+        except orjson.JSONDecodeError:
+            return None
+        counted = summary.get("context", {}).get("contextTokens") if isinstance(summary, dict) else None
+        if not isinstance(counted, int) or isinstance(counted, bool) or counted <= 0:
+            return None
+        return counted + output_tokens
+
+    def cut(self, keep_turns: int) -> int | None:
+        """Where the kept turns begin (an index of `messages`: an assistant message, or the end) when the
+        newest `keep_turns` turns are kept; None if that leaves nothing before it worth compacting (no
+        model turn after the run's input or the last summary). A turn is an assistant message and the user
+        message after it, so a tool_use is never parted from its tool_result."""
+        turns = [i for i, m in enumerate(self.messages) if m["role"] == "assistant"]
+        if keep_turns == 0:
+            at = len(self.messages)
+        elif len(turns) <= keep_turns:
+            return None
+        else:
+            at = turns[-keep_turns]
+        return at if any(self.stable <= i < at for i in turns) else None
+
+    def uncleared(self, at: int) -> list[dict[str, Any]]:
+        """The tool results before messages[at] not cleared yet: [{"toolUseId", "tool", "seq"}]."""
+        found = []
+        for message in self.messages[:at]:
+            for block in _blocks(message["content"]) if message["role"] == "user" else []:
+                use = block.get("tool_use_id")
+                if block.get("type") == "tool_result" and use in self.results and use not in self.cleared:
+                    seq, tool = self.results[use]
+                    found.append({"toolUseId": use, "tool": tool, "seq": seq})
+        return found
+
+    def _apply_compact(self, step: Step) -> None:
+        self._flush()
+        try:
+            request = orjson.loads(step.request or "{}")
+        except orjson.JSONDecodeError:
+            request = {}
+        request = request if isinstance(request, dict) else {}
+        keep_from = request.get("keepFromSeq") if isinstance(request, dict) else None
+        at = next((i for i, seq in enumerate(self.origins) if isinstance(keep_from, int) and seq >= keep_from),
+                  len(self.messages))
+        if request.get("strategy") == "clear_tool_results":
+            try:
+                listed = orjson.loads(step.response or "[]")
+            except orjson.JSONDecodeError:
+                listed = []
+            gone = {c["toolUseId"]: c for c in listed if isinstance(c, dict) and isinstance(c.get("toolUseId"), str)}
+            self.cleared.update(gone)
+            for i in range(at):
+                message = self.messages[i]
+                if message["role"] == "user" and isinstance(message["content"], list):
+                    self.messages[i] = {**message, "content": [_cleared(b, gone) for b in message["content"]]}
+        else:
+            self.messages = [context.summary_message(step.response or ""), *self.messages[at:]]
+            self.origins = [step.seq, *self.origins[at:]]
+            self.stable = 1
+        self._last_model = None  # what the provider counted is gone: estimated afresh until the next call
+
+
+def _cleared(block: Block, gone: dict[str, dict[str, Any]]) -> Block:
+    """A tool_result block with its content replaced by a placeholder, if it is one of those cleared."""
+    use = block.get("tool_use_id")
+    if block.get("type") != "tool_result" or use not in gone:
+        return block
+    c = gone[use]
+    seq = c.get("seq")
+    return {**block, "content": context.cleared(str(c.get("tool", "?")), seq if isinstance(seq, int) else 0)}
 
 
 def _blocks(content: Any) -> list[Block]:

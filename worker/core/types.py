@@ -43,6 +43,16 @@ class Usage:
 
 
 @dataclasses.dataclass(frozen=True)
+class ServerContext:
+    """Ask the provider to keep the request within the window itself (contextManagement `server`): on the
+    Messages API, its compaction beta past `trigger` input tokens, and its context editing, which clears old
+    tool results keeping the newest `keep_tool_uses`."""
+
+    trigger: int
+    keep_tool_uses: int
+
+
+@dataclasses.dataclass(frozen=True)
 class LlmRequest:
     model: str
     max_tokens: int
@@ -52,6 +62,12 @@ class LlmRequest:
     on_text: Callable[[str], None] | None = dataclasses.field(default=None, compare=False, repr=False)
     """Called with each fragment of assistant text as it streams in, for live watchers only: a client that
     cannot stream may ignore it, and the response is the final message either way."""
+    server_context: ServerContext | None = None
+    """The provider manages the window (a client whose provider cannot ignores it: the engine asks only
+    those that can, `supports_server_context`)."""
+    stable_messages: int = 0
+    """Leading messages that later requests send unchanged (a summary in place of older turns): a cache
+    breakpoint after them keeps them read from the cache."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +77,10 @@ class LlmResponse:
     usage: Usage = Usage()
     id: str | None = None  # the provider's message id, for traces
     model: str | None = None  # the model that answered, as the provider names it
+    context_tokens: int | None = None
+    """The input the model saw, in the provider's count (after its own compaction or clearing), when known."""
+    applied_edits: tuple[dict[str, Any], ...] = ()
+    """The provider's context edits applied to this request (Messages API `context_management.applied_edits`)."""
 
 
 class LlmClient(Protocol):

@@ -43,6 +43,13 @@ EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 
+COMPACTION_BETA = "compact-2026-01-12"
+CONTEXT_EDITING_BETA = "context-management-2025-06-27"
+SERVER_CONTEXT_BETAS = (COMPACTION_BETA, CONTEXT_EDITING_BETA)
+"""The betas of contextManagement `server`: server-side compaction (`compact_20260112`) and context editing
+(`clear_tool_uses_20250919`), sent together; the API clears old tool results first and compacts what is
+left when it still passes the trigger."""
+
 # The status an `error` event in a stream stands for (the stream itself began with a 200), by its type,
 # so that a stream cut by overload is retried like a 529 answer would be.
 STREAM_ERROR_STATUS = {
@@ -119,7 +126,9 @@ class AnthropicClient:
         """The request through the SDK's own `post` (headers, auth, base URL, timeout, status errors), the
         body as orjson bytes and the answer read here."""
         # The client's timeout given again, so that the SDK's x-stainless-timeout header names it.
-        options: anthropic.RequestOptions = {"headers": JSON_HEADERS, "timeout": sdk.timeout}
+        headers = JSON_HEADERS if "context_management" not in params else {
+            **JSON_HEADERS, "anthropic-beta": ",".join(SERVER_CONTEXT_BETAS)}
+        options: anthropic.RequestOptions = {"headers": headers, "timeout": sdk.timeout}
         try:
             body = orjson.dumps(params if on_text is None else {**params, "stream": True})
         except orjson.JSONEncodeError as e:  # the same request would fail the same way: not retried
@@ -137,8 +146,19 @@ class AnthropicClient:
         return response_of(message)
 
     async def _through_sdk(self, params: dict[str, Any], on_text: Callable[[str], None] | None) -> LlmResponse:
-        """The request through the SDK's `messages` resource, for Bedrock's and Vertex's clients."""
-        if on_text is None:
+        """The request through the SDK's `messages` resource, for Bedrock's and Vertex's clients (its `beta`
+        one when the provider manages the window)."""
+        message: Any
+        if "context_management" in params:
+            beta: Any = self._sdk.beta.messages
+            if on_text is None:
+                message = await beta.create(**params, betas=list(SERVER_CONTEXT_BETAS))
+            else:
+                async with beta.stream(**params, betas=list(SERVER_CONTEXT_BETAS)) as stream:
+                    async for text in stream.text_stream:
+                        on_text(text)
+                    message = await stream.get_final_message()
+        elif on_text is None:
             message = await self._sdk.messages.create(**params)
         else:
             # The SDK's streaming interface: the same final message, with its text seen as it comes.
@@ -146,20 +166,8 @@ class AnthropicClient:
                 async for text in stream.text_stream:
                     on_text(text)
                 message = await stream.get_final_message()
-        usage = message.usage
-        return LlmResponse(
-            # by_alias + exclude_none: the blocks as the API sent them (minus nulls), ready to send back.
-            content=[block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in message.content],
-            stop_reason=message.stop_reason,
-            id=message.id,
-            model=message.model,
-            usage=Usage(
-                input_tokens=usage.input_tokens,
-                output_tokens=usage.output_tokens,
-                cache_creation_input_tokens=usage.cache_creation_input_tokens or 0,
-                cache_read_input_tokens=usage.cache_read_input_tokens or 0,
-            ),
-        )
+        # The message as the API sent it (minus nulls): by_alias + exclude_none keep the blocks ready to send back.
+        return response_of(message.model_dump(mode="json", by_alias=True, exclude_none=True))
 
 
 def request_params(request: LlmRequest) -> dict[str, Any]:
@@ -167,7 +175,7 @@ def request_params(request: LlmRequest) -> dict[str, Any]:
     params: dict[str, Any] = {
         "model": request.model,
         "max_tokens": request.max_tokens,
-        "messages": with_message_breakpoints(request.messages),
+        "messages": with_message_breakpoints(request.messages, request.stable_messages),
     }
     tools = [dict(t) for t in request.tools]
     if request.system:
@@ -177,6 +185,12 @@ def request_params(request: LlmRequest) -> dict[str, Any]:
         tools[-1]["cache_control"] = EPHEMERAL
     if tools:
         params["tools"] = tools
+    if (server := request.server_context) is not None:
+        params["context_management"] = {"edits": [
+            {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": server.trigger},
+             "keep": {"type": "tool_uses", "value": max(server.keep_tool_uses, 1)}},
+            {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": server.trigger}},
+        ]}
     return params
 
 
@@ -202,18 +216,40 @@ def response_of(message: Any) -> LlmResponse:
     stop_reason = message.get("stop_reason")
     usage = message.get("usage")
     usage = usage if isinstance(usage, dict) else {}
+    billed = _usage(usage)
+    # The top-level counts are the model's own sampling; a server-side compaction's are in `iterations`
+    # only, and are billed too. The window the model saw is the last `message` iteration's input.
+    iterations = usage.get("iterations")
+    iterations = [i for i in iterations if isinstance(i, dict)] if isinstance(iterations, list) else []
+    for compaction in (i for i in iterations if i.get("type") == "compaction"):
+        billed = _plus(billed, _usage(compaction))
+    seen = next((_usage(i) for i in reversed(iterations) if i.get("type") == "message"), _usage(usage))
+    managed = message.get("context_management")
+    edits = managed.get("applied_edits") if isinstance(managed, dict) else None
     return LlmResponse(
         content=[{k: v for k, v in block.items() if v is not None} for block in content],
         stop_reason=stop_reason if isinstance(stop_reason, str) else None,
         id=_text_or_none(message.get("id")),
         model=_text_or_none(message.get("model")),
-        usage=Usage(
-            input_tokens=_count(usage.get("input_tokens")),
-            output_tokens=_count(usage.get("output_tokens")),
-            cache_creation_input_tokens=_count(usage.get("cache_creation_input_tokens")),
-            cache_read_input_tokens=_count(usage.get("cache_read_input_tokens")),
-        ),
+        usage=billed,
+        context_tokens=seen.input_tokens + seen.cache_creation_input_tokens + seen.cache_read_input_tokens,
+        applied_edits=tuple(e for e in edits if isinstance(e, dict)) if isinstance(edits, list) else (),
     )
+
+
+def _usage(counts: dict[str, Any]) -> Usage:
+    return Usage(
+        input_tokens=_count(counts.get("input_tokens")),
+        output_tokens=_count(counts.get("output_tokens")),
+        cache_creation_input_tokens=_count(counts.get("cache_creation_input_tokens")),
+        cache_read_input_tokens=_count(counts.get("cache_read_input_tokens")),
+    )
+
+
+def _plus(a: Usage, b: Usage) -> Usage:
+    return Usage(a.input_tokens + b.input_tokens, a.output_tokens + b.output_tokens,
+                 a.cache_creation_input_tokens + b.cache_creation_input_tokens,
+                 a.cache_read_input_tokens + b.cache_read_input_tokens)
 
 
 def _count(value: Any) -> int:
@@ -302,6 +338,8 @@ def _apply(
         delta = body.get("delta")
         if isinstance(delta, dict):
             message.update({k: v for k, v in delta.items() if k in ("stop_reason", "stop_sequence")})
+        if isinstance(body.get("context_management"), dict):  # the context edits the API applied
+            message["context_management"] = body["context_management"]
         usage = body.get("usage")
         if isinstance(usage, dict):  # the counts in a message_delta are cumulative: they replace
             message["usage"] = {**(message.get("usage") or {}), **{k: v for k, v in usage.items() if v is not None}}
@@ -333,6 +371,10 @@ def _apply(
             block["signature"] = block.get("signature", "") + str(delta.get("signature", ""))
         case "citations_delta":
             block["citations"] = [*(block.get("citations") or []), delta.get("citation")]
+        case "compaction_delta":  # a server-side compaction's summary (and its opaque part), kept as sent
+            for field in ("content", "encrypted_content"):
+                if isinstance(delta.get(field), str):
+                    block[field] = (block.get(field) or "") + delta[field]
 
 
 def _stream_error(body: dict[str, Any]) -> LlmError:
@@ -343,8 +385,10 @@ def _stream_error(body: dict[str, Any]) -> LlmError:
     return LlmError(STREAM_ERROR_STATUS.get(kind, 500), None, _truncate(message))
 
 
-def with_message_breakpoints(messages: list[Message]) -> list[Message]:
-    """The messages with cache breakpoints on the newest one and on the one the previous request ended with.
+def with_message_breakpoints(messages: list[Message], stable: int = 0) -> list[Message]:
+    """The messages with cache breakpoints on the newest one and on the one the previous request ended with,
+    and after the `stable` leading messages (a summary in place of older turns, which every later request
+    sends unchanged: read from the cache while the turns after it come and go).
 
     The newest breakpoint writes the whole conversation to the cache, so the next iteration reads it
     back. The one two messages earlier is where the previous request wrote, so that entry is hit
@@ -353,7 +397,7 @@ def with_message_breakpoints(messages: list[Message]) -> list[Message]:
     touched: marked messages and their last block are copies.
     """
     out = list(messages)
-    for i in {len(out) - 1, len(out) - 3}:
+    for i in {len(out) - 1, len(out) - 3, stable - 1}:
         if i >= 0 and out[i].get("role") == "user":
             out[i] = _marked(out[i])
     return out

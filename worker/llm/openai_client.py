@@ -157,7 +157,9 @@ def from_chat(completion: Json) -> LlmResponse:
         stop = "refusal"
     else:
         stop = STOP_REASONS.get(choice.get("finish_reason"), "end_turn")
-    return LlmResponse(content=blocks, stop_reason=stop, usage=usage_of(completion.get("usage")))
+    usage = usage_of(completion.get("usage"))
+    return LlmResponse(content=blocks, stop_reason=stop, usage=usage,
+                       context_tokens=usage.input_tokens + usage.cache_read_input_tokens)
 
 
 def usage_of(usage: Json | None) -> Usage:

@@ -14,13 +14,14 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from decimal import Decimal
 from typing import Any, Literal, TypeVar
 
 import orjson
 import psycopg
 
 from agentrun.worker.core import children as sub
-from agentrun.worker.core import waits
+from agentrun.worker.core import context, waits
 from agentrun.worker.core.agents import Agent, with_agent
 from agentrun.worker.core.answer import FINAL_ANSWER, INSTRUCTION, MAX_CORRECTIONS, answer_of, definition, problem
 from agentrun.worker.core.children import MAX_CHILDREN_PER_TURN, MAX_DEPTH
@@ -28,7 +29,7 @@ from agentrun.worker.core.decisions import Execute, Fail, Key, Park, Settle, key
 from agentrun.worker.core.errors import Refused
 from agentrun.worker.core.guard import Stop, deadline_passed, final, guard, remaining
 from agentrun.worker.core.observer import NO_NOTES, UNKNOWN_TOOL, NoObserver, Observer, StepNotes
-from agentrun.worker.core.pricing import PriceTable
+from agentrun.worker.core.pricing import Limits, PriceTable
 from agentrun.worker.core.records import (
     Decision,
     DecisionKind,
@@ -45,7 +46,8 @@ from agentrun.worker.core.records import (
 from agentrun.worker.core.replay import CORRECTION, Conversation, dump_content
 from agentrun.worker.core.submission import Defaults, Offer, RunSpec, new_run
 from agentrun.worker.core.text import clean, clean_json
-from agentrun.worker.core.types import LlmClient, LlmError, LlmRequest, Message, Usage
+from agentrun.worker.core.types import LlmClient, LlmError, LlmRequest, LlmResponse, Message, ServerContext, Usage
+from agentrun.worker.llm.providers import BUILTIN, split
 from agentrun.worker.obs import logs
 from agentrun.worker.runtime.deltas import DeltaPublisher
 from agentrun.worker.runtime.lease import CancelRequested, LeaseKeeper
@@ -88,6 +90,48 @@ def outage_backoff(failures: int, base: float, cap: float, rng: random.Random) -
 
 def _json(value: Any) -> str:
     return orjson.dumps(value).decode()
+
+
+SERVER_TRIGGER = 150_000
+"""The compaction trigger of `server` for a model whose window the price table does not name (the API's own)."""
+
+
+def _strategy(asked: str, model: str) -> str:
+    """The strategy a run's policy comes to for its model: `auto` is `server` where the provider compacts
+    (the Messages API: Anthropic, Bedrock, Vertex), else `summarize`. `server` on a provider that cannot is
+    refused before the request is sent."""
+    compacts = split(model).provider in BUILTIN
+    if asked == "auto":
+        return "server" if compacts else "summarize"
+    if asked == "server" and not compacts:
+        raise context.DoesNotFit(
+            f"contextManagement strategy server needs a provider that compacts the conversation itself (the "
+            f"Messages API: {', '.join(BUILTIN)}); {model} is served by an OpenAI-compatible endpoint: use auto, "
+            "summarize or clear_tool_results")
+    return asked
+
+
+def _hint(strategy: str) -> str:
+    if strategy == "none":
+        return ": choose auto, summarize or clear_tool_results to keep long runs going"
+    return ", which cannot shrink it further: the newest turns alone are too long"
+
+
+def _context_notes(strategy: str, estimate: int, limits: Limits | None, response: LlmResponse) -> dict[str, Any]:
+    """What a MODEL step's request summary says about the window: the strategy, the engine's estimate, the
+    provider's count of what the model saw (replay's base for the next estimate) and its own compaction."""
+    notes: dict[str, Any] = {"strategy": strategy, "estimatedTokens": estimate}
+    if limits is not None:
+        notes["window"] = limits.context_window
+    if response.context_tokens:
+        notes["contextTokens"] = response.context_tokens
+    if any(isinstance(b, dict) and b.get("type") == "compaction" for b in response.content):
+        notes["compacted"] = True
+    cleared = sum(e.get("cleared_tool_uses", 0) for e in response.applied_edits
+                  if isinstance(e.get("cleared_tool_uses"), int))
+    if cleared:
+        notes["clearedToolUses"] = cleared
+    return notes
 
 
 def _since_last_assistant(messages: list[Message]) -> list[Message]:
@@ -258,6 +302,8 @@ class RunDriver:
                         progress = await self._model_step(run, conv, notes)
                 except CancelRequested:
                     return Stop(RunStatus.CANCELLED, "cancel requested")
+                except context.DoesNotFit as e:
+                    return Stop(RunStatus.FAILED, str(e))
                 except LlmError as e:
                     if not e.retryable:
                         return Stop(RunStatus.FAILED, str(e))
@@ -664,14 +710,37 @@ class RunDriver:
         return found
 
     async def _model_step(self, run: Run, conv: Conversation, notes: StepNotes = NO_NOTES) -> Progress:
+        system = run.system if run.output_schema is None else "\n\n".join(filter(None, [run.system, INSTRUCTION]))
+        tools = (self.tools.definitions(run.tools) + await self._agent_definitions(run)
+                 + ([definition(run.output_schema)] if run.output_schema else []))
+        limits = self.prices.limits(run.model)
+        max_tokens = min(self.settings.max_tokens, limits.max_output_tokens) if limits else self.settings.max_tokens
+        policy = context.ContextPolicy.of(run.context_management)
+        strategy = _strategy(policy.strategy, run.model)
+        estimate = conv.estimate(system, tools)
+        if limits is not None and strategy in ("summarize", "clear_tool_results"):
+            trigger = min(policy.trigger(limits.context_window), limits.context_window - max_tokens)
+            if estimate > trigger and await self._compact(run, conv, strategy, policy, limits, estimate, trigger):
+                estimate = conv.estimate(system, tools)
+        if limits is not None and estimate + max_tokens > limits.context_window:
+            raise context.DoesNotFit(
+                f"the next model request does not fit the context window of {run.model}: about {estimate} input "
+                f"tokens + max_tokens {max_tokens} > {limits.context_window} tokens (contextManagement strategy "
+                f"{strategy}{_hint(strategy)}); it was not sent")
+        server = None
+        if strategy == "server":
+            trigger = policy.trigger(limits.context_window) if limits else policy.trigger_tokens or SERVER_TRIGGER
+            server = ServerContext(min(trigger, limits.context_window - max_tokens) if limits else trigger,
+                                   policy.keep_recent_turns)
         request = LlmRequest(
             model=run.model,
-            max_tokens=self.settings.max_tokens,
+            max_tokens=max_tokens,
             messages=list(conv.messages),
-            system=run.system if run.output_schema is None else "\n\n".join(filter(None, [run.system, INSTRUCTION])),
-            tools=self.tools.definitions(run.tools) + await self._agent_definitions(run)
-            + ([definition(run.output_schema)] if run.output_schema else []),
+            system=system,
+            tools=tools,
             on_text=(deltas := self.deltas.sink(run.id, conv.steps + 1)),
+            server_context=server,
+            stable_messages=conv.stable,
         )
         notes.sent(request)
         t0 = time.perf_counter()
@@ -697,6 +766,7 @@ class RunDriver:
             "tools": [t["name"] for t in request.tools],
             "message_count": len(request.messages),
             "new_messages": _since_last_assistant(request.messages),
+            "context": _context_notes(strategy, estimate, limits, response),
         }
         # Model output is untrusted text: ids and names in it become column values, where a NUL would
         # make the checkpoint fail on every worker. Cleaned once, here, so the live conversation and
@@ -706,11 +776,12 @@ class RunDriver:
         content = dump_content(clean_json(response.content))
         stop_reason = clean(response.stop_reason) if response.stop_reason is not None else None
         write_id = uuid.uuid4()
+        turn = ModelTurn(_json(summary), content, stop_reason, usage, cost, latency_ms)
         seq, progress = await self._durably(lambda again: self.store.checkpoint_model(
             run.id,
             self.me,
             self.settings.lease_seconds,
-            ModelTurn(_json(summary), content, stop_reason, usage, cost, latency_ms),
+            turn,
             write_id=write_id,
             epoch=run.lease_epoch,
             again=again,
@@ -718,12 +789,81 @@ class RunDriver:
         logs.set_context(step_seq=seq)
         notes.checkpointed(seq)
         self.observer.model_step(run.model, usage, cost, seconds, ok=True)
-        conv.apply(Step(run.id, seq, StepKind.MODEL, StepStatus.DONE, response=content, stop_reason=stop_reason))
+        conv.apply(Step(run.id, seq, StepKind.MODEL, StepStatus.DONE, request=turn.request, response=content,
+                        stop_reason=stop_reason, output_tokens=usage.output_tokens))
         log.info(
             "%s run=%s seq=%d MODEL stop=%s in=%d out=%d latency=%dms",
             self.me, run.id.hex[:8], seq, stop_reason, usage.input_tokens, usage.output_tokens, latency_ms,
         )
         return progress
+
+    async def _compact(
+        self, run: Run, conv: Conversation, strategy: str, policy: context.ContextPolicy, limits: Limits,
+        estimate: int, trigger: int,
+    ) -> bool:
+        """Bring the conversation under the trigger before the next model call, as a COMPACT step: the turns
+        before the newest `keepRecentTurns` summarised by a model call of their own, or their tool results
+        cleared. Returns whether a step was written (False: nothing old enough to compact).
+
+        A crash during the summarising call leaves no trace (the next holder makes it again); a crash after
+        its checkpoint leaves the summary in the step log, which replay applies, so the estimate is then
+        under the trigger and no second summary is made."""
+        at = conv.cut(policy.keep_recent_turns)
+        if at is None:
+            return False
+        covered = [s for s in conv.origins[:at] if s > 0]
+        described: dict[str, Any] = {
+            "strategy": strategy, "keepFromSeq": conv.origins[at] if at < len(conv.messages) else None,
+            "coversSeqs": [min(covered, default=1), conv.origins[at] - 1 if at < len(conv.messages) else conv.steps],
+            "estimatedTokens": estimate, "window": limits.context_window, "triggerTokens": trigger,
+        }
+        usage, latency_ms, stop_reason = Usage(), 0, None
+        cost: Decimal | None = Decimal(0)
+        if strategy == "clear_tool_results":
+            found = conv.uncleared(at)
+            if not found:
+                return False
+            response = _json(found)
+        else:
+            response, usage, cost, latency_ms, stop_reason = await self._summarise(run, conv.messages[:at], limits)
+        write_id = uuid.uuid4()
+        request = _json(described)
+        seq, _ = await self._durably(lambda again: self.store.checkpoint_model(
+            run.id, self.me, self.settings.lease_seconds,
+            ModelTurn(request, response, stop_reason, usage, cost, latency_ms),
+            write_id=write_id, epoch=run.lease_epoch, again=again, kind=StepKind.COMPACT,
+        ))
+        conv.apply(Step(run.id, seq, StepKind.COMPACT, StepStatus.DONE, request=request, response=response))
+        log.info("%s run=%s seq=%d COMPACT %s of steps %d-%d (about %d tokens, trigger %d)", self.me,
+                 run.id.hex[:8], seq, strategy, *described["coversSeqs"], estimate, trigger)
+        return True
+
+    async def _summarise(
+        self, run: Run, covered: list[Message], limits: Limits
+    ) -> tuple[str, Usage, Decimal | None, int, str | None]:
+        """The summarising call of a COMPACT step: (summary, usage, cost, latency in ms, stop reason).
+        Retried, timed and handed back in an outage like any model call (the client's decorators)."""
+        max_tokens = min(context.SUMMARY_MAX_TOKENS, limits.max_output_tokens)
+        room = (limits.context_window - max_tokens) * context.CHARS_PER_TOKEN * 9 // 10
+        text = context.transcript(covered, room - len(context.SUMMARY_SYSTEM) - len(context.SUMMARY_ASK))
+        request = LlmRequest(model=run.model, max_tokens=max_tokens, system=context.SUMMARY_SYSTEM, tools=[],
+                             messages=[{"role": "user", "content": f"{text}\n\n{context.SUMMARY_ASK}"}])
+        t0 = time.perf_counter()
+        try:
+            answer: LlmResponse = await self.keeper.interruptible(run.id, self.llm.send(request))
+        except LlmError:
+            self.observer.model_step(run.model, Usage(), None, time.perf_counter() - t0, ok=False)
+            raise
+        seconds = time.perf_counter() - t0
+        cost = self.prices.cost(run.model, answer.usage)
+        self.observer.model_step(run.model, answer.usage, cost, seconds, ok=True)
+        summary = clean("\n".join(str(b.get("text", "")) for b in answer.content
+                                   if isinstance(b, dict) and b.get("type") == "text")).strip()
+        if not summary:
+            raise context.DoesNotFit(
+                f"the conversation passed its trigger and the summarising call made to keep it within the context "
+                f"window of {run.model} returned no text (stop_reason {answer.stop_reason!r})")
+        return summary, answer.usage, cost, round(seconds * 1000), answer.stop_reason
 
     async def _tool_step(
         self, run: Run, conv: Conversation, use: dict[str, Any], notes: StepNotes = NO_NOTES,

@@ -17,6 +17,7 @@ from agentrun.worker.core.records import (
     ModelTurn,
     Progress,
     RunStatus,
+    StepKind,
 )
 from agentrun.worker.core.text import clean
 from agentrun.worker.store.gateway import Gateway
@@ -133,8 +134,10 @@ class StepWrites(Gateway):
         write_id: uuid.UUID | None = None,
         epoch: int | None = None,
         again: bool = False,
+        kind: StepKind = StepKind.MODEL,
     ) -> tuple[int, Progress]:
-        """The model step row, the token and cost counters and the lease renewal, all or nothing.
+        """The model step row, the token and cost counters and the lease renewal, all or nothing. A COMPACT
+        step (`kind`) is written the same way: a summarising call is billed like any model call.
 
         `write_id` names this write: sent again after its outcome was lost with a connection (`again`),
         it finds the step it already wrote instead of appending a second one, and adds no tokens twice.
@@ -154,7 +157,7 @@ class StepWrites(Gateway):
                         input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens,
                         cost_usd, latency_ms, worker, started_at, finished_at, write_id)
                     SELECT id, (SELECT coalesce(max(seq), 0) + 1 FROM run_step WHERE run_id = %(id)s),
-                        'MODEL', 'DONE', %(request)s, %(response)s, %(stop)s, %(in)s, %(out)s,
+                        %(kind)s, 'DONE', %(request)s, %(response)s, %(stop)s, %(in)s, %(out)s,
                         %(cw)s, %(cr)s, %(cost)s, %(ms)s, %(worker)s,
                         now() - make_interval(secs => %(ms)s / 1000.0), now(), %(wid)s
                     FROM fence WHERE NOT EXISTS (SELECT 1 FROM done)
@@ -166,7 +169,7 @@ class StepWrites(Gateway):
                 "request": turn.request, "response": turn.response, "stop": turn.stop_reason,
                 "in": usage.input_tokens, "out": usage.output_tokens, "cw": usage.cache_creation_input_tokens,
                 "cr": usage.cache_read_input_tokens, "ms": turn.latency_ms, "wid": write_id or uuid.uuid4(),
-                "epoch": epoch,
+                "epoch": epoch, "kind": kind.value,
             },
             shared=CHECKPOINTS, again=again,
         )

@@ -39,6 +39,9 @@ class Limits:
 
     context_window: int
     max_output_tokens: int
+    server_compaction: bool = False
+    """The provider compacts this model's conversations itself (the Messages API's compaction beta): what
+    contextManagement `auto` uses for it, rather than the engine's own summaries."""
 
 
 MAX_LIMIT = 100_000_000
@@ -84,7 +87,11 @@ class PriceTable:
                 if output >= window:
                     raise ValueError(f"price table: max_output_tokens of model {model!r} ({output}) must be below "
                                      f"its context_window ({window})")
-                limits[model] = Limits(window, output)
+                compacts = p.get("server_compaction", False)
+                if not isinstance(compacts, bool):
+                    raise ValueError(f"price table: server_compaction of model {model!r} must be true or false, "
+                                     f"got {compacts!r}")
+                limits[model] = Limits(window, output, compacts)
         return cls(prices, limits)
 
     @classmethod

@@ -96,14 +96,14 @@ SERVER_TRIGGER = 150_000
 """The compaction trigger of `server` for a model whose window the price table does not name (the API's own)."""
 
 
-def _strategy(asked: str, model: str) -> str:
-    """The strategy a run's policy comes to for its model: `auto` is `server` where the provider compacts
-    (the Messages API: Anthropic, Bedrock, Vertex), else `summarize`. `server` on a provider that cannot is
-    refused before the request is sent."""
-    compacts = split(model).provider in BUILTIN
+def _strategy(asked: str, model: str, limits: Limits | None) -> str:
+    """The strategy a run's policy comes to for its model: `auto` is `server` where the provider compacts the
+    model's conversations (the Messages API, for a model the price table marks `server_compaction`), else
+    `summarize`. `server` on a provider that has no such thing is refused before the request is sent."""
+    messages_api = split(model).provider in BUILTIN
     if asked == "auto":
-        return "server" if compacts else "summarize"
-    if asked == "server" and not compacts:
+        return "server" if messages_api and limits is not None and limits.server_compaction else "summarize"
+    if asked == "server" and not messages_api:
         raise context.DoesNotFit(
             f"contextManagement strategy server needs a provider that compacts the conversation itself (the "
             f"Messages API: {', '.join(BUILTIN)}); {model} is served by an OpenAI-compatible endpoint: use auto, "
@@ -716,7 +716,7 @@ class RunDriver:
         limits = self.prices.limits(run.model)
         max_tokens = min(self.settings.max_tokens, limits.max_output_tokens) if limits else self.settings.max_tokens
         policy = context.ContextPolicy.of(run.context_management)
-        strategy = _strategy(policy.strategy, run.model)
+        strategy = _strategy(policy.strategy, run.model, limits)
         estimate = conv.estimate(system, tools)
         if limits is not None and strategy in ("summarize", "clear_tool_results"):
             trigger = min(policy.trigger(limits.context_window), limits.context_window - max_tokens)

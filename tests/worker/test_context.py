@@ -1,0 +1,239 @@
+"""Context-window management in the engine (issue 28): long runs kept within a small window by each
+strategy, never a request over it, crashes around the summarising call, and `none` failing before sending.
+
+The model here counts tokens as the local servers do (a character count over four) and refuses a request
+over its window as the real API would: the engine is proven against that, not against its own estimate."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+
+from agentrun.worker.core.pricing import PriceTable
+from agentrun.worker.core.records import RunStatus, StepKind
+from agentrun.worker.core.types import LlmError, LlmRequest, LlmResponse, Usage
+from agentrun.worker.store import RunStore
+from agentrun.worker.tools import ToolContext, tool
+from tests.support.builders import SimulatedCrash, new_run, worker
+
+WINDOW = 16_000
+MAX_OUTPUT = 1024
+MODEL = "claude-window-16k"
+OPENAI_MODEL = "local/window-16k"
+PRICES = PriceTable.from_toml(f"""
+[models."{MODEL}"]
+input = 3.0
+output = 15.0
+cache_write = 3.75
+cache_read = 0.3
+context_window = {WINDOW}
+max_output_tokens = {MAX_OUTPUT}
+server_compaction = true
+
+[models."{OPENAI_MODEL}"]
+input = 1.0
+output = 2.0
+cache_write = 0
+cache_read = 0
+context_window = {WINDOW}
+max_output_tokens = {MAX_OUTPUT}
+""")
+RESULT = "x" * 2048  # each tool result: 2 KB
+TURN_ID = re.compile(r"toolu_long_(\d+)")
+
+
+def count(request: LlmRequest) -> int:
+    return math.ceil(len(json.dumps([request.system, request.tools, request.messages])) / 4)
+
+
+class LongLlm:
+    """A stateless model for long runs: the turn is one more than the newest `toolu_long_N` it can see
+    (in kept turns or in a summary); it asks for `fetch` until `turns`, then ends. A request with no tools
+    (the engine's summarising call) gets a summary naming the newest call. Refuses what passes the window."""
+
+    def __init__(self, turns: int, window: int | None = WINDOW) -> None:
+        self.turns, self.window = turns, window
+        self.seen: list[LlmRequest] = []
+        self.sizes: list[int] = []
+        self.summaries = 0
+        self.crash_on_summary = 0  # crash (the worker dies) on this many summarising calls, first
+        self.crash_after_summary = 0  # crash on this many model calls that follow a summary
+
+    async def send(self, request: LlmRequest) -> LlmResponse:
+        size = count(request)
+        self.seen.append(request)
+        self.sizes.append(size)
+        if self.window is not None and size + request.max_tokens > self.window:
+            raise LlmError(400, None, f"prompt is too long: {size} + {request.max_tokens} > {self.window}")
+        text = json.dumps(request.messages)
+        turn = max((int(n) + 1 for n in TURN_ID.findall(text)), default=0)
+        usage = Usage(size, 20)
+        if not request.tools:
+            if self.crash_on_summary:
+                self.crash_on_summary -= 1
+                raise SimulatedCrash()
+            self.summaries += 1
+            return LlmResponse([{"type": "text", "text": f"Summary: the newest call is toolu_long_{turn - 1}."}],
+                               "end_turn", usage, context_tokens=size)
+        if self.crash_after_summary and "was summarised" in text:
+            self.crash_after_summary -= 1
+            raise SimulatedCrash()
+        if turn >= self.turns:
+            return LlmResponse([{"type": "text", "text": f"done after {turn} tool turns"}], "end_turn", usage,
+                               context_tokens=size)
+        use = {"type": "tool_use", "id": f"toolu_long_{turn}", "name": "fetch", "input": {"turn": turn}}
+        return LlmResponse([use], "tool_use", usage, context_tokens=size)
+
+
+@tool(name="fetch", description="fetches a page")
+async def fetch(args: dict[str, Any], ctx: ToolContext) -> str:
+    return RESULT
+
+
+async def long_run(store: RunStore, strategy: str, turns: int, model: str = MODEL, **policy: Any) -> uuid.UUID:
+    run, _ = await store.create(new_run("work through the pages", model=model, max_steps=10 * turns,
+                                        token_budget=100_000_000, tools=("fetch",)))
+    async with await psycopg.AsyncConnection.connect(store.pool.conninfo) as db:
+        await db.execute("UPDATE run SET context_management = %s WHERE id = %s",
+                         (json.dumps({"strategy": strategy, **policy}), run.id))
+        await db.commit()
+    return run.id
+
+
+async def drive(store: RunStore, llm: LongLlm, name: str = "worker-A") -> None:
+    await worker(store, llm, [fetch], name, prices=PRICES).run_once()
+
+
+@pytest.mark.parametrize("strategy", ["summarize", "clear_tool_results"])
+async def test_a_long_run_stays_within_a_small_window(store: RunStore, strategy: str) -> None:
+    llm = LongLlm(turns=60)
+    run_id = await long_run(store, strategy, 60)
+    await drive(store, llm)
+    run = await store.get(run_id)
+    assert run is not None and run.status is RunStatus.SUCCEEDED, run.error
+    assert run.output == "done after 60 tool turns"
+    assert all(size + MAX_OUTPUT <= WINDOW for size in llm.sizes)
+    steps = await store.steps(run_id)
+    compact = [s for s in steps if s.kind is StepKind.COMPACT]
+    assert compact, "a 60-turn run of 2 KB results cannot fit 16,000 tokens without compaction"
+    assert len([s for s in steps if s.kind is StepKind.TOOL]) == 60  # nothing deleted: every original step kept
+    request = json.loads(compact[0].request or "{}")
+    assert request["strategy"] == strategy and request["window"] == WINDOW
+    if strategy == "summarize":
+        assert llm.summaries == len(compact)
+        assert compact[0].input_tokens > 0 and compact[0].cost_usd is not None  # counted like a model step
+    else:
+        assert llm.summaries == 0 and "cleared to keep the conversation" in json.dumps(llm.seen[-1].messages)
+
+
+async def test_a_summary_keeps_the_recent_turns_and_each_tool_use_with_its_result(store: RunStore) -> None:
+    llm = LongLlm(turns=40)
+    run_id = await long_run(store, "summarize", 40, keepRecentTurns=3)
+    await drive(store, llm)
+    after = next(r for r in llm.seen if r.tools and "was summarised" in json.dumps(r.messages))
+    assert after.messages[0]["role"] == "user" and "Summary:" in json.dumps(after.messages[0])
+    assert after.stable_messages == 1  # a cache breakpoint goes after the summary
+    kept = after.messages[1:]
+    assert [m["role"] for m in kept[:2]] == ["assistant", "user"]
+    assert sum(1 for m in kept if m["role"] == "assistant") == 3
+    use = kept[0]["content"][0]
+    assert use["type"] == "tool_use" and kept[1]["content"][0]["tool_use_id"] == use["id"]
+    run = await store.get(run_id)
+    assert run is not None and run.status is RunStatus.SUCCEEDED
+
+
+async def test_none_fails_before_sending_a_request_over_the_window(store: RunStore) -> None:
+    llm = LongLlm(turns=60)
+    run_id = await long_run(store, "none", 60)
+    await drive(store, llm)
+    run = await store.get(run_id)
+    assert run is not None and run.status is RunStatus.FAILED
+    assert run.error is not None and f"> {WINDOW} tokens" in run.error and "it was not sent" in run.error
+    assert "strategy none" in run.error
+    assert all(size + MAX_OUTPUT <= WINDOW for size in llm.sizes)  # the one over it was never sent
+
+
+async def test_a_crash_during_the_summarising_call_resumes_with_one_summary(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    llm = LongLlm(turns=30)
+    llm.crash_on_summary = 1
+    run_id = await long_run(store, "summarize", 30)
+    with pytest.raises(SimulatedCrash):
+        await drive(store, llm)
+    steps = await store.steps(run_id)
+    assert not [s for s in steps if s.kind is StepKind.COMPACT]  # the call died with its worker: no trace
+    await db.execute("UPDATE run SET locked_until = now() - interval '1 second' WHERE id = %s", (run_id,))
+    await drive(store, llm, "worker-B")
+    run = await store.get(run_id)
+    assert run is not None and run.status is RunStatus.SUCCEEDED, run.error
+    steps = await store.steps(run_id)
+    compact = [s for s in steps if s.kind is StepKind.COMPACT]
+    assert len(compact) == llm.summaries  # one COMPACT step per summary made: none lost, none made twice
+    first = compact[0]
+    assert steps[first.seq - 2].kind is StepKind.TOOL and steps[first.seq].kind is StepKind.MODEL
+
+
+async def test_a_crash_after_the_summary_resumes_from_it_without_a_second_one(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    llm = LongLlm(turns=30)
+    llm.crash_after_summary = 1
+    run_id = await long_run(store, "summarize", 30)
+    with pytest.raises(SimulatedCrash):
+        await drive(store, llm)
+    steps = await store.steps(run_id)
+    assert [s.kind for s in steps][-1] is StepKind.COMPACT and llm.summaries == 1
+    await db.execute("UPDATE run SET locked_until = now() - interval '1 second' WHERE id = %s", (run_id,))
+    await drive(store, llm, "worker-B")
+    run = await store.get(run_id)
+    assert run is not None and run.status is RunStatus.SUCCEEDED, run.error
+    steps = await store.steps(run_id)
+    kinds = [s.kind for s in steps]
+    first = kinds.index(StepKind.COMPACT)
+    assert kinds[first + 1] is StepKind.MODEL  # the next holder went on from the summary: no second one
+    assert len([k for k in kinds if k is StepKind.COMPACT]) == llm.summaries
+
+
+async def test_summarize_works_on_an_openai_compatible_model_and_server_is_refused_there(store: RunStore) -> None:
+    llm = LongLlm(turns=40)
+    auto = await long_run(store, "auto", 40, model=OPENAI_MODEL)  # auto is summarize where nothing compacts
+    await drive(store, llm)
+    run = await store.get(auto)
+    assert run is not None and run.status is RunStatus.SUCCEEDED, run.error
+    assert any(s.kind is StepKind.COMPACT for s in await store.steps(auto))
+    server = await long_run(store, "server", 5, model=OPENAI_MODEL)
+    await drive(store, llm)
+    run = await store.get(server)
+    assert run is not None and run.status is RunStatus.FAILED
+    assert run.error is not None and "strategy server needs a provider that compacts" in run.error
+
+
+async def test_server_strategy_sends_the_edits_and_replays_the_compaction_block_exactly(store: RunStore) -> None:
+    block = {"type": "compaction", "content": "Summary: the newest call is toolu_long_0.",
+             "encrypted_content": "opaque\u2028bytes", "signature": "sig=="}
+
+    class Compacting(LongLlm):
+        async def send(self, request: LlmRequest) -> LlmResponse:
+            response = await super().send(request)
+            if len(self.seen) == 2:  # the provider compacted this request: its block comes first
+                return LlmResponse([block, *response.content], response.stop_reason, response.usage,
+                                   context_tokens=100)
+            return response
+
+    llm = Compacting(turns=3)
+    run_id = await long_run(store, "server", 3, triggerTokens=5000)
+    await drive(store, llm)
+    run = await store.get(run_id)
+    assert run is not None and run.status is RunStatus.SUCCEEDED, run.error
+    assert llm.seen[0].server_context is not None and llm.seen[0].server_context.trigger == 5000
+    sent_back = llm.seen[2].messages[3]["content"][0]
+    assert json.dumps(sent_back, sort_keys=True) == json.dumps(block, sort_keys=True)
+    steps = await store.steps(run_id)
+    assert json.loads(steps[2].request or "{}")["context"]["compacted"] is True

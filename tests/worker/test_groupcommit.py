@@ -9,7 +9,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from agentrun.worker.core.records import ModelTurn, RunStatus
+from agentrun.worker.core.records import ModelTurn, RunStatus, StepKind
 from agentrun.worker.core.types import Usage
 from agentrun.worker.store import LeaseLost, RunStore, groupcommit
 from agentrun.worker.store.groupcommit import GroupCommit
@@ -245,3 +245,18 @@ async def test_a_batch_of_different_writes_goes_in_one_transaction(
     cur = await db.execute("SELECT count(DISTINCT xmin::text) FROM run_step WHERE finished_at IS NOT NULL")
     assert await cur.fetchone() == (1,)
     assert [s.status.value for s in await batched.steps(c)] == ["ERROR"]
+
+
+async def test_a_compact_step_in_a_batch_of_model_steps_keeps_its_kind(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """A summarising call is checkpointed like a model call, through the same shared statement."""
+    batched = RunStore(store.pool, GroupCommit(store.pool, senders=1))
+    ids = await _held(batched, 4)
+    await asyncio.gather(*(batched.checkpoint_model(
+        run_id, "w", 30, ModelTurn('{"strategy": "summarize"}', "summary", "end_turn", Usage(7, 3, 0, 0), None, 0),
+        kind=StepKind.COMPACT if i % 2 else StepKind.MODEL) for i, run_id in enumerate(ids)))
+    assert batched.writes.stats.largest == 4
+    cur = await db.execute("SELECT run_id, kind FROM run_step")
+    kinds = dict(await cur.fetchall())
+    assert [kinds[run_id] for run_id in ids] == ["MODEL", "COMPACT", "MODEL", "COMPACT"]

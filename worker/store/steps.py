@@ -47,8 +47,8 @@ CHECKPOINTS = Shared("checkpoint_model", f"""
 WITH w AS (
     SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(epoch)s::bigint[], %(lease)s::float8[],
         %(wid)s::uuid[], %(request)s::text[], %(response)s::text[], %(stop)s::text[], %(in)s::int[], %(out)s::int[],
-        %(cw)s::int[], %(cr)s::int[], %(cost)s::numeric[], %(ms)s::int[])
-    AS w (id, worker, epoch, lease, wid, request, response, stop, i, o, cw, cr, cost, ms)),
+        %(cw)s::int[], %(cr)s::int[], %(cost)s::numeric[], %(ms)s::int[], %(kind)s::text[])
+    AS w (id, worker, epoch, lease, wid, request, response, stop, i, o, cw, cr, cost, ms, kind)),
 {SHARED_FENCE},
 done AS (SELECT s.run_id AS id, s.seq FROM run_step s JOIN w ON s.run_id = w.id AND s.write_id = w.wid),
 step AS (
@@ -56,7 +56,7 @@ step AS (
         input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens,
         cost_usd, latency_ms, worker, started_at, finished_at, write_id)
     SELECT w.id, (SELECT coalesce(max(s.seq), 0) + 1 FROM run_step s WHERE s.run_id = w.id),
-        'MODEL', 'DONE', w.request, w.response, w.stop, w.i, w.o, w.cw, w.cr, w.cost, w.ms, w.worker,
+        w.kind, 'DONE', w.request, w.response, w.stop, w.i, w.o, w.cw, w.cr, w.cost, w.ms, w.worker,
         now() - make_interval(secs => w.ms / 1000.0), now(), w.wid
     FROM w JOIN fence USING (id) WHERE NOT EXISTS (SELECT 1 FROM done WHERE done.id = w.id)
     RETURNING run_id AS id, seq,
@@ -70,7 +70,8 @@ owned AS (
         run.messages_sent - run.messages_delivered AS messages_waiting)
 SELECT coalesce(step.seq, done.seq) AS seq, {SHARED_PROGRESS}
 FROM owned LEFT JOIN step USING (id) LEFT JOIN done USING (id)""".encode(),
-    ("id", "worker", "epoch", "lease", "wid", "request", "response", "stop", "in", "out", "cw", "cr", "cost", "ms"))
+    ("id", "worker", "epoch", "lease", "wid", "request", "response", "stop", "in", "out", "cw", "cr", "cost", "ms",
+     "kind"))
 
 TOOL_STARTS = Shared("start_tool", f"""
 WITH w AS (

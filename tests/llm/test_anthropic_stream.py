@@ -275,3 +275,60 @@ async def test_integers_beyond_64_bits_reach_the_answer_exactly(
     (block,) = answer.content
     assert block["input"] == BIG_INPUTS
     assert all(type(block["input"][k]) is int for k in ("n", "m", "top", "low"))
+
+
+async def test_a_streamed_compaction_block_its_usage_iterations_and_edits_are_read(
+    raw: tuple[RawServer, AnthropicClient]
+) -> None:
+    """Server-side compaction (contextManagement `server`): the block is built from its deltas and kept as
+    sent, the compaction's tokens (only in `iterations`) are billed too, and the window the model saw is the
+    message iteration's input."""
+    server, client = raw
+    server.body = sse(
+        START,
+        ("content_block_start", {"index": 0, "content_block": {"type": "compaction", "content": None}}),
+        ("content_block_delta", {"index": 0, "delta": {"type": "compaction_delta", "content": "Summary: "}}),
+        ("content_block_delta", {"index": 0, "delta": {"type": "compaction_delta", "content": "two pages read.",
+                                                        "encrypted_content": "b3BhcXVl"}}),
+        ("content_block_stop", {"index": 0}),
+        ("content_block_start", {"index": 1, "content_block": {"type": "text", "text": ""}}),
+        ("content_block_delta", {"index": 1, "delta": {"type": "text_delta", "text": "Going on."}}),
+        ("content_block_stop", {"index": 1}),
+        ("message_delta", {"delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                           "context_management": {"applied_edits": [
+                               {"type": "clear_tool_uses_20250919", "cleared_tool_uses": 4,
+                                "cleared_input_tokens": 900}]},
+                           "usage": {"input_tokens": 700, "output_tokens": 12, "cache_read_input_tokens": 50,
+                                     "iterations": [
+                                         {"type": "compaction", "input_tokens": 15000, "output_tokens": 300,
+                                          "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0},
+                                         {"type": "message", "input_tokens": 700, "output_tokens": 12,
+                                          "cache_creation_input_tokens": 0, "cache_read_input_tokens": 50}]}}),
+        STOP,
+    )
+    response = await client.send(request(lambda _: None))
+    assert response.content[0] == {"type": "compaction", "content": "Summary: two pages read.",
+                                   "encrypted_content": "b3BhcXVl"}
+    u = response.usage
+    assert (u.input_tokens, u.output_tokens, u.cache_read_input_tokens) == (15700, 312, 50)
+    assert response.context_tokens == 750
+    assert response.applied_edits[0]["cleared_tool_uses"] == 4
+
+
+def test_the_server_strategy_asks_for_compaction_and_clearing_and_a_summary_gets_a_breakpoint() -> None:
+    from agentrun.worker.core.types import ServerContext
+    from agentrun.worker.llm.anthropic_client import request_params
+
+    messages = [{"role": "user", "content": "summary"}, {"role": "assistant", "content": [{"type": "text", "text": "a"}]},
+                {"role": "user", "content": "b"}, {"role": "assistant", "content": [{"type": "text", "text": "c"}]},
+                {"role": "user", "content": "d"}]
+    params = request_params(LlmRequest(MODEL, 1024, messages, "sys", server_context=ServerContext(12_000, 2),
+                                       stable_messages=1))
+    assert params["context_management"] == {"edits": [
+        {"type": "clear_tool_uses_20250919", "trigger": {"type": "input_tokens", "value": 12_000},
+         "keep": {"type": "tool_uses", "value": 2}},
+        {"type": "compact_20260112", "trigger": {"type": "input_tokens", "value": 12_000}},
+    ]}
+    marked = [i for i, m in enumerate(params["messages"]) if isinstance(m["content"], list)
+              and "cache_control" in m["content"][-1]]
+    assert marked == [0, 2, 4]  # after the summary, where the last request ended, and the newest

@@ -237,3 +237,31 @@ async def test_server_strategy_sends_the_edits_and_replays_the_compaction_block_
     assert json.dumps(sent_back, sort_keys=True) == json.dumps(block, sort_keys=True)
     steps = await store.steps(run_id)
     assert json.loads(steps[2].request or "{}")["context"]["compacted"] is True
+
+
+async def test_auto_is_the_providers_compaction_only_where_the_model_has_it(store: RunStore) -> None:
+    llm = LongLlm(turns=1)
+    compacting = await long_run(store, "auto", 1)  # marked server_compaction in the price table
+    await drive(store, llm)
+    plain = await long_run(store, "auto", 1, model="claude-sonnet-4-5")  # a Messages API model without it
+    sent = len(llm.seen)
+    await worker(store, llm, [fetch], "worker-A", prices=PriceTable.load()).run_once()
+    assert llm.seen[0].server_context is not None
+    assert all(r.server_context is None for r in llm.seen[sent:])
+    for run_id, strategy in ((compacting, "server"), (plain, "summarize")):
+        steps = await store.steps(run_id)
+        assert json.loads(steps[0].request or "{}")["context"]["strategy"] == strategy
+
+
+async def test_a_turn_too_long_for_the_window_fails_the_run_with_the_reason(store: RunStore) -> None:
+    @tool(name="fetch", description="fetches a page")
+    async def huge(args: dict[str, Any], ctx: ToolContext) -> str:
+        return "y" * (WINDOW * 4)  # one result larger than the window: no strategy can send it
+
+    llm = LongLlm(turns=5)
+    run_id = await long_run(store, "summarize", 5)
+    await worker(store, llm, [huge], "worker-A", prices=PRICES).run_once()
+    run = await store.get(run_id)
+    assert run is not None and run.status is RunStatus.FAILED
+    assert run.error is not None and "the newest turns alone are too long" in run.error
+    assert all(size + MAX_OUTPUT <= WINDOW for size in llm.sizes)

@@ -16,6 +16,7 @@ A run (or an agent definition, for its runs) says `contextManagement: {"strategy
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any, Literal, cast
 
 import orjson
@@ -112,7 +113,11 @@ overestimates English prose and JSON (about 4 characters a token) on purpose."""
 
 def estimate_tokens(value: Any) -> int:
     """Tokens `value` (messages, blocks, tool definitions) will take, estimated from its JSON's length."""
-    return -(-len(orjson.dumps(value)) // CHARS_PER_TOKEN)
+    try:
+        size = len(orjson.dumps(value))
+    except TypeError:  # an integer past 64 bits in a model's turn (refused later, but estimated first)
+        size = len(json.dumps(value, default=str))
+    return -(-size // CHARS_PER_TOKEN)
 
 
 def summary_message(summary: str) -> dict[str, Any]:
@@ -142,7 +147,7 @@ def transcript(messages: list[dict[str, Any]], max_chars: int | None = None) -> 
                 parts.append((f"{who}:", str(block.get("text", ""))))
             elif kind == "tool_use":
                 parts.append((f"{who} called tool {block.get('name')} (id {block.get('id')}) with:",
-                               orjson.dumps(block.get("input")).decode()))
+                               json.dumps(block.get("input"), ensure_ascii=False, default=str)))
             elif kind == "tool_result":
                 error = " (an error)" if block.get("is_error") else ""
                 parts.append((f"Result{error} of tool call {block.get('tool_use_id')}:", _text(block.get("content"))))

@@ -77,8 +77,9 @@ async def one(url: str, *, provider: str, strategy: str, turns: int, result_byte
                 "read every page", model=model, tools=("fetch_page",), max_steps=4 * turns + 50,
                 token_budget=10**9, timeout_seconds=3600,
             ))
-            await pool.execute("UPDATE run SET context_management = %s WHERE id = %s",
-                               (f'{{"strategy": "{strategy}"}}', run.id))
+            async with pool.connection() as db:
+                await db.execute("UPDATE run SET context_management = %s WHERE id = %s",
+                                 (f'{{"strategy": "{strategy}"}}', run.id))
             settings = WorkerSettings(database_url="unused", worker_id="bench-context", max_tokens=max_output)
             worker = Worker(settings, store, llm, ToolBox([fetch_tool(result_bytes)]), prices(window or 10**6,
                                                                                               max_output))

@@ -99,10 +99,9 @@ async def fetch(args: dict[str, Any], ctx: ToolContext) -> str:
 async def long_run(store: RunStore, strategy: str, turns: int, model: str = MODEL, **policy: Any) -> uuid.UUID:
     run, _ = await store.create(new_run("work through the pages", model=model, max_steps=10 * turns,
                                         token_budget=100_000_000, tools=("fetch",)))
-    async with await psycopg.AsyncConnection.connect(store.pool.conninfo) as db:
+    async with store.pool.connection() as db:
         await db.execute("UPDATE run SET context_management = %s WHERE id = %s",
                          (json.dumps({"strategy": strategy, **policy}), run.id))
-        await db.commit()
     return run.id
 
 

@@ -127,7 +127,8 @@ def _add_worker(sub: Subcommands) -> None:
     p.add_argument("--port", type=int, default=8080, help="HTTP port (default: 8080)")
     p.add_argument("--host", default="0.0.0.0", help="HTTP bind address (default: 0.0.0.0)")
     p.add_argument("--max-tokens", type=positive_int, default=4096, metavar="N",
-                   help="max_tokens of each model request (default: 4096)")
+                   help="max_tokens of each model request, capped at the model's max_output_tokens in the price "
+                   "table (default: 4096)")
     p.add_argument("--pool-size", type=positive_int, default=None, metavar="N",
                    help="database connections (default: concurrency + 2, at most 20)")
     p.add_argument("--max-body-bytes", type=positive_int, metavar="N", default=None,

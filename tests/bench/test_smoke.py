@@ -120,3 +120,18 @@ async def test_in_flight_holds_every_run_at_once_within_the_pool(database_url: s
 async def test_b1_reports_its_writes_per_batch(database_url: str) -> None:
     f = await throughput.bench(database_url, runs=16, turns=1, concurrency=8)
     assert f["statuses"] == {"SUCCEEDED": 16} and f["writes_per_batch"] >= 1
+
+
+async def test_context_bench_runs_each_strategy(database_url: str) -> None:
+    from bench import context
+
+    figures = await context.bench(database_url, turns=30, result_bytes=2048, window=16_000, max_output=1024)
+    statuses = [(r["provider"], r["strategy"], r["window"], r["status"]) for r in figures["runs"]]
+    assert statuses == [
+        ("anthropic", "none", None, "SUCCEEDED"), ("anthropic", "server", 16_000, "SUCCEEDED"),
+        ("anthropic", "summarize", 16_000, "SUCCEEDED"), ("anthropic", "clear_tool_results", 16_000, "SUCCEEDED"),
+        ("openai", "summarize", 16_000, "SUCCEEDED"), ("openai", "clear_tool_results", 16_000, "SUCCEEDED"),
+        ("anthropic", "none", 16_000, "FAILED"),
+    ]
+    assert all(r["largest_request"] is None or r["largest_request"] + 1024 <= 16_000
+               for r in figures["runs"][1:])

@@ -809,8 +809,8 @@ class RunDriver:
         its checkpoint leaves the summary in the step log, which replay applies, so the estimate is then
         under the trigger and no second summary is made."""
         at = conv.cut(policy.keep_recent_turns)
-        if at is None:
-            return False
+        if at is None or conv.steps - run.inherited_steps + 2 > run.max_steps:
+            return False  # nothing to compact, or no room under the step cap for it and the call it is for
         covered = [s for s in conv.origins[:at] if s > 0]
         described: dict[str, Any] = {
             "strategy": strategy, "keepFromSeq": conv.origins[at] if at < len(conv.messages) else None,

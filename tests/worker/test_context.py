@@ -264,3 +264,14 @@ async def test_a_turn_too_long_for_the_window_fails_the_run_with_the_reason(stor
     assert run is not None and run.status is RunStatus.FAILED
     assert run.error is not None and "the newest turns alone are too long" in run.error
     assert all(size + MAX_OUTPUT <= WINDOW for size in llm.sizes)
+
+
+async def test_each_model_step_says_which_compact_step_it_was_sent_after(store: RunStore) -> None:
+    llm = LongLlm(turns=40)
+    run_id = await long_run(store, "summarize", 40)
+    await drive(store, llm)
+    steps = await store.steps(run_id)
+    compact = [s.seq for s in steps if s.kind is StepKind.COMPACT]
+    after = {s.seq: json.loads(s.request or "{}")["context"].get("compactedAt") for s in steps if s.kind is StepKind.MODEL}
+    assert after[min(after)] is None and after[compact[0] + 1] == compact[0]
+    assert after[max(after)] == compact[-1]

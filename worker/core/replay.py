@@ -149,6 +149,7 @@ class Conversation:
         self.results: dict[str, tuple[int, str]] = {}  # tool_use id → (seq, tool) of the step holding its result
         self.stable = 0  # leading messages every later request sends unchanged (a summary)
         self.cleared: set[str] = set()  # tool_use ids whose results a COMPACT step cleared
+        self.compacted_at: int | None = None  # the seq of the newest COMPACT step applied
         self._last_model: tuple[str | None, int] | None = None  # the newest MODEL step's request and output tokens
         self._counted = 0  # messages the newest MODEL step's request and answer hold
 
@@ -341,6 +342,7 @@ class Conversation:
             self.messages = [context.summary_message(step.response or ""), *self.messages[at:]]
             self.origins = [step.seq, *self.origins[at:]]
             self.stable = 1
+        self.compacted_at = step.seq
         self._last_model = None  # what the provider counted is gone: estimated afresh until the next call
 
 

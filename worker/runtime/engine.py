@@ -117,10 +117,15 @@ def _hint(strategy: str) -> str:
     return ", which cannot shrink it further: the newest turns alone are too long"
 
 
-def _context_notes(strategy: str, estimate: int, limits: Limits | None, response: LlmResponse) -> dict[str, Any]:
+def _context_notes(
+    strategy: str, estimate: int, limits: Limits | None, response: LlmResponse, compacted_at: int | None
+) -> dict[str, Any]:
     """What a MODEL step's request summary says about the window: the strategy, the engine's estimate, the
-    provider's count of what the model saw (replay's base for the next estimate) and its own compaction."""
+    COMPACT step whose summary or placeholders the request was sent with, the provider's count of what the
+    model saw (replay's base for the next estimate) and its own compaction."""
     notes: dict[str, Any] = {"strategy": strategy, "estimatedTokens": estimate}
+    if compacted_at is not None:
+        notes["compactedAt"] = compacted_at
     if limits is not None:
         notes["window"] = limits.context_window
     if response.context_tokens:
@@ -766,7 +771,7 @@ class RunDriver:
             "tools": [t["name"] for t in request.tools],
             "message_count": len(request.messages),
             "new_messages": _since_last_assistant(request.messages),
-            "context": _context_notes(strategy, estimate, limits, response),
+            "context": _context_notes(strategy, estimate, limits, response, conv.compacted_at),
         }
         # Model output is untrusted text: ids and names in it become column values, where a NUL would
         # make the checkpoint fail on every worker. Cleaned once, here, so the live conversation and

@@ -25,7 +25,7 @@ from agentrun.worker.runtime.runner import Worker  # noqa: E402
 from agentrun.worker.settings import WorkerSettings  # noqa: E402
 from agentrun.worker.store import RunStore  # noqa: E402
 from agentrun.worker.store.pool import open_pool  # noqa: E402
-from agentrun.worker.testing.fake_openai_server import FakeOpenAi  # noqa: E402
+from agentrun.worker.testing.fake_openai_server import FakeOpenAi, LongChatResponder  # noqa: E402
 from agentrun.worker.testing.fake_server import FakeAnthropic, LongResponder  # noqa: E402
 from agentrun.worker.tools import ToolBox, ToolContext, tool  # noqa: E402
 from bench import _pg  # noqa: E402
@@ -61,7 +61,7 @@ async def one(url: str, *, provider: str, strategy: str, turns: int, result_byte
     if provider == "anthropic":
         server = FakeAnthropic(responder, context_window=window, compaction_min_trigger=1, record=False)
     else:
-        server = FakeOpenAi(responder, context_window=window)
+        server = FakeOpenAi(LongChatResponder("fetch_page", turns), context_window=window)
     try:
         async with server:
             if provider == "anthropic":

@@ -17,7 +17,7 @@ import pytest
 
 from agentrun.worker.core.records import RunStatus, StepKind
 from agentrun.worker.store import RunStore
-from agentrun.worker.testing.fake_openai_server import FakeOpenAi
+from agentrun.worker.testing.fake_openai_server import FakeOpenAi, LongChatResponder
 from agentrun.worker.testing.fake_server import FakeAnthropic, LongResponder, Reply
 from tests.support.builders import new_run
 from tests.support.ports import free_port
@@ -57,7 +57,7 @@ def _env(database_url: str, prices: Path, anthropic: str, openai: str, tmp: Path
 async def servers() -> AsyncIterator[tuple[FakeAnthropic, FakeOpenAi]]:
     async with FakeAnthropic(LongResponder("fetch_page", TURNS), context_window=WINDOW,
                              compaction_min_trigger=1) as anthropic, \
-            FakeOpenAi(LongResponder("fetch_page", TURNS), context_window=WINDOW) as openai:
+            FakeOpenAi(LongChatResponder("fetch_page", TURNS), context_window=WINDOW) as openai:
         yield anthropic, openai
 
 
@@ -70,43 +70,50 @@ async def _submit(store: RunStore, strategy: str, model: str = MODEL) -> Any:
     return run
 
 
+async def _drive(env: dict[str, str], store: RunStore, run: Any, name: str) -> Any:
+    port = free_port()
+    proc = await start_worker(port, "--id", name, *ARGS, env=env)
+    try:
+        await wait_ready(f"http://127.0.0.1:{port}", proc)
+        return await finished(store, run.id, 300)
+    finally:
+        await stop(proc)
+
+
+@pytest.mark.parametrize(("provider", "strategy"), [
+    ("anthropic", "server"), ("anthropic", "summarize"), ("anthropic", "clear_tool_results"),
+    ("openai", "summarize"), ("openai", "clear_tool_results"),
+])
 async def test_a_200_turn_run_completes_under_a_16k_window_with_each_strategy(
+    store: RunStore, database_url: str, prices: Path, servers: tuple[FakeAnthropic, FakeOpenAi], tmp_path: Path,
+    provider: str, strategy: str,
+) -> None:
+    anthropic, openai = servers
+    env = _env(database_url, prices, anthropic.base_url, openai.v1_url, tmp_path)
+    run = await _submit(store, strategy, MODEL if provider == "anthropic" else f"local/{MODEL}")
+    done = await _drive(env, store, run, f"context-{provider}-{strategy}")
+    assert done.status is RunStatus.SUCCEEDED, done.error
+    assert done.output == f"done after {TURNS} tool turns"
+    steps = await store.steps(run.id)
+    assert sum(1 for s in steps if s.kind is StepKind.TOOL) == TURNS  # every original step kept
+    if strategy == "server":
+        assert any(s.kind is StepKind.MODEL and '"type":"compaction"' in (s.response or "") for s in steps)
+    else:
+        assert any(s.kind is StepKind.COMPACT for s in steps)
+    # No request was sent over the window: the server refused none with its 400.
+    server = anthropic if provider == "anthropic" else openai
+    assert server.input_tokens and max(server.input_tokens) + 1024 <= WINDOW
+
+
+async def test_none_fails_such_a_run_before_sending_with_the_reason(
     store: RunStore, database_url: str, prices: Path, servers: tuple[FakeAnthropic, FakeOpenAi], tmp_path: Path
 ) -> None:
     anthropic, openai = servers
     env = _env(database_url, prices, anthropic.base_url, openai.v1_url, tmp_path)
-    runs = {
-        ("anthropic", "server"): await _submit(store, "server"),
-        ("anthropic", "summarize"): await _submit(store, "summarize"),
-        ("anthropic", "clear_tool_results"): await _submit(store, "clear_tool_results"),
-        ("openai", "summarize"): await _submit(store, "summarize", f"local/{MODEL}"),
-        ("openai", "clear_tool_results"): await _submit(store, "clear_tool_results", f"local/{MODEL}"),
-        ("anthropic", "none"): await _submit(store, "none"),
-    }
-    port = free_port()
-    proc = await start_worker(port, "--id", "context-1", *ARGS, env=env)
-    try:
-        await wait_ready(f"http://127.0.0.1:{port}", proc)
-        done = {key: await finished(store, run.id, 300) for key, run in runs.items()}
-    finally:
-        await stop(proc)
-    for key, run in done.items():
-        if key[1] == "none":
-            continue
-        assert run.status is RunStatus.SUCCEEDED, (key, run.error)
-        assert run.output == f"done after {TURNS} tool turns", key
-        steps = await store.steps(run.id)
-        assert sum(1 for s in steps if s.kind is StepKind.TOOL) == TURNS, key  # every original step kept
-        if key[1] == "server":
-            assert any(s.kind is StepKind.MODEL and '"type":"compaction"' in (s.response or "") for s in steps)
-        else:
-            assert any(s.kind is StepKind.COMPACT for s in steps), key
-    failed = done[("anthropic", "none")]
+    failed = await _drive(env, store, await _submit(store, "none"), "context-none")
     assert failed.status is RunStatus.FAILED
     assert failed.error is not None and f"> {WINDOW} tokens" in failed.error and "it was not sent" in failed.error
-    # No request was sent over the window: the servers refused none with their 400.
-    assert anthropic.input_tokens and max(anthropic.input_tokens) + 1024 <= WINDOW
-    assert openai.input_tokens and max(openai.input_tokens) + 1024 <= WINDOW
+    assert max(anthropic.input_tokens) + 1024 <= WINDOW
 
 
 async def test_replay_sends_the_compaction_blocks_back_byte_identical(
@@ -151,7 +158,7 @@ async def test_a_kill_9_during_the_summarising_call_resumes_with_exactly_one_com
             return reply.after(60)
         return reply
 
-    async with FakeAnthropic(responder, context_window=WINDOW) as anthropic, FakeOpenAi(long) as openai:
+    async with FakeAnthropic(responder, context_window=WINDOW) as anthropic, FakeOpenAi(LongChatResponder("fetch_page", 40)) as openai:
         env = _env(database_url, prices, anthropic.base_url, openai.v1_url, tmp_path)
         run = await _submit(store, "summarize")
         port = free_port()

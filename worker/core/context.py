@@ -127,8 +127,7 @@ def summary_message(summary: str) -> dict[str, Any]:
 
 def cleared(tool: str, seq: int) -> str:
     """What a cleared tool result reads as: which tool, and the step that keeps the full result."""
-    return (f"[result of tool {tool} cleared to keep the conversation within the context window; the full "
-            f"result is kept in step {seq}]")
+    return f"[result of {tool} cleared; kept in step {seq}]"  # short: a long run keeps one per old call
 
 
 def transcript(messages: list[dict[str, Any]], max_chars: int | None = None) -> str:

@@ -151,7 +151,8 @@ class Conversation:
         self.cleared: set[str] = set()  # tool_use ids whose results a COMPACT step cleared
         self.compacted_at: int | None = None  # the seq of the newest COMPACT step applied
         self._last_model: tuple[str | None, int] | None = None  # the newest MODEL step's request and output tokens
-        self._counted = 0  # messages the newest MODEL step's request and answer hold
+        self._counted = 0  # messages the newest MODEL step's request and answer hold (or a COMPACT step left)
+        self._after_compact: int | None = None  # the newest COMPACT step's estimate of what it left
 
     @classmethod
     def replay(cls, input: str, steps: Iterable[Step]) -> Conversation:
@@ -247,6 +248,7 @@ class Conversation:
         else:
             self._append({"role": "assistant", "content": blocks}, step.seq)
         self._last_model, self._counted = (step.request, step.output_tokens), len(self.messages)
+        self._after_compact = None
         self.model_steps += 1
         self.last_stop = stop
         uses = [b for b in blocks if isinstance(b, dict) and b.get("type") == "tool_use"]
@@ -281,7 +283,7 @@ class Conversation:
 
     def _provider_count(self) -> int | None:
         if self._last_model is None:
-            return None
+            return self._after_compact
         request, output_tokens = self._last_model
         try:
             summary = orjson.loads(request) if request else None
@@ -317,6 +319,17 @@ class Conversation:
                     found.append({"toolUseId": use, "tool": tool, "seq": seq})
         return found
 
+    def compacted(self, step: Step) -> list[Message]:
+        """The messages as `step` (a COMPACT step not applied yet) would leave them: for its estimate."""
+        saved = (self.messages, self.origins, self.stable, set(self.cleared), self.compacted_at, self._last_model,
+                 self._counted, self._after_compact)
+        try:
+            self._apply_compact(step)
+            return self.messages
+        finally:
+            (self.messages, self.origins, self.stable, self.cleared, self.compacted_at, self._last_model,
+             self._counted, self._after_compact) = saved
+
     def _apply_compact(self, step: Step) -> None:
         self._flush()
         try:
@@ -324,7 +337,8 @@ class Conversation:
         except orjson.JSONDecodeError:
             request = {}
         request = request if isinstance(request, dict) else {}
-        keep_from = request.get("keepFromSeq") if isinstance(request, dict) else None
+        after = request.get("estimatedAfter")
+        keep_from = request.get("keepFromSeq")
         at = next((i for i, seq in enumerate(self.origins) if isinstance(keep_from, int) and seq >= keep_from),
                   len(self.messages))
         if request.get("strategy") == "clear_tool_results":
@@ -343,7 +357,9 @@ class Conversation:
             self.origins = [step.seq, *self.origins[at:]]
             self.stable = 1
         self.compacted_at = step.seq
-        self._last_model = None  # what the provider counted is gone: estimated afresh until the next call
+        # What the provider counted is gone: until the next call, the step's own estimate of what it left.
+        self._last_model, self._counted = None, len(self.messages)
+        self._after_compact = after if isinstance(after, int) and not isinstance(after, bool) and after > 0 else None
 
 
 def _cleared(block: Block, gone: dict[str, dict[str, Any]]) -> Block:

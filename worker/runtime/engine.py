@@ -831,6 +831,13 @@ class RunDriver:
             response = _json(found)
         else:
             response, usage, cost, latency_ms, stop_reason = await self._summarise(run, conv.messages[:at], limits)
+        # What it leaves, in the provider's tokens: its characters at the rate the provider counted the
+        # conversation before it (the estimate of the added part included, which only overestimates).
+        before = context.estimate_tokens([run.system, self.tools.definitions(run.tools), conv.messages])
+        left = conv.compacted(Step(run.id, conv.steps + 1, StepKind.COMPACT, StepStatus.DONE,
+                                   request=_json(described), response=response))
+        after = context.estimate_tokens([run.system, self.tools.definitions(run.tools), left])
+        described["estimatedAfter"] = -(-after * estimate // max(before, 1))
         write_id = uuid.uuid4()
         request = _json(described)
         seq, _ = await self._durably(lambda again: self.store.checkpoint_model(

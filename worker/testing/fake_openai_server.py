@@ -21,7 +21,16 @@ from typing import Any
 
 from aiohttp import web
 
-from agentrun.worker.testing.fake_server import FakeApi, Json, Reply, Responder, serve_until_signalled
+from agentrun.worker.testing.fake_server import (
+    FakeApi,
+    Json,
+    Managed,
+    Reply,
+    Responder,
+    count_tokens,
+    long_turn,
+    serve_until_signalled,
+)
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -104,6 +113,24 @@ class ChatAgentResponder:
         return completion(text, usage=usage_of(prompt, _tokens(text), cached))
 
 
+@dataclasses.dataclass(frozen=True)
+class LongChatResponder:
+    """fake_server.LongResponder in Chat Completions: asks for `tool` (id `call_long_N`) until `turns`, the turn
+    found in the request's ids; a request with no tools (a summarising call) gets a summary naming the newest."""
+
+    tool: str = "fetch_page"
+    turns: int = 200
+
+    def __call__(self, body: Json) -> Reply:
+        turn = long_turn(body)
+        usage = usage_of(count_tokens(body), 12)
+        if not body.get("tools"):
+            return completion(f"Summary: {turn} tool calls so far; the newest is call_long_{turn - 1}.", usage=usage)
+        if turn >= self.turns:
+            return completion(f"done after {self.turns} tool turns", usage=usage)
+        return completion(None, [(f"call_long_{turn}", self.tool, {"turn": turn})], usage=usage)
+
+
 def check_chat(body: Any) -> str | None:
     """What OpenAI would refuse with a 400, for the mistakes a client of it can make; None if fine."""
     if not isinstance(body, dict):
@@ -167,8 +194,27 @@ class FakeOpenAi(FakeApi):
 
     kind = "fake Chat Completions API"
 
-    def __init__(self, responder: Responder | None = None, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, responder: Responder | None = None, host: str = "127.0.0.1", port: int = 0,
+        context_window: int | None = None,
+    ) -> None:
         super().__init__(responder or ChatAgentResponder(), host, port)
+        self.context_window = context_window
+        self.input_tokens: list[int] = []  # the prompt each request was counted at
+
+    def manage(self, body: Json, request: web.Request) -> Managed:
+        """The window, refused as OpenAI refuses it (400 `context_length_exceeded`)."""
+        n = count_tokens(body)
+        self.input_tokens.append(n)
+        limit = body.get("max_completion_tokens", body.get("max_tokens"))
+        completion_tokens = limit if isinstance(limit, int) else 0
+        if self.context_window is not None and n + completion_tokens > self.context_window:
+            return Managed(body, Reply(status=400, body={"error": {
+                "message": f"This model's maximum context length is {self.context_window} tokens. However, you "
+                f"requested {n + completion_tokens} tokens ({n} in the messages, {completion_tokens} in the "
+                "completion). Please reduce the length of the messages or completion.",
+                "type": "invalid_request_error", "param": "messages", "code": "context_length_exceeded"}}))
+        return Managed(body)
 
     @property
     def v1_url(self) -> str:
@@ -191,7 +237,8 @@ class FakeOpenAi(FakeApi):
 
 
 async def _serve(args: argparse.Namespace, tool_input: Json) -> None:
-    server = FakeOpenAi(ChatAgentResponder(args.tool, tool_input, args.parallel), args.host, args.port)
+    server = FakeOpenAi(ChatAgentResponder(args.tool, tool_input, args.parallel), args.host, args.port,
+                        context_window=args.context_window)
     await serve_until_signalled(server, "fake Chat Completions API listening on {server.v1_url}")
 
 
@@ -209,6 +256,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help='arguments of that tool call (default: {"status": "open"})')
     parser.add_argument("--parallel", type=int, default=1, metavar="N",
                         help="tool calls asked for at once, in one turn (default: 1)")
+    parser.add_argument("--context-window", type=int, default=None, metavar="TOKENS",
+                        help="refuse a request over this many tokens with OpenAI's 400 (default: no limit)")
     args = parser.parse_args(argv)
     try:
         tool_input = json.loads(args.tool_input)

@@ -19,6 +19,7 @@ import collections
 import contextlib
 import dataclasses
 import json
+import math
 import re
 import signal
 import uuid
@@ -111,6 +112,41 @@ def usage_of(input: int, output: int, cache_write: int = 0, cache_read: int = 0)
 def _tokens(value: Any) -> int:
     """A rough token count (four characters a token), enough for believable usage numbers."""
     return max(1, len(json.dumps(value)) // 4)
+
+
+def count_tokens(body: Json) -> int:
+    """The input a request is charged, as this server counts it: four characters of its JSON (without the
+    spaces a JSON encoder may add) a token."""
+    parts = [body.get("system"), body.get("tools"), body.get("messages")]
+    return math.ceil(len(json.dumps(parts, separators=(",", ":"), ensure_ascii=False)) / 4)
+
+
+LONG_ID = re.compile(r"(?:toolu|call)_long_(\d+)")
+
+
+def long_turn(body: Json) -> int:
+    """One more than the newest `toolu_long_N` (or `call_long_N`) anywhere in the request, 0 if none."""
+    return max((int(n) + 1 for n in LONG_ID.findall(json.dumps(body.get("messages")))), default=0)
+
+
+@dataclasses.dataclass(frozen=True)
+class LongResponder:
+    """A stateless agent for long runs: asks for `tool` (input {"turn": N}, id `toolu_long_N`) until `turns`,
+    then answers "done after {turns} tool turns". The turn is found in the request's ids (`long_turn`), in
+    kept turns, a compaction block or a summary alike, so a run goes on after any of them. A request that
+    offers no tools (the engine's summarising call) gets a summary naming the newest call it saw."""
+
+    tool: str = "fetch_page"
+    turns: int = 200
+
+    def __call__(self, body: Json) -> Reply:
+        turn = long_turn(body)
+        usage = usage_of(count_tokens(body), 12)
+        if not body.get("tools"):
+            return Reply.text(f"Summary: {turn} tool calls so far; the newest is toolu_long_{turn - 1}.", usage)
+        if turn >= self.turns:
+            return Reply.text(f"done after {self.turns} tool turns", usage)
+        return Reply.tool_use(self.tool, {"turn": turn}, id=f"toolu_long_{turn}", usage=usage)
 
 
 def tool_results(message: Json) -> list[Json]:
@@ -280,6 +316,30 @@ def _breakpoints(body: Json) -> int:
 
 
 Responder = Callable[[Json], Reply]
+COMPACTION_MIN_TRIGGER = 50_000
+"""The lowest `compact_20260112` trigger the Messages API accepts."""
+
+
+@dataclasses.dataclass
+class Managed:
+    """A request after the server's context management: what the model sees (`seen`), or the error that
+    refuses it, and what the answer gains (a compaction block, usage iterations, the edits applied)."""
+
+    seen: Json
+    refused: Reply | None = None
+    compaction: Json | None = None
+    compaction_usage: Json | None = None
+    applied_edits: list[Json] | None = None
+
+    def finish(self, payload: Json) -> None:
+        if self.compaction is not None:
+            payload["content"] = [self.compaction, *(payload.get("content") or [])]
+            usage = dict(payload.get("usage") or {})
+            message = {"type": "message", **{k: usage.get(k, 0) for k in (
+                "input_tokens", "output_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")}}
+            payload["usage"] = {**usage, "iterations": [self.compaction_usage, message]}
+        if self.applied_edits is not None:
+            payload["context_management"] = {"applied_edits": self.applied_edits}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -342,6 +402,10 @@ class FakeApi:
     def complete(self, payload: Json, body: Json, request: web.Request) -> None:
         """Fill in what a success body takes from the request (ids, the model)."""
 
+    def manage(self, body: Json, request: web.Request) -> Managed:
+        """The request as the model sees it (after the provider's own context management) or its refusal."""
+        return Managed(body)
+
     async def start(self) -> Self:
         app = web.Application()
         self.routes(app)
@@ -375,12 +439,17 @@ class FakeApi:
                 self.requests.append(json_body)
             self.received.append(Received(request.path, CIMultiDict(request.headers), json_body))
         problem = self.check(body, request)
+        managed = Managed(body if isinstance(body, dict) else {})
+        if problem is None and isinstance(body, dict):
+            managed = self.manage(body, request)
         if problem is not None:
             reply = self.refuse(problem)
+        elif managed.refused is not None:
+            reply = managed.refused
         elif self._queue:
             reply = self._queue.popleft()
         else:
-            reply = self.responder(self.as_messages(body, request))
+            reply = self.responder(self.as_messages(managed.seen, request))
         if reply.delay > 0:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(reply.delay):
@@ -392,6 +461,7 @@ class FakeApi:
         payload = dict(reply.body)
         if reply.status == 200 and isinstance(body, dict):
             self.complete(payload, body, request)
+            managed.finish(payload)
             if body.get("stream") is True:
                 return await self.stream(request, payload, reply)
         return web.json_response(payload, status=reply.status, headers=dict(reply.headers))
@@ -419,9 +489,56 @@ class FakeAnthropic(FakeApi):
     kind = "fake Messages API"
 
     def __init__(
-        self, responder: Responder | None = None, host: str = "127.0.0.1", port: int = 0, record: bool = True
+        self, responder: Responder | None = None, host: str = "127.0.0.1", port: int = 0, record: bool = True,
+        context_window: int | None = None, compaction_min_trigger: int = COMPACTION_MIN_TRIGGER,
     ) -> None:
         super().__init__(responder or AgentResponder(), host, port, record)
+        self.context_window = context_window
+        self.compaction_min_trigger = compaction_min_trigger
+        self.input_tokens: list[int] = []
+        """The input each request was counted at (after the drop before a compaction block and clearing)."""
+
+    def manage(self, body: Json, request: web.Request) -> Managed:
+        """The compaction and context-editing betas, and the window, as the Messages API has them: content
+        before the newest compaction block is ignored; `clear_tool_uses_20250919` past its trigger clears
+        the oldest tool results; `compact_20260112` past its trigger summarises what is left into a
+        compaction block that begins the answer; a request over the window is refused with its 400."""
+        betas = {b.strip() for b in request.headers.get("anthropic-beta", "").split(",") if b.strip()}
+        betas |= {b for b in body.get("anthropic_beta") or [] if isinstance(b, str)}
+        edits, problem = _edits(body.get("context_management"), betas, self.compaction_min_trigger)
+        if problem is not None:
+            return Managed(body, Reply.bad_request(problem))
+        seen = {**body, "messages": _after_compaction(body.get("messages") or [])}
+        managed = Managed(seen)
+        if (clear := edits.get("clear_tool_uses_20250919")) is not None:
+            managed.applied_edits = []
+            if count_tokens(seen) > _value(clear, "trigger", 100_000):
+                seen, edit = _cleared(seen, clear)
+                if edit is not None:
+                    managed.applied_edits.append(edit)
+            managed.seen = seen
+        n = count_tokens(seen)
+        self.input_tokens.append(n)
+        if self.context_window is not None:
+            if n > self.context_window:
+                too_long = f"prompt is too long: {n} tokens > {self.context_window} maximum"
+                return Managed(seen, Reply.bad_request(too_long))
+            max_tokens = body.get("max_tokens") if isinstance(body.get("max_tokens"), int) else 0
+            if n + max_tokens > self.context_window:
+                return Managed(seen, Reply.bad_request(
+                    f"input length and `max_tokens` exceed context limit: {n} + {max_tokens} > {self.context_window}, "
+                    "decrease input length or `max_tokens` and try again"))
+        if (compact := edits.get("compact_20260112")) is not None and n > _value(compact, "trigger", 150_000):
+            newest = long_turn(seen) - 1
+            ids = re.findall(r"toolu_[A-Za-z0-9_]+", json.dumps(seen.get("messages")))
+            summary = (f"Summary of {len(seen.get('messages') or [])} messages and {len(set(ids))} tool calls; "
+                       f"the newest is {ids[-1] if ids else 'none'}"
+                       + (f" (toolu_long_{newest})." if newest >= 0 else "."))
+            managed.compaction = {"type": "compaction", "content": summary}
+            managed.compaction_usage = {"type": "compaction", "input_tokens": n, "output_tokens": _tokens(summary),
+                                        "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
+            managed.seen = {**seen, "messages": [{"role": "user", "content": summary}]}
+        return managed
 
     def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/messages", self.answer)
@@ -474,11 +591,21 @@ class FakeAnthropic(FakeApi):
                 await send("content_block_start", {"index": index, "content_block": {**block, "input": {}}})
                 await send("content_block_delta", {"index": index, "delta": {
                     "type": "input_json_delta", "partial_json": json.dumps(block.get("input") or {})}})
+            elif block.get("type") == "compaction":  # its summary comes as a delta, as the API streams it
+                await send("content_block_start", {"index": index, "content_block": {"type": "compaction",
+                                                                                     "content": None}})
+                await send("content_block_delta", {"index": index, "delta": {
+                    "type": "compaction_delta", "content": block.get("content")}})
             else:
                 await send("content_block_start", {"index": index, "content_block": block})
             await send("content_block_stop", {"index": index})
-        await send("message_delta", {"delta": {"stop_reason": message.get("stop_reason"), "stop_sequence": None},
-                                     "usage": {"output_tokens": usage.get("output_tokens", 0)}})
+        final: Json = {"delta": {"stop_reason": message.get("stop_reason"), "stop_sequence": None},
+                       "usage": {"output_tokens": usage.get("output_tokens", 0)}}
+        if "iterations" in usage:  # the counts of a compaction are in the final usage only
+            final["usage"] = usage
+        if "context_management" in message:
+            final["context_management"] = message["context_management"]
+        await send("message_delta", final)
         await send("message_stop", {})
         await response.write_eof()
         return response
@@ -486,6 +613,81 @@ class FakeAnthropic(FakeApi):
     async def _token(self, request: web.Request) -> web.Response:
         self.received.append(Received(request.path, CIMultiDict(request.headers), None))
         return web.json_response({"access_token": "ya29.fake-token", "expires_in": 3600, "token_type": "Bearer"})
+
+
+EDIT_BETAS = {"compact_20260112": "compact-2026-01-12", "clear_tool_uses_20250919": "context-management-2025-06-27"}
+CLEARED = "[cleared]"
+
+
+def _edits(config: Any, betas: set[str], min_trigger: int) -> tuple[dict[str, Json], str | None]:
+    """The context_management edits of a request by type, or the 400 the API answers them with."""
+    if config is None:
+        return {}, None
+    if not betas & set(EDIT_BETAS.values()):
+        return {}, "context_management: Extra inputs are not permitted"
+    edits = config.get("edits") if isinstance(config, dict) else None
+    if not isinstance(edits, list):
+        return {}, "context_management.edits: Field required"
+    found: dict[str, Json] = {}
+    for i, edit in enumerate(edits):
+        kind = edit.get("type") if isinstance(edit, dict) else None
+        if kind not in EDIT_BETAS:
+            return {}, f"context_management.edits.{i}.type: Input tag {kind!r} found using 'type' does not match " \
+                       f"any of the expected tags: {', '.join(map(repr, EDIT_BETAS))}"
+        if EDIT_BETAS[kind] not in betas:
+            return {}, f"context_management.edits.{i}: {kind} requires the {EDIT_BETAS[kind]} beta"
+        if kind == "compact_20260112" and _value(edit, "trigger", 150_000) < min_trigger:
+            return {}, (f"context_management.edits.{i}.trigger.value: Input should be greater than or equal to "
+                        f"{min_trigger}")
+        found[kind] = edit
+    return found, None
+
+
+def _value(edit: Json, field: str, default: int) -> int:
+    part = edit.get(field)
+    value = part.get("value") if isinstance(part, dict) else None
+    return value if isinstance(value, int) else default
+
+
+def _after_compaction(messages: list[Json]) -> list[Json]:
+    """The messages from the newest compaction block on (a block with null content is a no-op), the block
+    itself as the user turn the model reads it as."""
+    for i in range(len(messages) - 1, -1, -1):
+        content = messages[i].get("content")
+        if messages[i].get("role") != "assistant" or not isinstance(content, list):
+            continue
+        at = [j for j, b in enumerate(content) if isinstance(b, dict) and b.get("type") == "compaction"
+              and isinstance(b.get("content"), str)]
+        if at:
+            j = at[-1]
+            rest = [b for b in content[j + 1:]]
+            head = [{"role": "user", "content": content[j]["content"]}]
+            return head + ([{"role": "assistant", "content": rest}] if rest else []) + messages[i + 1:]
+    return messages
+
+
+def _cleared(body: Json, edit: Json) -> tuple[Json, Json | None]:
+    """`body` with the oldest tool results cleared, keeping the newest `keep` tool uses; the edit applied."""
+    keep = _value(edit, "keep", 3)
+    excluded = set(edit.get("exclude_tools") or [])
+    names = {b.get("id"): b.get("name") for m in body.get("messages") or [] if m.get("role") == "assistant"
+             and isinstance(m.get("content"), list) for b in m["content"] if b.get("type") == "tool_use"}
+    results = [(i, j) for i, m in enumerate(body.get("messages") or []) for j, b in enumerate(tool_results(m))
+               if names.get(b.get("tool_use_id")) not in excluded and b.get("content") != CLEARED]
+    old = results[:max(len(results) - keep, 0)]
+    if not old:
+        return body, None
+    messages = [dict(m) for m in body["messages"]]
+    targets = {(i, b.get("tool_use_id")) for i, j in old for b in [tool_results(body["messages"][i])[j]]}
+    before = count_tokens(body)
+    for i in {i for i, _ in old}:
+        messages[i]["content"] = [{**b, "content": CLEARED} if b.get("type") == "tool_result"
+                                  and (i, b.get("tool_use_id")) in targets else b for b in messages[i]["content"]]
+    after = {**body, "messages": messages}
+    freed = before - count_tokens(after)
+    if freed < _value(edit, "clear_at_least", 0):
+        return body, None
+    return after, {"type": "clear_tool_uses_20250919", "cleared_tool_uses": len(old), "cleared_input_tokens": freed}
 
 
 async def serve_until_signalled(server: FakeApi, banner: str) -> None:
@@ -504,7 +706,8 @@ async def serve_until_signalled(server: FakeApi, banner: str) -> None:
 
 
 async def _serve(args: argparse.Namespace, tool_input: Json) -> None:
-    server = FakeAnthropic(AgentResponder(args.tool, tool_input), args.host, args.port)
+    server = FakeAnthropic(AgentResponder(args.tool, tool_input), args.host, args.port,
+                           context_window=args.context_window)
     await serve_until_signalled(server, "fake Messages API listening on {server.base_url}")
 
 
@@ -519,6 +722,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--tool", default="list_tickets", help="the tool the model asks for (default: list_tickets)")
     parser.add_argument("--tool-input", default='{"status": "open"}', metavar="JSON",
                         help='input of that tool call (default: {"status": "open"})')
+    parser.add_argument("--context-window", type=int, default=None, metavar="TOKENS",
+                        help="refuse a request over this many tokens with the API's 400 (default: no limit)")
     args = parser.parse_args(argv)
     try:
         tool_input = json.loads(args.tool_input)

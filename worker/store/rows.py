@@ -42,6 +42,7 @@ RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_bu
     r.lease_epoch, r.messages_sent, r.messages_delivered, r.agent, r.agent_version, r.sub_agents,
     r.parent_tool_use_id, r.root_run_id, r.depth,
     r.children_active, r.children_tokens, r.children_cost, r.waiting_for, r.schedule_name, r.scheduled_time, r.webhook,
+    r.context_management,
     CASE WHEN r.children_active > 0 THEN (SELECT row(coalesce(sum(t.tokens_used + t.children_tokens), 0),
                                                      coalesce(sum(t.cost_usd + t.children_cost), 0))
         FROM ({ACTIVE_DESCENDANTS}) t) END AS live,
@@ -55,7 +56,10 @@ STEP_COLUMNS = """run_id, seq, kind, status, tool_name, tool_use_id, request, re
     input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd,
     latency_ms, attempts, worker, started_at, finished_at, inherited, created_by"""
 
-TIMELINE_COLUMNS = STEP_COLUMNS.replace("request, response,", "NULL AS request, NULL AS response,")
+# A COMPACT step's bodies are small and say what the timeline shows of it (api/schemas.compaction_of).
+TIMELINE_COLUMNS = STEP_COLUMNS.replace(
+    "request, response,", "CASE WHEN kind = 'COMPACT' THEN request END AS request, "
+    "CASE WHEN kind = 'COMPACT' THEN response END AS response,")
 
 # The fence. `fence` locks the run row if and only if this worker still holds it under the claim the
 # write was made for (its lease epoch: every claim counts one more); every other part of a fenced

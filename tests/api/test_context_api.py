@@ -141,3 +141,33 @@ async def test_compact_steps_show_what_they_did(client: httpx.AsyncClient, db: p
     detail = (await client.get(f"/api/runs/{run_id}/steps/2")).json()
     assert detail["kind"] == "COMPACT" and detail["compaction"] == summarised
     assert detail["response"].startswith("The user asked")
+
+
+@pytest.mark.usefixtures("restore_logging")
+async def test_the_cli_flag_takes_a_strategy_or_an_object(
+    server_url: str, store: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import uuid
+
+    from tests.support.cli import agentrun
+
+    code, out, err = await agentrun(capsys, "runs", "submit", "long", "--url", server_url,
+                                    "--context-management", "summarize", "--json")
+    assert code == 0, err
+    run = await store.get(uuid.UUID(json.loads(out)["id"]))
+    assert run.context_management == {"strategy": "summarize", "keepRecentTurns": 2}
+    code, out, err = await agentrun(capsys, "runs", "submit", "long", "--url", server_url, "--json",
+                                    "--context-management", '{"strategy": "clear_tool_results", "keepRecentTurns": 3}')
+    assert code == 0, err
+    run_id = json.loads(out)["id"]
+    assert (await store.get(uuid.UUID(run_id))).context_management == {"strategy": "clear_tool_results",
+                                                                      "keepRecentTurns": 3}
+    code, out, err = await agentrun(capsys, "runs", "get", run_id, "--url", server_url)
+    assert code == 0 and "clear_tool_results keepRecentTurns=3" in out, out + err
+    for bad, words in [("fold", "--context-management.strategy must be one of"),
+                       ('{"strategy": "none", "keepRecentTurns": -1}', "--context-management.keepRecentTurns"),
+                       ("{not json", "is not a JSON object")]:
+        with pytest.raises(SystemExit) as exit:
+            await agentrun(capsys, "runs", "submit", "x", "--url", server_url, "--context-management", bad)
+        assert exit.value.code == 2 and words in capsys.readouterr().err

@@ -574,7 +574,7 @@ class TimelineStep(_Camel):
                    status="WAITING", stop_reason=None, input_tokens=0, output_tokens=0,
                    cache_creation_input_tokens=0, cache_read_input_tokens=0, cost_usd=None, latency_ms=None,
                    attempts=0, started_at=None, finished_at=None, worker=None, inherited=False, created_by=None,
-                   decisions=[DecisionView.of(d) for d in decided])
+                   compaction=None, decisions=[DecisionView.of(d) for d in decided])
 
     @classmethod
     def fields_of(cls, step: Step) -> dict[str, object]:

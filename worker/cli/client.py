@@ -331,7 +331,8 @@ STEP_COLUMNS: tuple[tuple[str, int], ...] = (
 def _cells(step: Mapping[str, Any]) -> list[str]:
     latency = step.get("latencyMs")
     return [
-        str(step["seq"]), step["kind"], step.get("toolName") or _compaction(step) or "-", step["status"], step.get("stopReason") or "-",
+        str(step["seq"]), step["kind"], step.get("toolName") or _compaction(step) or "-", step["status"],
+        step.get("stopReason") or "-",
         str(step.get("inputTokens", 0)), str(step.get("outputTokens", 0)),
         f"{step.get('cacheCreationInputTokens', 0)}/{step.get('cacheReadInputTokens', 0)}",
         f"{latency}ms" if latency is not None else "-", step.get("worker") or "-",
@@ -402,8 +403,8 @@ def run_details(run: Mapping[str, Any]) -> str:
     if run.get("subAgents"):
         fields.append(("sub-agents", ", ".join(run["subAgents"])))
     if isinstance(context := run.get("contextManagement"), Mapping) and context.get("strategy"):
-        fields.append(("context", " ".join([context["strategy"], *(f"{k}={context[k]}" for k in
-                                                                   ("keepRecentTurns", "triggerTokens") if k in context)])))
+        counts = [f"{k}={context[k]}" for k in ("keepRecentTurns", "triggerTokens") if k in context]
+        fields.append(("context", " ".join([context["strategy"], *counts])))
     if run.get("waitingFor") == "children":
         fields.append(("waiting", f"for its sub-agents: {run.get('childrenActive', 0)} at work"))
     elif run.get("waitingFor") in ("timer", "event") and run["status"] == "WAITING":

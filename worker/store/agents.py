@@ -15,8 +15,8 @@ from agentrun.worker.core.text import unstorable
 from agentrun.worker.store.gateway import Gateway
 
 AGENT_COLUMNS = """v.name, v.version, v.description, v.system, v.model, v.tools, v.require_approval, v.output_schema,
-    v.max_steps, v.token_budget, v.cost_budget_usd, v.timeout_seconds, v.sub_agents, v.webhook, v.context_management, v.created_at,
-    v.created_by"""
+    v.max_steps, v.token_budget, v.cost_budget_usd, v.timeout_seconds, v.sub_agents, v.webhook,
+    v.context_management, v.created_at, v.created_by"""
 
 RETURNED = AGENT_COLUMNS.replace("v.", "")  # the same columns, of the row an INSERT returns
 

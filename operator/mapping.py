@@ -17,6 +17,7 @@ import orjson
 from agentrun.operator.errors import InvalidSpec as InvalidSpec
 from agentrun.worker.core import submission
 from agentrun.worker.core.agents import AGENT_NAME, MAX_VERSION, Agent, check_definition, parse_ref, pinned
+from agentrun.worker.core.context import parse
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import NewRun, PendingCall, Run, RunStatus
 from agentrun.worker.core.submission import Defaults, Offer, Refused, RunSpec
@@ -172,7 +173,19 @@ def run_spec(spec: Mapping[str, Any], source: Run | None) -> RunSpec:
         tools=tools, cost_budget_usd=_cost_budget(spec), require_approval=approval,
         output_schema=dict(schema) if isinstance(schema, Mapping) else schema,
         agent=agent_ref(spec), **_lineage(spec, source), **_schedule(spec), webhook=_webhook(spec),
+        context_management=_context_management(spec),
     )
+
+
+def _context_management(spec: Mapping[str, Any]) -> dict[str, Any] | None:
+    """spec.contextManagement as the run stores it (core/context.parse, as the REST API checks it)."""
+    value = spec.get("contextManagement")
+    if value is None:
+        return None
+    try:
+        return parse(dict(value) if isinstance(value, Mapping) else value, "spec.contextManagement").to_json()
+    except ValueError as e:
+        raise InvalidSpec(str(e)) from None
 
 
 def _webhook(spec: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -310,7 +323,7 @@ def _cost_budget(spec: Mapping[str, Any]) -> Decimal | None:
 # -- Agent ----------------------------------------------------------------------------------------
 
 AGENT_FIELDS = ("system", "model", "tools", "requireApproval", "outputSchema", "maxSteps", "tokenBudget",
-                "costBudgetUsd", "timeoutSeconds", "webhook")
+                "costBudgetUsd", "timeoutSeconds", "webhook", "contextManagement")
 """The fields an Agent's spec shares with an AgentRun's: checked by the same code, as a run of it would be."""
 
 
@@ -331,6 +344,7 @@ def agent_definition(
         tools=shared.tools, require_approval=shared.require_approval, output_schema=shared.output_schema,
         max_steps=shared.max_steps, token_budget=shared.token_budget, cost_budget_usd=shared.cost_budget_usd,
         timeout_seconds=shared.timeout_seconds, sub_agents=_sub_agents(spec), webhook=shared.webhook,
+        context_management=shared.context_management,
     )
     try:
         check_definition(agent, _offer(known_tools, prices))  # as POST /api/agents checks it

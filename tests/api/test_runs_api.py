@@ -345,7 +345,7 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
     props = doc["components"]["schemas"]["RunRequest"]["properties"]
     assert {"input", "model", "tokenBudget", "timeoutSeconds", "maxSteps", "tools", "system", "costBudgetUsd",
             "requireApproval", "continueFrom", "forkFrom", "outputSchema", "priority", "runAt", "delaySeconds",
-            "agent", "subAgents", "webhook"} == set(props)
+            "agent", "subAgents", "webhook", "contextManagement"} == set(props)
     assert "next" in doc["paths"]["/api/runs"]["get"]["description"]
 
 

@@ -22,6 +22,7 @@ from agentrun.worker.api.schemas import (
     MAX_TOOLS,
     MIN_COST_BUDGET_USD,
     AgentRef,
+    ContextManagement,
     ErrorBody,
     JsonObject,
     Name,
@@ -80,6 +81,9 @@ class AgentRequest(_Camel):
         "version when a run is submitted, then pinned) or `name@N`. Each must exist; not the agent itself.")
     webhook: WebhookRequest | None = Field(None, description="Its runs' webhook (README \"Completion webhooks\") "
                                            "unless their request names one.")
+    context_management: ContextManagement | None = Field(
+        None, description="Its runs' `contextManagement` (`{strategy, triggerTokens?, keepRecentTurns?}`) unless "
+        "their request names one.")
 
     def agent(self) -> Agent:
         cost = (Decimal(str(self.cost_budget_usd)).quantize(MIN_COST_BUDGET_USD, rounding=ROUND_HALF_UP)
@@ -91,6 +95,7 @@ class AgentRequest(_Camel):
             cost_budget_usd=cost, timeout_seconds=self.timeout_seconds,
             sub_agents=tuple(dict.fromkeys(self.sub_agents)) if self.sub_agents is not None else None,
             webhook=self.webhook.as_stored() if self.webhook is not None else None,
+            context_management=self.context_management,
         )
 
 
@@ -120,6 +125,8 @@ class AgentView(_Camel):
     timeout_seconds: int | None
     sub_agents: list[str] | None = Field(description="As defined: `name` or `name@N`.")
     webhook: dict[str, Any] | None = Field(None, description="Its runs' webhook: `{url, events, secretRef}`.")
+    context_management: dict[str, Any] | None = Field(None, description="Its runs' `contextManagement` (null: "
+                                                      "theirs, else the default `auto`).")
     created_at: datetime.datetime | None = Field(description="When this version was made.")
     created_by: str | None = Field(description="Who made this version, named as a run's `createdBy`.")
 
@@ -131,7 +138,7 @@ class AgentView(_Camel):
             max_steps=a.max_steps, token_budget=a.token_budget,
             cost_budget_usd=float(a.cost_budget_usd) if a.cost_budget_usd is not None else None,
             timeout_seconds=a.timeout_seconds, sub_agents=_list(a.sub_agents), webhook=a.webhook,
-            created_at=a.created_at,
+            context_management=a.context_management, created_at=a.created_at,
             created_by=a.created_by,
         )
 

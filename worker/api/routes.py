@@ -92,10 +92,10 @@ def _same_request(run: Run, new: NewRun) -> bool:
     # The identity too: another identity reusing a key is not retrying, and must not be handed the run.
     return (run.input, run.model, run.token_budget, run.timeout_seconds, run.max_steps, run.tools, run.system,
             run.cost_budget_usd, run.created_by, run.priority, run.agent, run.agent_version, run.sub_agents,
-            run.webhook) == (
+            run.webhook, run.context_management) == (
                 new.input, new.model, new.token_budget, new.timeout_seconds, new.max_steps, new.tools, new.system,
                 new.cost_budget_usd, new.created_by, new.priority, new.agent, new.agent_version, new.sub_agents,
-                new.webhook)
+                new.webhook, new.context_management)
 
 
 def _traceparent_schema(schema: dict[str, Any]) -> None:

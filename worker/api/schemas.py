@@ -15,6 +15,7 @@ from pydantic_core import PydanticCustomError
 from agentrun.worker.api.identities import Scope
 from agentrun.worker.core.agents import AGENT_REF, parse_ref
 from agentrun.worker.core.children import TOOL_PREFIX
+from agentrun.worker.core.context import MAX_KEEP_RECENT_TURNS, MAX_TRIGGER_TOKENS, STRATEGIES, ContextPolicy, parse
 from agentrun.worker.core.errors import Refused
 from agentrun.worker.core.records import (
     Decision,
@@ -133,6 +134,49 @@ def _agent_ref(value: str) -> str:
 MAX_SUB_AGENTS = 64
 # An agent's name, or name@version; the pattern is stated for clients, the validator words the problem.
 AgentRef = Annotated[str, AfterValidator(_agent_ref), Field(json_schema_extra={"pattern": AGENT_REF})]
+
+
+def _whole_counts(value: object) -> object:
+    """JSON's 3.0 is the integer 3 for the policy's counts, as for every other count (Whole)."""
+    if isinstance(value, dict):
+        return {k: _whole(v) if k in ("triggerTokens", "keepRecentTurns") else v for k, v in value.items()}
+    return value
+
+
+def _context_policy(value: object) -> dict[str, Any]:
+    """The policy as stored and shown (every field); core/context.parse names the field at fault."""
+    return parse(value).to_json()
+
+
+CONTEXT_SCHEMA: dict[str, Any] = {
+    "type": "object", "additionalProperties": False,
+    "properties": {
+        "strategy": {"enum": list(STRATEGIES), "default": "auto", "description": "`auto` (the default): "
+                     "`server` where the provider supports it, else `summarize`; `server`: the provider compacts; "
+                     "`summarize`: the engine summarises old turns (a COMPACT step); `clear_tool_results`: old "
+                     "tool results are replaced by a placeholder (a COMPACT step, no model call); `none`: "
+                     "nothing is done, and a request that cannot fit fails the run."},
+        "triggerTokens": {"type": "integer", "minimum": 1, "maximum": MAX_TRIGGER_TOKENS,
+                          "description": "Manage the conversation once a request would pass this many input "
+                          "tokens; default 80% of the model's window."},
+        "keepRecentTurns": {"type": "integer", "minimum": 0, "maximum": MAX_KEEP_RECENT_TURNS, "default": 2,
+                            "description": "The most recent turns, never summarised or cleared."},
+    },
+}
+"""The policy's JSON Schema, as the document states it (the validator, core/context.parse, words problems)."""
+
+def _context_schema(schema: dict[str, Any]) -> None:
+    schema.clear()
+    schema.update(CONTEXT_SCHEMA)
+
+
+ContextManagement = Annotated[Any, BeforeValidator(_whole_counts), AfterValidator(_context_policy),
+                              Field(json_schema_extra=_context_schema)]
+
+
+def context_shown(stored: dict[str, Any] | None) -> dict[str, Any]:
+    """A run's or agent's stored policy as the API shows it: NULL is the default, `auto`, spelt out."""
+    return ContextPolicy.of(stored).to_json()
 
 
 class _Camel(BaseModel):
@@ -269,6 +313,10 @@ class RunRequest(_Camel):
     webhook: WebhookRequest | None = Field(
         None, description="Signed HTTP POSTs of the run's JSON when it finishes (or waits): README \"Completion "
         "webhooks\". When absent the agent's, or the source's (with `continueFrom` or `forkFrom`).")
+    context_management: ContextManagement | None = Field(
+        None, description="How the conversation is kept within the model's context window (README \"Long runs "
+        "and the context window\"): `{strategy, triggerTokens?, keepRecentTurns?}`. When absent the agent's, "
+        "or the source's (with `continueFrom` or `forkFrom`), else `{\"strategy\": \"auto\"}`.")
 
     @model_validator(mode="after")
     def _one_schedule(self) -> RunRequest:
@@ -298,6 +346,7 @@ class RunRequest(_Camel):
             agent=parse_ref(self.agent) if self.agent is not None else None,
             sub_agents=tuple(self.sub_agents) if self.sub_agents is not None else None,
             webhook=self.webhook.as_stored() if self.webhook is not None else None,
+            context_management=self.context_management,
         )
 
 
@@ -394,6 +443,10 @@ class RunView(_Camel):
     webhook: dict[str, Any] | None = Field(
         None, description="`{url, events, secretRef}`: where the run's status changes are posted; its deliveries "
         "are at /api/runs/{id}/webhooks.")
+    context_management: dict[str, Any] = Field(
+        default_factory=lambda: context_shown(None), description="How the run's conversation is kept within "
+        "the model's window: `{strategy, keepRecentTurns, triggerTokens?}` (README \"Long runs and the context "
+        "window\"); `{\"strategy\": \"auto\", \"keepRecentTurns\": 2}` when it named none.")
 
     @classmethod
     def of(cls, run: Run) -> RunView:
@@ -413,7 +466,7 @@ class RunView(_Camel):
             sub_agents=list(run.sub_agents) if run.sub_agents is not None else None,
             messages_sent=run.messages_sent, messages_delivered=run.messages_delivered,
             schedule_name=run.schedule_name, scheduled_time=run.scheduled_time, webhook=run.webhook,
-            **_tree_fields(run),
+            context_management=context_shown(run.context_management), **_tree_fields(run),
         )
 
 
@@ -509,6 +562,10 @@ class TimelineStep(_Camel):
     )
     created_by: str | None = Field(None, description="A USER step that delivered a message posted to the run: "
                                    "who sent it, named as the run's `createdBy` (null on an open API).")
+    compaction: dict[str, Any] | None = Field(None, description="A COMPACT step: what it did, its request as "
+                                              "JSON (`strategy`, `keepFromSeq`, `coversSeqs` [first, last], "
+                                              "`estimatedTokens`, `window`, `triggerTokens`) and `cleared`, the "
+                                              "tool results it replaced (clear_tool_results); null for other kinds.")
 
     @classmethod
     def waiting(cls, call: PendingCall, decided: list[PendingCall]) -> TimelineStep:
@@ -517,7 +574,7 @@ class TimelineStep(_Camel):
                    status="WAITING", stop_reason=None, input_tokens=0, output_tokens=0,
                    cache_creation_input_tokens=0, cache_read_input_tokens=0, cost_usd=None, latency_ms=None,
                    attempts=0, started_at=None, finished_at=None, worker=None, inherited=False, created_by=None,
-                   decisions=[DecisionView.of(d) for d in decided])
+                   compaction=None, decisions=[DecisionView.of(d) for d in decided])
 
     @classmethod
     def fields_of(cls, step: Step) -> dict[str, object]:
@@ -528,6 +585,7 @@ class TimelineStep(_Camel):
             cache_read_input_tokens=step.cache_read_input_tokens, cost_usd=_usd(step.cost_usd),
             latency_ms=step.latency_ms, attempts=step.attempts, started_at=step.started_at,
             finished_at=step.finished_at, worker=step.worker, inherited=step.inherited, created_by=step.created_by,
+            compaction=compaction_of(step),
         )
 
     @classmethod
@@ -535,15 +593,46 @@ class TimelineStep(_Camel):
         return cls(**cls.fields_of(step))  # type: ignore[arg-type]
 
 
+def _json_or_none(text: str | None) -> Any:
+    if not text:
+        return None
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return None
+
+
+def compaction_of(step: Step) -> dict[str, Any] | None:
+    """A COMPACT step's request as JSON, with `cleared`: how many tool results it replaced (its response
+    lists them; a summary's response is text). Anything unreadable shows as an empty object, never a 500."""
+    if step.kind is not StepKind.COMPACT:
+        return None
+    request = _json_or_none(step.request)
+    out: dict[str, Any] = dict(request) if isinstance(request, dict) else {}
+    if out.get("strategy") == "clear_tool_results":
+        cleared = _json_or_none(step.response)
+        out["cleared"] = len(cleared) if isinstance(cleared, list) else 0
+    return out
+
+
 class StepDetail(TimelineStep):
-    """A step with its bodies: MODEL request summary and content blocks, TOOL input and output (JSON text)."""
+    """A step with its bodies: MODEL request summary and content blocks, TOOL input and output (JSON text),
+    COMPACT what it covers (request) and the summary or the cleared results (response)."""
 
     request: str | None
     response: str | None
+    context: dict[str, Any] | None = Field(None, description="A MODEL step: what was done to keep its request "
+                                           "within the window, from its request summary (`strategy`, "
+                                           "`estimatedTokens`, `window`, `contextTokens`, `compacted`, "
+                                           "`clearedToolUses`); null when the summary has none.")
 
     @classmethod
     def of(cls, step: Step) -> StepDetail:
-        return cls(**cls.fields_of(step), request=step.request, response=step.response)  # type: ignore[arg-type]
+        context = None
+        if step.kind is StepKind.MODEL and isinstance(summary := _json_or_none(step.request), dict):
+            context = summary.get("context") if isinstance(summary.get("context"), dict) else None
+        return cls(**cls.fields_of(step), request=step.request, response=step.response,  # type: ignore[arg-type]
+                   context=context)
 
 
 class WhoAmI(BaseModel):

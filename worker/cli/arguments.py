@@ -88,3 +88,22 @@ positive_int = _positive_int
 non_negative_int = _non_negative_int
 positive_float = _positive_float
 non_negative_float = _non_negative_float
+
+
+def context_management(text: str) -> dict[str, object]:
+    """--context-management: a strategy's name (`summarize`) or the JSON object the API takes
+    (`{"strategy": "summarize", "keepRecentTurns": 3}`), checked as the API checks it (core/context.parse)."""
+    import orjson
+
+    from agentrun.worker.core.context import parse
+
+    value: object = {"strategy": text.strip()}
+    if text.lstrip().startswith("{"):
+        try:
+            value = orjson.loads(text)
+        except orjson.JSONDecodeError as e:
+            raise argparse.ArgumentTypeError(f"is not a JSON object: {e}") from None
+    try:
+        return parse(value, "--context-management").to_json()
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

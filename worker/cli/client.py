@@ -331,11 +331,25 @@ STEP_COLUMNS: tuple[tuple[str, int], ...] = (
 def _cells(step: Mapping[str, Any]) -> list[str]:
     latency = step.get("latencyMs")
     return [
-        str(step["seq"]), step["kind"], step.get("toolName") or "-", step["status"], step.get("stopReason") or "-",
+        str(step["seq"]), step["kind"], step.get("toolName") or _compaction(step) or "-", step["status"],
+        step.get("stopReason") or "-",
         str(step.get("inputTokens", 0)), str(step.get("outputTokens", 0)),
         f"{step.get('cacheCreationInputTokens', 0)}/{step.get('cacheReadInputTokens', 0)}",
         f"{latency}ms" if latency is not None else "-", step.get("worker") or "-",
     ]
+
+
+def _compaction(step: Mapping[str, Any]) -> str | None:
+    """A COMPACT step's TOOL cell: what it did (`summarised 1-6`, `cleared 4`)."""
+    done = step.get("compaction")
+    if not isinstance(done, Mapping):
+        return None
+    covers = done.get("coversSeqs")
+    if done.get("strategy") == "clear_tool_results":
+        return f"cleared {done.get('cleared', 0)}"
+    if isinstance(covers, list) and len(covers) == 2:
+        return f"summarised {covers[0]}-{covers[1]}"
+    return "summarised"
 
 
 def _line(cells: Sequence[str], widths: Sequence[int]) -> str:
@@ -388,6 +402,9 @@ def run_details(run: Mapping[str, Any]) -> str:
         fields.append(("agent", f"{run['agent']}@{run.get('agentVersion')}"))
     if run.get("subAgents"):
         fields.append(("sub-agents", ", ".join(run["subAgents"])))
+    if isinstance(context := run.get("contextManagement"), Mapping) and context.get("strategy"):
+        counts = [f"{k}={context[k]}" for k in ("keepRecentTurns", "triggerTokens") if k in context]
+        fields.append(("context", " ".join([context["strategy"], *counts])))
     if run.get("waitingFor") == "children":
         fields.append(("waiting", f"for its sub-agents: {run.get('childrenActive', 0)} at work"))
     elif run.get("waitingFor") in ("timer", "event") and run["status"] == "WAITING":

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from agentrun.worker.cli.arguments import duration, positive_float, positive_int
+from agentrun.worker.cli.arguments import context_management, duration, positive_float, positive_int
 from agentrun.worker.core.records import Decision, RunStatus
 
 if TYPE_CHECKING:
@@ -132,6 +132,11 @@ def _add_submit(p: argparse.ArgumentParser) -> None:
                    "at submission; options given here override its fields, limits only downwards")
     p.add_argument("--sub-agent", action="append", metavar="NAME[@N]",
                    help="an agent the run may hand work to (repeatable; default: the agent's)")
+    p.add_argument("--context-management", type=context_management, metavar="VALUE",
+                   help="how the conversation is kept within the model's context window: a strategy (auto, "
+                   "server, summarize, clear_tool_results, none) or a JSON object such as "
+                   "'{\"strategy\": \"summarize\", \"keepRecentTurns\": 3, \"triggerTokens\": 150000}' "
+                   "(default: the agent's, else the source's with --continue-from, else auto)")
 
 
 def _add_fork(p: argparse.ArgumentParser) -> None:
@@ -198,7 +203,7 @@ def _submit(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
                 "continueFrom": client._run_id(args.continue_from, "--continue-from")
                 if args.continue_from else None,
                 "requireApproval": args.require_approval, "priority": args.priority,
-                "delaySeconds": args.delay}
+                "delaySeconds": args.delay, "contextManagement": args.context_management}
     body.update({k: v for k, v in optional.items() if v is not None})
     texts = [("input", args.input), ("model", args.model), ("system", args.system),
              *((f"tools[{i}]", t) for i, t in enumerate(args.tool or ())), ("agent", args.agent),

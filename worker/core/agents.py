@@ -43,6 +43,7 @@ class Agent:
     timeout_seconds: int | None = None
     sub_agents: tuple[str, ...] | None = None  # as given in the definition (names, optionally name@N)
     webhook: dict[str, Any] | None = None  # its runs' webhook unless their request names one
+    context_management: dict[str, Any] | None = None  # its runs' contextManagement unless they name one
     created_at: datetime.datetime | None = None
     created_by: str | None = None
 
@@ -53,12 +54,13 @@ class Agent:
 
 
 DEFINITION = ("description", "system", "model", "tools", "require_approval", "output_schema", "max_steps",
-              "token_budget", "cost_budget_usd", "timeout_seconds", "sub_agents", "webhook")
+              "token_budget", "cost_budget_usd", "timeout_seconds", "sub_agents", "webhook",
+              "context_management")
 """The fields that make a definition: two versions with the same values are the same definition."""
 
 # Applied to a run; the spec may give its own. The first four may only be lowered.
 _APPLIED = ("model", "system", "tools", "require_approval", "output_schema", "token_budget", "cost_budget_usd",
-            "max_steps", "timeout_seconds", "sub_agents", "webhook")
+            "max_steps", "timeout_seconds", "sub_agents", "webhook", "context_management")
 LOWER_ONLY = {"token_budget": "tokenBudget", "cost_budget_usd": "costBudgetUsd", "max_steps": "maxSteps",
               "timeout_seconds": "timeoutSeconds"}
 

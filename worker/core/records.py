@@ -93,6 +93,7 @@ class NewRun:
     schedule_name: str | None = None  # the schedule whose tick created the run
     scheduled_time: datetime.datetime | None = None  # that tick
     webhook: dict[str, Any] | None = None  # {"url", "events", "secretRef"}: told of its status changes
+    context_management: dict[str, Any] | None = None  # ContextPolicy.to_json() (core/context.py); None: auto
 
 
 @dataclasses.dataclass(frozen=True)

@@ -173,7 +173,7 @@ def due(s: Schedule, now: datetime.datetime) -> Due:
 # The run template, as the workers read it: RunSpec's fields in JSON. A schedule's run has no source
 # (continueFrom, forkFrom) and no time of its own (runAt, delaySeconds): its tick is its time.
 _SCALARS = ("input", "model", "token_budget", "timeout_seconds", "max_steps", "system", "output_schema", "priority",
-            "webhook")
+            "webhook", "context_management")
 _TUPLES = ("tools", "require_approval", "sub_agents")
 
 

@@ -50,6 +50,7 @@ class RunSpec:
     agent: tuple[str, int | None] | None = None  # the agent's name and version (None: the latest)
     sub_agents: tuple[str, ...] | None = None  # as the caller gave them: `name` or `name@N`
     webhook: dict[str, Any] | None = None  # checked by the transport (core/webhooks.check_webhook)
+    context_management: dict[str, Any] | None = None  # ContextPolicy.to_json(), checked by context.parse
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,7 +76,7 @@ class Offer:
 
 # Inherited from the source when the request leaves them out; the schedule and priority never are.
 INHERITED = ("model", "token_budget", "timeout_seconds", "max_steps", "tools", "system", "cost_budget_usd",
-             "require_approval", "output_schema", "webhook")
+             "require_approval", "output_schema", "webhook", "context_management")
 
 
 def new_run(spec: RunSpec, source: Run | None, defaults: Defaults = Defaults(), offer: Offer = Offer()) -> NewRun:

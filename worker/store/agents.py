@@ -15,8 +15,8 @@ from agentrun.worker.core.text import unstorable
 from agentrun.worker.store.gateway import Gateway
 
 AGENT_COLUMNS = """v.name, v.version, v.description, v.system, v.model, v.tools, v.require_approval, v.output_schema,
-    v.max_steps, v.token_budget, v.cost_budget_usd, v.timeout_seconds, v.sub_agents, v.webhook, v.created_at,
-    v.created_by"""
+    v.max_steps, v.token_budget, v.cost_budget_usd, v.timeout_seconds, v.sub_agents, v.webhook,
+    v.context_management, v.created_at, v.created_by"""
 
 RETURNED = AGENT_COLUMNS.replace("v.", "")  # the same columns, of the row an INSERT returns
 
@@ -61,11 +61,11 @@ class Agents(Gateway):
             await cur.execute(
                 f"""INSERT INTO agent_version (name, version, description, system, model, tools, require_approval,
                         output_schema, max_steps, token_budget, cost_budget_usd, timeout_seconds, sub_agents,
-                        created_by, webhook)
+                        created_by, webhook, context_management)
                     VALUES (%(name)s, %(version)s, %(description)s, %(system)s, %(model)s, %(tools)s,
                         %(require_approval)s, %(output_schema)s, %(max_steps)s, %(token_budget)s,
                         %(cost_budget_usd)s, %(timeout_seconds)s, %(sub_agents)s, %(created_by)s,
-                        %(webhook)s)
+                        %(webhook)s, %(context)s)
                     RETURNING {RETURNED}""".encode(),
                 {
                     "name": agent.name, "version": (latest.version if latest else 0) + 1,
@@ -76,6 +76,7 @@ class Agents(Gateway):
                     "cost_budget_usd": agent.cost_budget_usd, "timeout_seconds": agent.timeout_seconds,
                     "sub_agents": _array(agent.sub_agents), "created_by": created_by,
                     "webhook": Jsonb(agent.webhook) if agent.webhook is not None else None,
+                    "context": Jsonb(agent.context_management) if agent.context_management is not None else None,
                 },
             )
             stored = await cur.fetchone()

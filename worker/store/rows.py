@@ -56,7 +56,10 @@ STEP_COLUMNS = """run_id, seq, kind, status, tool_name, tool_use_id, request, re
     input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd,
     latency_ms, attempts, worker, started_at, finished_at, inherited, created_by"""
 
-TIMELINE_COLUMNS = STEP_COLUMNS.replace("request, response,", "NULL AS request, NULL AS response,")
+# A COMPACT step's bodies are small and say what the timeline shows of it (api/schemas.compaction_of).
+TIMELINE_COLUMNS = STEP_COLUMNS.replace(
+    "request, response,", "CASE WHEN kind = 'COMPACT' THEN request END AS request, "
+    "CASE WHEN kind = 'COMPACT' THEN response END AS response,")
 
 # The fence. `fence` locks the run row if and only if this worker still holds it under the claim the
 # write was made for (its lease epoch: every claim counts one more); every other part of a fenced

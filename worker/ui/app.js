@@ -203,7 +203,22 @@ function budgets(run) {
   return out;
 }
 
-function waterfall(run, steps, onFork, inflight) {
+// What a COMPACT step did, from its `compaction` (the timeline's and the step's): its own kind, never a tool.
+function compactLabel(s) {
+  const c = s.compaction || {};
+  if (c.strategy === "clear_tool_results") return `compacted: cleared ${c.cleared ?? 0} tool result${c.cleared === 1 ? "" : "s"}`;
+  const covers = Array.isArray(c.coversSeqs) && c.coversSeqs.length === 2 ? c.coversSeqs[1] - c.coversSeqs[0] + 1 : null;
+  return covers === null ? "compacted: steps summarised" : `compacted: ${covers} step${covers === 1 ? "" : "s"} summarised`;
+}
+
+// A MODEL step the provider compacted: its response opens with a compaction block (or its summary says so).
+function providerCompacted(d) {
+  if (!d) return false;
+  if (d.context && d.context.compacted) return true;
+  try { const blocks = JSON.parse(d.response || "[]"); return Array.isArray(blocks) && blocks.some((b) => b && b.type === "compaction"); } catch (_) { return false; }
+}
+
+function waterfall(run, steps, onFork, inflight, details = new Map()) {
   if (!steps.length && !inflight) return h("p", { class: "muted" }, run.status === "QUEUED" ? "Waiting for a worker…" : "No steps yet.");
   const now = Date.now();
   if (inflight && !TERMINAL.has(run.status)) {
@@ -228,16 +243,18 @@ function waterfall(run, steps, onFork, inflight) {
     const width = Math.max(0.6, ((end - start) / span) * 100);
     const takeover = previous !== null && s.worker && previous !== s.worker;
     previous = s.worker || previous;
-    const kind = s.kind === "MODEL" ? "model" : s.kind === "USER" ? "user" : "tool";
+    const kind = s.kind === "MODEL" ? "model" : s.kind === "USER" ? "user" : s.kind === "COMPACT" ? "compact" : "tool";
     const name = s.kind === "MODEL" ? `model${s.stopReason ? ` · ${s.stopReason}` : ""}`
-      : s.kind === "USER" ? `user${s.createdBy ? ` · ${s.createdBy}` : ""}` : `tool · ${s.toolName}`;
-    const tokens = s.kind === "MODEL"
+      : s.kind === "USER" ? `user${s.createdBy ? ` · ${s.createdBy}` : ""}`
+      : s.kind === "COMPACT" ? compactLabel(s) : `tool · ${s.toolName}`;
+    const tokens = s.kind === "MODEL" || (s.kind === "COMPACT" && (s.inputTokens || s.outputTokens))
       ? `in ${fmtInt(s.inputTokens)} · out ${fmtInt(s.outputTokens)} · cache w ${fmtInt(s.cacheCreationInputTokens)} / r ${fmtInt(s.cacheReadInputTokens)}`
-      : s.kind === "USER" ? "a user message" : `attempt ${s.attempts}`;
+      : s.kind === "USER" ? "a user message" : s.kind === "COMPACT" ? "no model call" : `attempt ${s.attempts}`;
     return h("li", { class: `wf-row ${kind}`, "data-seq": s.seq, "data-status": s.status },
       h("div", { class: "wf-label" },
         h("span", { class: "seq mono" }, `#${s.seq}`), " ", h("strong", {}, name), " ", badge(s.status),
         s.inherited ? h("span", { class: "tag" }, "inherited") : null,
+        s.kind === "MODEL" && providerCompacted(details.get(s.seq)) ? h("span", { class: "tag compacted", title: "the provider compacted the conversation before this call" }, "compacted by the provider") : null,
         takeover ? h("span", { class: "tag takeover", title: "another worker took the run over" }, `⇄ taken over by ${s.worker}`) : null),
       h("div", { class: "wf-track", "aria-hidden": "true" },
         h("div", { class: `wf-bar ${kind} ${s.status.toLowerCase()}`, style: `left:${left.toFixed(2)}%;width:${width.toFixed(2)}%` })),
@@ -246,7 +263,8 @@ function waterfall(run, steps, onFork, inflight) {
   });
   return h("div", {}, h("div", { class: "wf-axis mono", "aria-hidden": "true" }, h("span", {}, "0 s"), h("span", {}, `${(span / 1000).toFixed(1)} s`)),
     h("ol", { class: "waterfall", "aria-label": "steps on a time axis" }, rows),
-    h("p", { class: "legend" }, h("span", { class: "key model" }), " model call ", h("span", { class: "key tool" }), " tool call"));
+    h("p", { class: "legend" }, h("span", { class: "key model" }), " model call ", h("span", { class: "key tool" }), " tool call",
+      steps.some((s) => s.kind === "COMPACT") ? [" ", h("span", { class: "key compact" }), " compaction"] : null));
 }
 
 function asText(content) {
@@ -269,6 +287,10 @@ function conversation(run, steps, details, live) {
       if (!d) { items.push(h("li", { class: "msg assistant muted" }, `loading step ${s.seq}…`)); continue; }
       let blocks = [];
       try { blocks = JSON.parse(d.response || "[]"); } catch (_) { blocks = []; }
+      if (providerCompacted(d)) {
+        items.push(h("li", { class: "msg compact", "data-seq": s.seq }, h("div", { class: "who" }, `compacted by the provider · #${s.seq}`),
+          h("p", { class: "muted small" }, "The provider summarised the earlier conversation before this call; the turns are all kept in the step log.")));
+      }
       for (const b of blocks) {
         if (b.type === "text" && b.text) {
           items.push(h("li", { class: "msg assistant", "data-seq": s.seq }, h("div", { class: "who" }, `assistant · #${s.seq}`), h("div", { class: "text" }, b.text)));
@@ -283,6 +305,14 @@ function conversation(run, steps, details, live) {
       const from = s.createdBy ? ` · from ${s.createdBy}` : "";
       items.push(h("li", { class: `msg user${d && d.request === "message" ? " posted" : ""}`, "data-seq": s.seq },
         h("div", { class: "who" }, `user · #${s.seq}${from}`), h("div", { class: "text" }, text)));
+    } else if (s.kind === "COMPACT") {
+      const c = s.compaction || (d && d.compaction) || {};
+      const covers = Array.isArray(c.coversSeqs) ? ` (steps ${c.coversSeqs[0]}–${c.coversSeqs[1]})` : "";
+      const body = !d ? h("p", { class: "muted" }, "loading…")
+        : c.strategy === "clear_tool_results" ? h("p", { class: "muted small" }, "Older tool results are sent as placeholders naming the step that keeps each one.")
+        : h("div", { class: "text" }, d.response || "");
+      items.push(h("li", { class: "msg compact", "data-seq": s.seq },
+        h("div", { class: "who" }, `${compactLabel(s)}${covers} · #${s.seq}`), body));
     } else if (s.seq === null) {
       items.push(h("li", { class: "msg result waiting", "data-tool-use": s.toolUseId },
         h("div", { class: "who" }, `tool call · ${s.toolName}`, " ", badge("WAITING")),
@@ -553,7 +583,7 @@ function runView(id) {
         ? h("section", { class: "card answer" }, h("h2", {}, "Answer"), h("div", { class: "text" },
           typeof run.output === "string" ? run.output : JSON.stringify(run.output, null, 2)))
         : null,
-      h("section", { class: "card" }, h("h2", {}, "Steps"), waterfall(run, ordered.filter((s) => s.seq !== null), fork, inflightSeq(ordered))),
+      h("section", { class: "card" }, h("h2", {}, "Steps"), waterfall(run, ordered.filter((s) => s.seq !== null), fork, inflightSeq(ordered), details)),
       h("section", { class: "card" }, h("h2", {}, "Conversation"), conversation(run, ordered, details, live)),
       talk,
       cont,

@@ -61,12 +61,12 @@ async def servers() -> AsyncIterator[tuple[FakeAnthropic, FakeOpenAi]]:
         yield anthropic, openai
 
 
-async def _submit(store: RunStore, strategy: str, model: str = MODEL) -> Any:
+async def _submit(store: RunStore, strategy: str, model: str = MODEL, **policy: Any) -> Any:
     run, _ = await store.create(new_run("read every page of the document", model=model, tools=("fetch_page",),
                                         max_steps=4 * TURNS + 50, token_budget=10**9, timeout_seconds=900))
     async with store.pool.connection() as db:
         await db.execute("UPDATE run SET context_management = %s WHERE id = %s",
-                         (json.dumps({"strategy": strategy}), run.id))
+                         (json.dumps({"strategy": strategy, **policy}), run.id))
     return run
 
 
@@ -90,7 +90,9 @@ async def test_a_200_turn_run_completes_under_a_16k_window_with_each_strategy(
 ) -> None:
     anthropic, openai = servers
     env = _env(database_url, prices, anthropic.base_url, openai.v1_url, tmp_path)
-    run = await _submit(store, strategy, MODEL if provider == "anthropic" else f"local/{MODEL}")
+    # `server` keeps the newest 50 tool uses from the API's clearing, so that its compaction is needed too.
+    keep = {"keepRecentTurns": 50} if strategy == "server" else {}
+    run = await _submit(store, strategy, MODEL if provider == "anthropic" else f"local/{MODEL}", **keep)
     done = await _drive(env, store, run, f"context-{provider}-{strategy}")
     assert done.status is RunStatus.SUCCEEDED, done.error
     assert done.output == f"done after {TURNS} tool turns"
@@ -121,7 +123,7 @@ async def test_replay_sends_the_compaction_blocks_back_byte_identical(
 ) -> None:
     anthropic, openai = servers
     env = _env(database_url, prices, anthropic.base_url, openai.v1_url, tmp_path)
-    run = await _submit(store, "server")
+    run = await _submit(store, "server", keepRecentTurns=50)  # the API's clearing alone would be enough
     port = free_port()
     proc = await start_worker(port, "--id", "context-2", *ARGS, env=env)
     try:

@@ -52,7 +52,7 @@ def test_crd_names_columns_and_status() -> None:
     schema = version["schema"]["openAPIV3Schema"]
     assert set(schema["properties"]["spec"]["properties"]) == {
         "description", "system", "model", "tools", "requireApproval", "outputSchema", "maxSteps", "tokenBudget",
-        "costBudgetUsd", "timeoutSeconds", "subAgents", "webhook"}
+        "costBudgetUsd", "timeoutSeconds", "subAgents", "webhook", "contextManagement"}
     assert {"version", "observedGeneration", "message", "conditions"} <= set(schema["properties"]["status"]["properties"])
 
 

@@ -29,7 +29,10 @@ async def serving(app: FastAPI) -> AsyncIterator[str]:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off"))
+    # Keep-alive longer than any test: a test's pooled connection, idle while a browser works through a page
+    # on a loaded machine, is otherwise closed by the server as the client sends on it (uvicorn's 5 s).
+    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
+                                           timeout_keep_alive=600))
     task = asyncio.create_task(server.serve(sockets=[sock]))
 
     async def started() -> bool:

@@ -21,6 +21,8 @@ from typing import Any, Literal, cast
 
 import orjson
 
+from agentrun.worker.core.errors import DoesNotFit as DoesNotFit
+
 Strategy = Literal["auto", "server", "summarize", "clear_tool_results", "none"]
 STRATEGIES: tuple[Strategy, ...] = ("auto", "server", "summarize", "clear_tool_results", "none")
 DEFAULT_KEEP_RECENT_TURNS = 2
@@ -89,11 +91,6 @@ def parse(value: Any, field: str = "contextManagement") -> ContextPolicy:
 
 def _count(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
-
-
-class DoesNotFit(Exception):
-    """A request that cannot fit the model's window even after the run's context management: the run fails
-    before it is sent (never with the provider's 400, after paying for it)."""
 
 
 SUMMARY_SYSTEM = (

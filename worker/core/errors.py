@@ -17,6 +17,7 @@ __all__ = [
     "MAX_RETRY_AFTER",
     "RETRYABLE_4XX",
     "CancelRequested",
+    "DoesNotFit",
     "LeaseLost",
     "LlmError",
     "Problem",
@@ -81,6 +82,11 @@ class LeaseLost(Exception):
         super().__init__(f"worker {worker} no longer holds run {run_id}")
         self.run_id = run_id
         self.worker = worker
+
+
+class DoesNotFit(Exception):
+    """A model request that cannot fit the model's context window even after the run's context management
+    (core/context.py): the run fails before it is sent, never with the provider's 400 after paying for it."""
 
 
 class CancelRequested(Exception):

@@ -523,7 +523,8 @@ class FakeAnthropic(FakeApi):
             if n > self.context_window:
                 too_long = f"prompt is too long: {n} tokens > {self.context_window} maximum"
                 return Managed(seen, Reply.bad_request(too_long))
-            max_tokens = body.get("max_tokens") if isinstance(body.get("max_tokens"), int) else 0
+            asked = body.get("max_tokens")
+            max_tokens = asked if isinstance(asked, int) else 0
             if n + max_tokens > self.context_window:
                 return Managed(seen, Reply.bad_request(
                     f"input length and `max_tokens` exceed context limit: {n} + {max_tokens} > {self.context_window}, "

@@ -86,7 +86,7 @@ async def one(url: str, *, provider: str, strategy: str, turns: int, result_byte
             await worker.run_once()
             done = await store.get(run.id)
             steps = await store.steps(run.id)
-            await llm.aclose() if hasattr(llm, "aclose") else None
+            await llm.aclose()
     finally:
         await pool.close()
     assert done is not None

@@ -725,7 +725,8 @@ class RunDriver:
         estimate = conv.estimate(system, tools)
         if limits is not None and strategy in ("summarize", "clear_tool_results"):
             trigger = min(policy.trigger(limits.context_window), limits.context_window - max_tokens)
-            if estimate > trigger and await self._compact(run, conv, strategy, policy, limits, estimate, trigger):
+            if estimate > trigger and await self._compact(run, conv, strategy, policy, limits, estimate, trigger,
+                                                          system, tools):
                 estimate = conv.estimate(system, tools)
         if limits is not None and estimate + max_tokens > limits.context_window:
             raise context.DoesNotFit(
@@ -804,7 +805,7 @@ class RunDriver:
 
     async def _compact(
         self, run: Run, conv: Conversation, strategy: str, policy: context.ContextPolicy, limits: Limits,
-        estimate: int, trigger: int,
+        estimate: int, trigger: int, system: str | None, tools: list[dict[str, Any]],
     ) -> bool:
         """Bring the conversation under the trigger before the next model call, as a COMPACT step: the turns
         before the newest `keepRecentTurns` summarised by a model call of their own, or their tool results
@@ -833,10 +834,10 @@ class RunDriver:
             response, usage, cost, latency_ms, stop_reason = await self._summarise(run, conv.messages[:at], limits)
         # What it leaves, in the provider's tokens: its characters at the rate the provider counted the
         # conversation before it (the estimate of the added part included, which only overestimates).
-        before = context.estimate_tokens([run.system, self.tools.definitions(run.tools), conv.messages])
+        before = context.estimate_tokens([system, tools, conv.messages])
         left = conv.compacted(Step(run.id, conv.steps + 1, StepKind.COMPACT, StepStatus.DONE,
                                    request=_json(described), response=response))
-        after = context.estimate_tokens([run.system, self.tools.definitions(run.tools), left])
+        after = context.estimate_tokens([system, tools, left])
         described["estimatedAfter"] = -(-after * estimate // max(before, 1))
         write_id = uuid.uuid4()
         request = _json(described)

@@ -2,12 +2,12 @@
 
 Changes travel through PostgreSQL, so any API process can serve any run: triggers (migrations 0010,
 0013) give each changed run, step and decision row a position and notify `agentrun_events` with the run
-id; workers notify `agentrun_delta` with streamed model text (worker/runtime/deltas.py). One `EventHub` per
-process LISTENs on one connection and runs one change feed (worker/store/changefeed.py): for the runs it was
-told about it reads, in one query for them all, the rows changed below the horizon (every change below it
-is final), and fans the events out to the streams in memory. A stream's position is the (position, kind,
-seq) of the last row it sent, so a reconnect with `Last-Event-ID` resumes with no gap and no duplicate.
-Only transactions writing event rows hold the horizon back; an idle stream costs no query of its own.
+id; workers notify `agentrun_delta` with streamed model text and tool calls' progress (worker/runtime/deltas.py).
+One `EventHub` per process LISTENs on one connection and runs one change feed (worker/store/changefeed.py):
+for the runs it was told about it reads, in one query for them all, the rows changed below the horizon
+(every change below it is final), and fans the events out to the streams in memory. A stream's position is
+the (position, kind, seq) of the last row it sent, so a reconnect with `Last-Event-ID` resumes with no gap
+and no duplicate. Only transactions writing event rows hold the horizon back; an idle stream costs no query of its own.
 """
 
 from __future__ import annotations
@@ -87,6 +87,8 @@ class Subscriber:
     wake: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     events: dict[tuple[int, int], Event] = dataclasses.field(default_factory=dict)
     deltas: list[tuple[int, str]] = dataclasses.field(default_factory=list)
+    progress: dict[str, tuple[int, dict[str, Any]]] = dataclasses.field(default_factory=dict)
+    """The latest progress of each tool call (by tool use id) not sent yet, with its step's seq."""
     ended: str | None = None
     """The run's terminal status, once an event batch showed it with nothing left to settle."""
     gone: bool = False
@@ -128,6 +130,19 @@ class Subscriber:
                 self.deltas[0] = (seq0, text0[excess:])
                 excess = 0
         self.wake.set()
+
+    def progressed(self, seq: int, data: dict[str, Any]) -> None:
+        self.progress[str(data.get("toolUseId"))] = (seq, data)
+        self.wake.set()
+
+    def take_progress(self) -> list[dict[str, Any]]:
+        """The progress that may go now: of tool calls whose step (its start) the stream has given."""
+        ready = [k for k, (seq, _) in self.progress.items() if seq <= self.delivered]
+        return [self.progress.pop(k)[1] for k in ready]
+
+    @property
+    def progress_ready(self) -> bool:
+        return any(seq <= self.delivered for seq, _ in self.progress.values())
 
     def take_deltas(self) -> list[tuple[int, str]]:
         """The text that may go now: of the model calls after the steps the stream has given."""
@@ -254,11 +269,16 @@ class EventHub:
             return
         try:
             delta = orjson.loads(note.payload)
-            run_id, seq, text = uuid.UUID(delta["run"]), int(delta["seq"]), str(delta["text"])
-        except (ValueError, KeyError, TypeError):
+            run_id, seq = uuid.UUID(delta["run"]), int(delta["seq"])
+            progress = delta.get("progress")
+            text = None if isinstance(progress, dict) else str(delta["text"])
+        except (ValueError, KeyError, TypeError, AttributeError):
             return
         for sub in self.subscribers.get(run_id, ()):
-            sub.delta(seq, text)
+            if text is None:
+                sub.progressed(seq, progress)
+            else:
+                sub.delta(seq, text)
 
     async def _feed(self) -> None:
         last = 0.0
@@ -389,15 +409,20 @@ async def stream_events(hub: EventHub, run_id: uuid.UUID, after: Position, first
                 position = event.position
                 yield _sse(event.kind, position, event.data)
                 last_sent = time.monotonic()
+            progress = sub.take_progress()  # after the events: the step of the call is given first
+            for data in progress:
+                yield _sse("progress", position, data)
+                last_sent = time.monotonic()
             if sub.ended is not None and not sub.events:
                 yield _sse("end", position, {"status": sub.ended})
                 return
             if sub.gone:
                 return  # the run is gone
-            if deltas or events:
+            if deltas or events or progress:
                 continue
             sub.wake.clear()
-            if not sub.events and not sub.deltas_ready and sub.ended is None and not sub.gone:
+            quiet = not (sub.events or sub.deltas_ready or sub.progress_ready)
+            if quiet and sub.ended is None and not sub.gone:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.0, hub.keepalive - (time.monotonic() - last_sent))):
                         await sub.wake.wait()
@@ -432,8 +457,10 @@ def events_router(store: RunStore, hub: EventHub, secured: bool) -> APIRouter:
     ) -> StreamingResponse:
         """Server-sent events of a run: `step` (a timeline row appeared or changed), `run` (the run JSON
         changed: status, tokens, cost, ...), `delta` (`{"seq", "text"}`: model text in flight, not stored,
-        best effort) and `end` (the run is terminal; the stream closes). Every event has an `id`; a
-        client that connects late gets the stored steps first, then live ones. A comment line
+        best effort), `progress` (`{"toolUseId", "toolName", "progress", "total", "message"}`: the latest
+        progress an MCP server reported of a tool call in flight, not stored, best effort) and `end` (the
+        run is terminal; the stream closes). Every event has an `id`; a client that connects late gets the
+        stored steps first, then live ones. A comment line
         (`: keep-alive`) comes after 15 s of silence. Scope: `read`."""
         after = parse_event_id(last_event_id) if last_event_id else START
         first = await hub.catch_up(run_id, after)

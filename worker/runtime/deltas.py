@@ -1,8 +1,11 @@
-"""Text of a model call in flight, published for live watchers: not stored, best effort, batched.
+"""Text of a model call in flight, and the progress of a tool call, published for live watchers: not
+stored, best effort, batched.
 
 The worker hands each streamed text fragment to a `DeltaSink`; the sink sends what gathered at most
 `rate` times a second per call as one `pg_notify` on DELTA_CHANNEL, which every API process hears (the
-events API, worker/api/events.py). Nothing here can fail or slow a step: a publish that fails is dropped.
+events API, worker/api/events.py). A tool call's `ProgressSink` sends the latest progress its tool
+reported (an MCP server's progress notifications) on the same channel, at the same rate. Nothing here can
+fail or slow a step: a publish that fails is dropped.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ log = logging.getLogger(__name__)
 
 MAX_PAYLOAD_BYTES = 7000
 """PostgreSQL refuses a notification payload of 8000 bytes or more; this leaves room for the envelope."""
+MAX_PROGRESS_MESSAGE = 1000
+"""Characters of a progress message passed on (at most 6 bytes each in JSON: within the payload)."""
 
 
 class DeltaPublisher:
@@ -36,15 +41,23 @@ class DeltaPublisher:
     def sink(self, run_id: uuid.UUID, seq: int) -> DeltaSink:
         return DeltaSink(self, run_id, seq)
 
+    def progress(self, run_id: uuid.UUID, seq: int, tool_use_id: str, tool_name: str) -> ProgressSink:
+        """A sink for the progress of the tool call of step `seq`: give it as `ToolContext.progress`."""
+        return ProgressSink(self, run_id, seq, tool_use_id, tool_name)
+
     async def publish(self, run_id: uuid.UUID, seq: int, text: str) -> None:
         for part in _parts(text):
-            payload = orjson.dumps({"run": str(run_id), "seq": seq, "text": part}).decode()
-            try:
-                async with self.pool.connection(timeout=2) as conn:
-                    await channels.notify(conn, DELTA_CHANNEL, payload)
-            except Exception as e:  # best effort: watchers miss some text, the step is unaffected
-                log.debug("model text of run %s not published: %s", run_id, e)
+            if not await self._notify(run_id, {"run": str(run_id), "seq": seq, "text": part}):
                 return
+
+    async def _notify(self, run_id: uuid.UUID, message: dict[str, Any]) -> bool:
+        try:
+            async with self.pool.connection(timeout=2) as conn:
+                await channels.notify(conn, DELTA_CHANNEL, orjson.dumps(message).decode())
+        except Exception as e:  # best effort: watchers miss some text, the step is unaffected
+            log.debug("live news of run %s not published: %s", run_id, e)
+            return False
+        return True
 
 
 class DeltaSink:
@@ -100,3 +113,56 @@ def _parts(text: str) -> list[str]:
     """`text` cut so that each part's JSON (escapes included, at most 6 bytes a character) fits a payload."""
     step = MAX_PAYLOAD_BYTES // 6
     return [text[i : i + step] for i in range(0, len(text), step)] or [""]
+
+
+class ProgressSink:
+    """Called with each progress report of one tool call; sends the latest at most `rate` times a second
+    (a watcher wants where the call is now, not every step it took). `close()` sends what is left."""
+
+    def __init__(self, publisher: DeltaPublisher, run_id: uuid.UUID, seq: int, tool_use_id: str,
+                 tool_name: str) -> None:
+        self.publisher = publisher
+        self.run_id = run_id
+        self.seq = seq
+        self.tool_use_id = tool_use_id
+        self.tool_name = tool_name
+        self._latest: dict[str, Any] | None = None
+        self._last = 0.0
+        self._flusher: asyncio.Task[None] | None = None
+        self._sleeping = False
+
+    def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        self._latest = {"toolUseId": self.tool_use_id, "toolName": self.tool_name, "progress": progress,
+                        "total": total, "message": message[:MAX_PROGRESS_MESSAGE] if message else message}
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_later())
+
+    async def _flush_later(self) -> None:
+        wait = self._last + self.publisher.interval - time.monotonic()
+        if wait > 0:
+            self._sleeping = True
+            try:
+                await asyncio.sleep(wait)
+            finally:
+                self._sleeping = False
+        await self._flush()
+
+    async def _flush(self) -> None:
+        if self._latest is None:
+            return
+        latest, self._latest = self._latest, None
+        self._last = time.monotonic()
+        await self.publisher._notify(self.run_id, {"run": str(self.run_id), "seq": self.seq, "progress": latest})
+
+    async def close(self) -> None:
+        if self._flusher is not None and not self._flusher.done():
+            if self._sleeping:  # the latest goes now
+                self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+        await self._flush()
+
+    def discard(self) -> None:
+        self._latest = None
+        if self._flusher is not None:
+            self._flusher.cancel()

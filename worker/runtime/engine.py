@@ -892,12 +892,14 @@ class RunDriver:
         again = f" (attempt {attempts})" if attempts > 1 else ""
         log.info("%s run=%s seq=%d TOOL %s id=%s started%s", self.me, run.id.hex[:8], seq, name, tool_use_id, again)
         t0 = time.perf_counter()
+        # The call's progress (an MCP server's notifications) goes to live watchers only, as model text does.
+        progress_sink = self.deltas.progress(run.id, seq, tool_use_id, name)
+        ctx = ToolContext(run.id, tool_use_id, run.lease_epoch, progress=progress_sink)
         try:
             outcome = await self.keeper.interruptible(
-                run.id, self.tools.execute(name, use.get("input"), ToolContext(run.id, tool_use_id, run.lease_epoch),
-                                           run.tools),
-            )
+                run.id, self.tools.execute(name, use.get("input"), ctx, run.tools))
         except CancelRequested:
+            progress_sink.discard()
             await self._durably(lambda again: self.store.finish_tool(
                 run.id, self.me, self.settings.lease_seconds, write_id=finished_id, epoch=run.lease_epoch,
                 again=again, tool_use_id=tool_use_id, ok=False, output="cancelled",
@@ -906,6 +908,10 @@ class RunDriver:
             self.observer.tool_step(self.tools.label(name, UNKNOWN_TOOL), time.perf_counter() - t0, False)
             log.info("%s run=%s seq=%d TOOL %s id=%s cancelled", self.me, run.id.hex[:8], seq, name, tool_use_id)
             raise
+        except BaseException:
+            progress_sink.discard()
+            raise
+        await progress_sink.close()  # the last progress before the result that ends it
         seconds = time.perf_counter() - t0
         if outcome.wait is not None:  # the call's result is what the wait brings: the run parks (or has it)
             return await self._park_wait(run, conv, use, outcome.wait)

@@ -39,6 +39,7 @@ class ToolResult:
 ToolFunction = Callable[[dict[str, Any], "ToolContext"], Any]
 """A tool's function: returns (or, async, resolves to) a str, a ToolResult, or a `WaitForEvent` (the run waits
 for that event; the call's result is its payload)."""
+ProgressFunction = Callable[[float, "float | None", "str | None"], None]
 ReconcileFunction = Callable[[dict[str, Any], "ToolContext"], "Awaitable[str | None] | str | None"]
 """A tool's reconcile probe: given a call in doubt (its input, and `ctx.idempotency_key` as the call had
 it), the call's result when it was done, None when it was not; it raises when it cannot tell."""
@@ -56,6 +57,9 @@ class ToolContext:
     run_id: uuid.UUID
     tool_use_id: str
     lease_epoch: int = 0
+    progress: ProgressFunction | None = dataclasses.field(default=None, compare=False, repr=False)
+    """Told of the call's progress (progress, total or None, message or None) for live watchers: the
+    engine passes one that publishes `progress` events (worker/runtime/deltas.py); MCP calls use it."""
 
     @property
     def idempotency_key(self) -> str:

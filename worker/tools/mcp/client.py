@@ -4,6 +4,10 @@ A task per server (`run`) owns the session, because the SDK's client must be ent
 task. It opens the session at start, fetches the list, re-fetches it on `notifications/tools/list_changed`,
 and after a failure opens a new session with backoff; a call that finds no session wakes it at once and
 waits for one within the call's timeout. A server that never answers costs its own tools only.
+
+Each call asks for progress (a progress token): a notification of it starts the call's timeout again, up
+to the tool's maximum, and goes to the run's watchers (`ToolContext.progress`). An HTTP error status is
+kept from the response itself (`_HttpStatus`), since the SDK reports any of them as the same JSON-RPC error.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import dataclasses
 import logging
 import random
 from collections.abc import Mapping
+from importlib import metadata
 from typing import Any, cast
 
 import anyio
@@ -39,6 +44,9 @@ _MAX_SHOWN = 300  # characters of a foreign error message quoted
 PING_SECONDS = 30.0
 """How often an idle session is pinged, so a server that went away shows as not available (GET /api/tools)
 and is reconnected before the next call needs it."""
+MAX_GRACE = 5.0
+"""Seconds the ToolBox's own bound on a call waits past the tool's maximum, so that the call's own bound
+(which says that the server kept sending progress) ends it first."""
 CONNECT_SHARE = 0.9
 """The part of a call's timeout it may spend waiting for a session to open, when it finds none: the rest
 is left so that it ends as "not connected" with the server's last error rather than as a bare timeout."""
@@ -54,6 +62,40 @@ class Backoff:
     def delay(self, failures: int, rng: random.Random) -> float:
         base: float = min(self.cap, self.first * 2.0 ** max(failures - 1, 0))
         return base * (0.5 + rng.random() / 2)
+
+
+def client_info() -> types.Implementation:
+    """Who the worker is to every server (`clientInfo` of initialize): agentrun and its package version."""
+    try:
+        version = metadata.version("agentrun")
+    except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        version = "0.0.0"
+    return types.Implementation(name="agentrun", version=version)
+
+
+class _HttpStatus:
+    """The last HTTP error status of a server's responses, with its `WWW-Authenticate` header: the SDK turns
+    every status but 404 into "Server returned an error response", which cannot tell a 401 from a 500."""
+
+    def __init__(self) -> None:
+        self.last: str | None = None
+
+    async def __call__(self, response: httpx2.Response) -> None:
+        if response.status_code < 400:
+            return
+        shown = f"HTTP {response.status_code} {response.reason_phrase}".strip()
+        if challenge := response.headers.get("www-authenticate"):
+            shown += f" (WWW-Authenticate: {challenge})"
+        self.last = _shorten(shown)
+
+    def explain(self, e: BaseException) -> str:
+        """`_describe(e)`, naming the HTTP status when `e` is the SDK's stand-in for one."""
+        from mcp import MCPError
+
+        inner = _first(e)
+        if isinstance(inner, MCPError) and inner.error.message == "Server returned an error response" and self.last:
+            return f"the server answered {self.last}"
+        return _describe(e)
 
 
 class McpServer:
@@ -77,6 +119,7 @@ class McpServer:
         self._broken = False
         self._stopping = False
         self._rng = random.Random()
+        self._http = _HttpStatus()
 
     # -- ToolSource ------------------------------------------------------------------------------
 
@@ -118,7 +161,7 @@ class McpServer:
                 raise
             except Exception as e:  # noqa: BLE001 - any failure of a foreign server: try again later
                 failures += 1
-                self.error = _describe(e)
+                self.error = self._http.explain(e)
                 log.warning("MCP server %s: %s", self.config.name, self.error)
             finally:
                 self._client = None
@@ -156,13 +199,15 @@ class McpServer:
         target: Any
         if c.url is not None:
             http = create_mcp_http_client(headers=dict(c.headers), timeout=httpx2.Timeout(30.0, read=300.0))
+            self._http.last = None
+            http.event_hooks["response"].append(self._http)
             target = streamable_http_client(c.url, http_client=http)
         else:
             assert c.command is not None
             target = StdioServerParameters(command=c.command, args=list(c.args), env=_env(c.env) or None)
         # Legacy mode: the initialize handshake every MCP server speaks, with server notifications
         # (list_changed) on the session. No response cache: a refetch must reach the server.
-        return Client(target, mode="legacy", message_handler=self._message, cache=None,
+        return Client(target, mode="legacy", message_handler=self._message, cache=None, client_info=client_info(),
                       read_timeout_seconds=max(c.timeout_seconds, 30.0))
 
     async def _message(self, message: Any) -> None:
@@ -213,11 +258,12 @@ class McpServer:
 
     def _tool(self, name: str, t: types.Tool) -> Tool:
         original = t.name
-        wait = results.timeout(original, self.config) * CONNECT_SHARE
+        idle, maximum = results.timeout(original, self.config), results.max_timeout(original, self.config)
+        wait = idle * CONNECT_SHARE
 
         async def call(args: dict[str, Any], ctx: ToolContext) -> ToolResult:
             try:
-                return await self.call(original, args, ctx, wait=wait)
+                return await self.call(original, args, ctx, wait=wait, idle=idle, maximum=maximum)
             except CallFailed as e:
                 return ToolResult(({"type": "text", "text": f"error: {e}"},), is_error=True)
 
@@ -226,12 +272,12 @@ class McpServer:
 
         async def reconcile(args: dict[str, Any], ctx: ToolContext) -> str | None:
             assert probe_tool is not None
-            found = await self._call(probe_tool, {"idempotencyKey": ctx.idempotency_key}, ctx, wait=wait)
+            found = await self._call(probe_tool, {"idempotencyKey": ctx.idempotency_key}, ctx, wait, idle, maximum)
             return results.reconciled(found, probe_tool)  # raises when it cannot tell
 
         return Tool(name, t.description or t.title or "", results.input_schema(t), call,
                     idempotent=results.idempotent(t, self.config),
-                    timeout_seconds=results.timeout(original, self.config),
+                    timeout_seconds=maximum + MAX_GRACE,
                     requires_approval=results.requires_approval(t, self.config),
                     reconcile=reconcile if probe_tool is not None else None)
 
@@ -249,12 +295,15 @@ class McpServer:
                     timeout_seconds=self.config.timeout_seconds,
                     requires_approval=results.requires_approval(stand_in, self.config))
 
-    async def call(self, tool: str, args: dict[str, Any], ctx: ToolContext, wait: float = 5.0) -> ToolResult:
-        """One tools/call with the idempotency key, lease epoch and run id in `_meta`; without a session,
-        after waiting up to `wait` seconds for one. The caller bounds the call's time."""
-        return results.tool_result(await self._call(tool, args, ctx, wait))
+    async def call(self, tool: str, args: dict[str, Any], ctx: ToolContext, wait: float = 5.0,
+                   idle: float | None = None, maximum: float | None = None) -> ToolResult:
+        """One tools/call with the idempotency key, lease epoch and run id in `_meta` and a progress token;
+        without a session, after waiting up to `wait` seconds for one. It fails after `idle` seconds
+        without a progress notification, or after `maximum` in all (None: the caller bounds its time)."""
+        return results.tool_result(await self._call(tool, args, ctx, wait, idle, maximum))
 
-    async def _call(self, tool: str, args: dict[str, Any], ctx: ToolContext, wait: float) -> types.CallToolResult:
+    async def _call(self, tool: str, args: dict[str, Any], ctx: ToolContext, wait: float,
+                    idle: float | None = None, maximum: float | None = None) -> types.CallToolResult:
         client = self._client
         if client is None:
             self._wake.set()
@@ -266,8 +315,40 @@ class McpServer:
                 raise CallFailed(f"MCP server {self.config.name} is not connected: {self.error}")
         meta = cast(types.RequestParamsMeta, {IDEMPOTENCY_KEY: ctx.idempotency_key, LEASE_EPOCH: ctx.lease_epoch,
                                               RUN_ID: str(ctx.run_id)})
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        ends = started + maximum if maximum is not None else None
+        silence = asyncio.timeout(None if idle is None else _earliest(started + idle, ends))
+        notified = 0
+
+        async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+            nonlocal notified
+            notified += 1
+            if idle is not None:  # news from the server: it is still working, the wait starts again
+                silence.reschedule(_earliest(loop.time() + idle, ends))
+            log.info("MCP server %s: %s run=%s id=%s progress %g%s%s", self.config.name, tool, ctx.run_id.hex[:8],
+                     ctx.tool_use_id, progress, f"/{total:g}" if total is not None else "",
+                     f": {_shorten(message)}" if message else "")
+            if ctx.progress is not None:
+                ctx.progress(progress, total, message)
+
         try:
-            result = await client.call_tool(tool, args, meta=meta)
+            async with silence:
+                # The session's own read timeout would end a call that progress keeps going: it is the maximum.
+                result = await client.call_tool(tool, args, meta=meta, progress_callback=on_progress,
+                                                read_timeout_seconds=maximum + MAX_GRACE if maximum else None)
+        except TimeoutError:
+            if not silence.expired():
+                raise
+            spent = loop.time() - started
+            if ends is not None and loop.time() >= ends - 0.001 and notified:
+                why = (f"MCP server {self.config.name}: {tool} was stopped after {spent:.0f}s, its most "
+                       f"(maxTimeoutSeconds {maximum:g}), still sending progress ({notified} notifications)")
+            else:
+                why = (f"MCP server {self.config.name}: {tool} timed out: no result and no progress for "
+                       f"{idle:g}s" + (f" (after {notified} progress notifications)" if notified else ""))
+            log.warning("%s run=%s id=%s", why, ctx.run_id.hex[:8], ctx.tool_use_id)
+            raise CallFailed(why) from None
         except asyncio.CancelledError:
             raise
         except ValidationError as e:
@@ -278,9 +359,9 @@ class McpServer:
                 # The server answered, with a JSON-RPC error or a result the SDK refused (one that breaks
                 # the tool's outputSchema, say): the session itself is fine.
                 raise CallFailed(
-                    f"MCP server {self.config.name} answered the call of {tool} with an error: {_describe(e)}"
+                    f"MCP server {self.config.name} answered the call of {tool} with an error: {self._http.explain(e)}"
                 ) from None
-            why = f"MCP server {self.config.name} failed during the call of {tool}: {_describe(e)}"
+            why = f"MCP server {self.config.name} failed during the call of {tool}: {self._http.explain(e)}"
             if self._client is client:  # no later call may use the session that broke: they wait for a new one
                 self._client = None
                 self._session_up.clear()
@@ -289,6 +370,16 @@ class McpServer:
                 self._wake.set()
             raise CallFailed(why) from None
         return result
+
+
+def _earliest(at: float, ends: float | None) -> float:
+    return at if ends is None else min(at, ends)
+
+
+def _first(e: BaseException) -> BaseException:
+    while isinstance(e, BaseExceptionGroup) and e.exceptions:
+        e = e.exceptions[0]
+    return e
 
 
 def _connection_lost(e: BaseException) -> bool:

@@ -24,6 +24,8 @@ ends, so the first `__` of a tool name is where the server's name ends: two serv
 MAX_SERVER_NAME = 32
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 DEFAULT_TIMEOUT = 30.0
+DEFAULT_MAX_TIMEOUT = 600.0
+"""How long progress notifications may keep a call going, unless the config says (`maxTimeoutSeconds`)."""
 
 
 class Approval(enum.Enum):
@@ -40,6 +42,7 @@ class Override:
     requires_approval: bool | None = None
     timeout_seconds: float | None = None
     reconcile: str | None = None
+    max_timeout_seconds: float | None = None
     """A read-only tool of the same server asked about a call in doubt (checked when the server lists its
     tools): called with `{"idempotencyKey": ...}`, a text result is the call's result, an empty one or
     `{"done": false}` says it was not done, an error result that it cannot tell (client.py)."""
@@ -57,7 +60,9 @@ class ServerConfig:
     overrides: Mapping[str, Override] = dataclasses.field(default_factory=dict)
     require_approval: Approval = Approval.NONE
     timeout_seconds: float = DEFAULT_TIMEOUT
-    """Per call, unless a tool's override says otherwise; a call past it is an is_error result."""
+    """Per call, unless a tool's override says otherwise; a call silent past it is an is_error result.
+    Each progress notification of the call starts it again, up to `max_timeout_seconds` in all."""
+    max_timeout_seconds: float = DEFAULT_MAX_TIMEOUT
 
     @property
     def prefix(self) -> str:
@@ -68,8 +73,8 @@ class ServerConfig:
 
 
 _SERVER_KEYS = {"name", "url", "command", "args", "env", "headers", "tools", "overrides", "requireApproval",
-                "timeoutSeconds"}
-_OVERRIDE_KEYS = {"idempotent", "requiresApproval", "timeoutSeconds", "reconcile"}
+                "timeoutSeconds", "maxTimeoutSeconds"}
+_OVERRIDE_KEYS = {"idempotent", "requiresApproval", "timeoutSeconds", "maxTimeoutSeconds", "reconcile"}
 
 
 def load_servers(path: str | None, environ: Mapping[str, str]) -> list[ServerConfig]:
@@ -138,18 +143,23 @@ def _server(raw: Any, environ: Mapping[str, str], at: str) -> ServerConfig:
     overrides_raw = raw.get("overrides", {})
     if not isinstance(overrides_raw, dict):
         raise McpConfigError(f"{at}: overrides must map tool names to {{idempotent, requiresApproval, "
-                             "timeoutSeconds, reconcile}")
+                             "timeoutSeconds, maxTimeoutSeconds, reconcile}")
     overrides = {str(k): _override(v, f"{at}: overrides.{k}", str(k)) for k, v in overrides_raw.items()}
+    timeout = _timeout(raw.get("timeoutSeconds", DEFAULT_TIMEOUT), f"{at}: timeoutSeconds")
+    maximum = _timeout(raw.get("maxTimeoutSeconds", max(DEFAULT_MAX_TIMEOUT, timeout)), f"{at}: maxTimeoutSeconds")
+    if maximum < timeout:
+        raise McpConfigError(f"{at}: maxTimeoutSeconds ({maximum:g}) must be at least timeoutSeconds ({timeout:g})")
     return ServerConfig(
         name=name, url=url, command=command, args=tuple(str(a) for a in args), env=env, headers=headers,
         tools=frozenset(tools) if tools is not None else None, overrides=overrides, require_approval=require,
-        timeout_seconds=_timeout(raw.get("timeoutSeconds", DEFAULT_TIMEOUT), f"{at}: timeoutSeconds"),
+        timeout_seconds=timeout, max_timeout_seconds=maximum,
     )
 
 
 def _override(raw: Any, at: str, tool: str) -> Override:
     if not isinstance(raw, dict):
-        raise McpConfigError(f"{at}: must be a mapping of idempotent, requiresApproval, timeoutSeconds, reconcile")
+        raise McpConfigError(f"{at}: must be a mapping of idempotent, requiresApproval, timeoutSeconds, "
+                             "maxTimeoutSeconds, reconcile")
     if unknown := sorted(set(map(str, raw)) - _OVERRIDE_KEYS):
         raise McpConfigError(f"{at}: unknown keys {', '.join(unknown)} (known: {', '.join(sorted(_OVERRIDE_KEYS))})")
     for key in ("idempotent", "requiresApproval"):
@@ -162,8 +172,12 @@ def _override(raw: Any, at: str, tool: str) -> Override:
     if reconcile == tool:
         raise McpConfigError(f"{at}.reconcile: a tool cannot reconcile its own calls: name a read-only tool that "
                              "looks the call up by its idempotency key")
-    return Override(raw.get("idempotent"), raw.get("requiresApproval"),
-                    _timeout(timeout, f"{at}.timeoutSeconds") if timeout is not None else None, reconcile)
+    timeout = _timeout(timeout, f"{at}.timeoutSeconds") if timeout is not None else None
+    maximum = raw.get("maxTimeoutSeconds")
+    maximum = _timeout(maximum, f"{at}.maxTimeoutSeconds") if maximum is not None else None
+    if timeout is not None and maximum is not None and maximum < timeout:
+        raise McpConfigError(f"{at}.maxTimeoutSeconds ({maximum:g}) must be at least its timeoutSeconds ({timeout:g})")
+    return Override(raw.get("idempotent"), raw.get("requiresApproval"), timeout, reconcile, maximum)
 
 
 def _timeout(value: Any, at: str) -> float:

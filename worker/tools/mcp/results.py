@@ -67,6 +67,14 @@ def timeout(tool: str, config: ServerConfig) -> float:
     return config.timeout_seconds
 
 
+def max_timeout(tool: str, config: ServerConfig) -> float:
+    """The most a call may last while progress notifications keep extending its `timeout`: never less."""
+    override = config.overrides.get(tool)
+    if override is not None and override.max_timeout_seconds is not None:
+        return max(override.max_timeout_seconds, timeout(tool, config))
+    return max(config.max_timeout_seconds, timeout(tool, config))
+
+
 def input_schema(tool: types.Tool) -> dict[str, Any]:
     schema = dict(tool.input_schema or {})
     schema.setdefault("type", "object")

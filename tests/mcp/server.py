@@ -1,7 +1,9 @@
 """A real MCP server for the tests, built with the official SDK: over Streamable HTTP in a thread, or
 over stdio as `python -m tests.mcp.server` (then `calls` reports what it was asked, over MCP itself).
 
-Every tools/call records its tool, arguments and `_meta`, so a test can see the idempotency key arrive.
+Every tools/call records its tool, arguments and `_meta`, so a test can see the idempotency key arrive,
+and the `clientInfo` the client gave at initialize (`clients`). Over HTTP, `/deny401` and `/deny403` answer
+every request with that status, as a server in front of which a gateway refuses the worker's token.
 """
 
 from __future__ import annotations
@@ -32,11 +34,17 @@ class Recorder:
         self.lock = threading.Lock()
         self.release = threading.Event()  # what `hold` waits for
         self.ledger: dict[str, str | None] = {}  # what `payment_status` says of a key: done (its result), or not
+        self.clients: list[dict[str, Any]] = []  # the clientInfo of each call's session
 
     def record(self, tool: str, args: dict[str, Any], ctx: Context) -> None:
         meta = ctx.request_context.meta
+        params = ctx.session.client_params
         with self.lock:
-            self.calls.append({"tool": tool, "args": args, "meta": dict(meta) if meta else {}})
+            seen = dict(meta) if meta else {}
+            token = seen.pop("progress_token", None)  # every call has one: kept apart from what agentrun adds
+            self.calls.append({"tool": tool, "args": args, "meta": seen, "progressToken": token})
+            if params is not None:
+                self.clients.append(params.client_info.model_dump(exclude_none=True))
 
     def of(self, tool: str) -> list[dict[str, Any]]:
         with self.lock:
@@ -96,6 +104,18 @@ def build(recorder: Recorder) -> MCPServer:
         while not recorder.release.is_set():
             await asyncio.sleep(0.02)
         return "released once"
+
+    @server.tool(description="Works for `seconds`, reporting progress every `every` seconds (0: never).",
+                 annotations=ToolAnnotations(readOnlyHint=True))
+    async def slow(seconds: float, every: float, ctx: Context) -> str:
+        recorder.record("slow", {"seconds": seconds, "every": every}, ctx)
+        ends, sent = time.monotonic() + seconds, 0
+        while (left := ends - time.monotonic()) > 0:
+            await asyncio.sleep(min(every, left) if every > 0 else left)
+            if every > 0:
+                sent += 1
+                await ctx.report_progress(sent, round(seconds / every), f"step {sent}")
+        return f"worked {seconds:g}s"
 
     @server.tool(description="The process exits in the middle of the call.")
     def die(ctx: Context) -> str:
@@ -173,6 +193,15 @@ class GarbageOnCall:
         await self.app(scope, replay, send)
 
 
+async def deny(status: int, send: Any) -> None:
+    """A refusal as a gateway sends it: plain text, and for 401 the challenge saying what it wants."""
+    headers = [(b"content-type", b"text/plain")]
+    if status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="x"'))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": b"no"})
+
+
 class HttpServer:
     """The server over Streamable HTTP on a free port, in a thread, with a recorder of its calls."""
 
@@ -198,6 +227,9 @@ class HttpServer:
         async def with_headers(scope: Any, receive: Any, send: Any) -> None:
             if scope["type"] == "http":
                 self.headers_seen.append({k.decode(): v.decode() for k, v in scope["headers"]})
+                if scope["path"] in ("/deny401", "/deny403"):
+                    await deny(int(scope["path"][-3:]), send)
+                    return
             await inner(scope, receive, send)
 
         self.server = uvicorn.Server(uvicorn.Config(with_headers, host="127.0.0.1", port=self.port,

@@ -404,14 +404,15 @@ async def stream_events(hub: EventHub, run_id: uuid.UUID, after: Position, first
             for seq, text in deltas:
                 yield _sse("delta", position, {"seq": seq, "text": text})
                 last_sent = time.monotonic()
+            # Progress of the calls whose step the stream has given, before the steps that end them.
+            progress = sub.take_progress()
+            for data in progress:
+                yield _sse("progress", position, data)
+                last_sent = time.monotonic()
             events = sub.take_events()
             for event in events:
                 position = event.position
                 yield _sse(event.kind, position, event.data)
-                last_sent = time.monotonic()
-            progress = sub.take_progress()  # after the events: the step of the call is given first
-            for data in progress:
-                yield _sse("progress", position, data)
                 last_sent = time.monotonic()
             if sub.ended is not None and not sub.events:
                 yield _sse("end", position, {"status": sub.ended})

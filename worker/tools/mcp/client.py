@@ -318,7 +318,7 @@ class McpServer:
         loop = asyncio.get_running_loop()
         started = loop.time()
         ends = started + maximum if maximum is not None else None
-        silence = asyncio.timeout(None if idle is None else _earliest(started + idle, ends))
+        silence = asyncio.timeout_at(None if idle is None else _earliest(started + idle, ends))
         notified = 0
 
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -340,10 +340,10 @@ class McpServer:
         except TimeoutError:
             if not silence.expired():
                 raise
-            spent = loop.time() - started
-            if ends is not None and loop.time() >= ends - 0.001 and notified:
-                why = (f"MCP server {self.config.name}: {tool} was stopped after {spent:.0f}s, its most "
-                       f"(maxTimeoutSeconds {maximum:g}), still sending progress ({notified} notifications)")
+            when = silence.when()
+            if ends is not None and when is not None and when >= ends and notified:
+                why = (f"MCP server {self.config.name}: {tool} was stopped after {maximum:g}s, its most "
+                       f"(maxTimeoutSeconds), still sending progress ({notified} notifications)")
             else:
                 why = (f"MCP server {self.config.name}: {tool} timed out: no result and no progress for "
                        f"{idle:g}s" + (f" (after {notified} progress notifications)" if notified else ""))

@@ -25,8 +25,8 @@ from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox, ToolContext
-from agentrun.worker.tools.mcp.config import DEFAULT_MAX_TIMEOUT, parse_servers
 from agentrun.worker.tools.errors import McpConfigError
+from agentrun.worker.tools.mcp.config import DEFAULT_MAX_TIMEOUT, parse_servers
 from tests.mcp.server import HttpServer
 from tests.support.api import make_app
 from tests.support.builders import MODEL, new_run, worker

@@ -130,8 +130,16 @@ class ProgressSink:
         self._last = 0.0
         self._flusher: asyncio.Task[None] | None = None
         self._sleeping = False
+        self._loop = asyncio.get_running_loop()
 
     def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is not self._loop:  # a plain tool's thread: the loop does the rest
+            self._loop.call_soon_threadsafe(self, progress, total, message)
+            return
         self._latest = {"toolUseId": self.tool_use_id, "toolName": self.tool_name, "progress": progress,
                         "total": total, "message": message[:MAX_PROGRESS_MESSAGE] if message else message}
         if self._flusher is None or self._flusher.done():

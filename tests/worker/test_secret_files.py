@@ -62,3 +62,13 @@ def test_the_cli_reads_the_database_url_from_its_file(tmp_path: Path) -> None:
     assert out.returncode != 0
     assert f"agentrun: AGENTRUN_DATABASE_URL_FILE: cannot read {tmp_path / 'absent'}" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_the_cli_connects_with_the_url_from_its_file(tmp_path: Path, database_url: str) -> None:
+    """`agentrun migrate` against the real database, its URL only in a file (with the newline `echo` leaves)."""
+    url_file = tmp_path / "url"
+    url_file.write_text(database_url + "\n")
+    env = {"PATH": "/usr/bin:/bin", "AGENTRUN_DATABASE_URL_FILE": str(url_file)}
+    out = subprocess.run([sys.executable, "-m", "agentrun.worker.cli.main", "migrate"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]

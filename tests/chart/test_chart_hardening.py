@@ -144,3 +144,16 @@ def test_secrets_as_environment_variables_when_asked(render: Render) -> None:
     assert not {"secrets", "migration-secrets"} & {v["name"] for v in pod["volumes"]}
     _, postgres = _pod(manifests, "StatefulSet", "-postgresql")
     assert "POSTGRES_PASSWORD" in {e["name"] for e in postgres["containers"][0]["env"]}
+
+
+def test_cloud_credentials_from_the_pods_identity_reach_the_metadata_endpoints(render: Render) -> None:
+    def cidrs(*extra: str) -> set[str]:
+        worker = find(render(extra=extra), "NetworkPolicy", "-worker")["spec"]
+        return {p["ipBlock"]["cidr"] for r in worker["egress"] for p in r.get("to", []) if "ipBlock" in p}
+
+    assert "169.254.169.254/32" not in cidrs()
+    assert "169.254.169.254/32" in cidrs("--set", "providers.vertex.region=us-east5")  # GKE workload identity
+    assert "169.254.170.23/32" in cidrs("--set", "providers.bedrock.region=eu-west-1")  # EKS Pod Identity
+    # With a key Secret the credentials are in the pod: no metadata endpoint needed.
+    assert "169.254.169.254/32" not in cidrs("--set", "providers.bedrock.region=eu-west-1",
+                                             "--set", "providers.bedrock.existingSecret=aws-keys")

@@ -6,7 +6,7 @@ BIN    := $(VENV)/bin
 RUNTIME := $(VENV)/.installed-runtime
 STAMP   := $(VENV)/.installed
 
-.PHONY: test demo dev screenshots venv clean helm lint
+.PHONY: test demo dev screenshots venv clean helm checkov lint
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 venv: $(STAMP)
 
 ## test: the whole test suite (PostgreSQL from AGENTRUN_TEST_DATABASE_URL, Docker, or embedded)
-test: $(STAMP) helm
+test: $(STAMP) helm checkov
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## lint: mypy --strict on both packages and ruff on the repo (the suite runs both too, in tests/test_static.py)
@@ -37,6 +37,13 @@ helm: $(STAMP)
 	@$(BIN)/python scripts/get_helm.py >/dev/null || { \
 	  if [ "$$CI" = true ]; then echo "helm/kubectl not available, and CI=true: failing" >&2; exit 1; fi; \
 	  echo "helm/kubectl not available: the chart and kubectl tests will be skipped"; }
+
+## checkov: the chart's security scanner in its own virtualenv, tools/checkov (pinned, from PyPI). Without it
+## the scan test skips, except under CI=true, where a missing scanner fails the run instead.
+checkov: $(STAMP)
+	@$(BIN)/python scripts/get_checkov.py >/dev/null || { \
+	  if [ "$$CI" = true ]; then echo "checkov not available, and CI=true: failing" >&2; exit 1; fi; \
+	  echo "checkov not available: the chart security scan will be skipped"; }
 
 ## demo: the crash-and-resume demo
 demo: $(RUNTIME)

@@ -10,7 +10,7 @@ from agentrun.worker.core.pricing import PriceTable
 @dataclasses.dataclass(frozen=True)
 class OperatorSettings:
     database_url: str
-    """libpq connection string or URL (AGENTRUN_DATABASE_URL)."""
+    """libpq connection string or URL (AGENTRUN_DATABASE_URL, or the file AGENTRUN_DATABASE_URL_FILE names)."""
 
     namespaces: tuple[str, ...] = ()
     """Namespaces to watch (kopf patterns allowed); empty means the whole cluster."""

@@ -6,8 +6,48 @@ import dataclasses
 import os
 import secrets
 import socket
+from collections.abc import Iterable, Mapping, MutableMapping
 
 from agentrun.worker.core.submission import DEFAULT_MODEL
+
+# The secrets the worker and the operator read from the environment, each of which may instead come from
+# the file `<NAME>_FILE` names (the chart mounts them so: a file is not in `kubectl describe`, in the
+# process's environment for every child, or in a crash dump of it). The providers file's `apiKeyEnv`
+# variables and the MCP servers file's header variables are added at start (worker/cli/main.py).
+SECRET_VARIABLES = (
+    "AGENTRUN_DATABASE_URL", "AGENTRUN_API_TOKEN", "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "PGPASSWORD",
+    "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_BEARER_TOKEN_BEDROCK",
+)
+
+
+def secret_from_env(environ: Mapping[str, str], name: str) -> str | None:
+    """`name`'s value, or the content of the file `<name>_FILE` names with one trailing newline dropped
+    (what `echo` and most editors leave); None when neither is set. Both set is refused rather than one
+    preferred, since a stale variable silently winning over a rotated file is the kind of mistake that
+    lasts. Raises ValueError naming the variables, or the file and why it cannot be read."""
+    file_var = f"{name}_FILE"
+    path = environ.get(file_var)
+    if not path:
+        return environ.get(name)
+    if environ.get(name):
+        raise ValueError(f"{name} and {file_var} are both set: set only one of them")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"{file_var}: cannot read {path}: {e}") from None
+    return text.removesuffix("\n").removesuffix("\r")
+
+
+def load_secret_files(environ: MutableMapping[str, str], names: Iterable[str] = ()) -> None:
+    """Set each secret variable (SECRET_VARIABLES and `names`) whose `<NAME>_FILE` is set from its file,
+    once at start, so every reader (this package, the Anthropic SDK, boto3, `${VAR}` in MCP headers, log
+    redaction) sees the value as if it had been set directly."""
+    for name in dict.fromkeys((*SECRET_VARIABLES, *names)):
+        if environ.get(f"{name}_FILE"):
+            value = secret_from_env(environ, name)
+            if value is not None:
+                environ[name] = value
 
 
 def process_worker_id(prefix: str) -> str:
@@ -26,7 +66,8 @@ def default_worker_id() -> str:
 @dataclasses.dataclass(frozen=True)
 class WorkerSettings:
     database_url: str = dataclasses.field(repr=False)
-    """libpq connection string or URL (AGENTRUN_DATABASE_URL). Kept out of repr: it may hold a password."""
+    """libpq connection string or URL (AGENTRUN_DATABASE_URL, or the file AGENTRUN_DATABASE_URL_FILE names). Kept
+    out of repr: it may hold a password."""
 
     worker_id: str = dataclasses.field(default_factory=default_worker_id)
     """The name written into locked_by and every step: unless given, host, pid and a per-process suffix,

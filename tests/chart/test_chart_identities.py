@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrun.worker.api.identities import Scope, parse
+from tests.chart.secret_refs import secret_refs
 from tests.support.chart import CHART, CI_VALUES, Manifest, find, run_helm
 
 Render = Callable[..., list[Manifest]]
@@ -19,10 +20,8 @@ def _pods(manifests: list[Manifest]) -> dict[str, dict[str, Any]]:
             for m in manifests if m["kind"] == "Deployment"}
 
 
-def _database_secret(container: dict[str, Any]) -> tuple[str, str]:
-    env = {e["name"]: e for e in container.get("env", [])}
-    ref = env["AGENTRUN_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
-    return ref["name"], ref["key"]
+def _database_secret(pod: dict[str, Any], container: dict[str, Any]) -> tuple[str, str]:
+    return secret_refs(pod, container)["AGENTRUN_DATABASE_URL"]
 
 
 def test_migrations_run_as_the_owner_and_everything_else_as_the_runtime_role(render: Render) -> None:
@@ -32,10 +31,12 @@ def test_migrations_run_as_the_owner_and_everything_else_as_the_runtime_role(ren
     for name, pod in pods.items():
         (migrate,) = pod["initContainers"]
         assert migrate["args"] == ["migrate"], name
-        assert _database_secret(migrate) == ("agentrun-owner", "owner-url"), name
-        assert [e["name"] for e in migrate["env"]] == ["AGENTRUN_DATABASE_URL"], name  # nothing else secret
+        assert _database_secret(pod, migrate) == ("agentrun-owner", "owner-url"), name
+        assert [e["name"] for e in migrate["env"]] == ["AGENTRUN_DATABASE_URL_FILE"], name  # nothing else secret
         main = pod["containers"][0]
-        assert _database_secret(main) == ("agentrun-runtime", "url"), name
+        assert _database_secret(pod, main) == ("agentrun-runtime", "url"), name
+        # The owner's URL is a volume of the init container's own, which the main container does not mount.
+        assert "migration-secrets" not in {m["name"] for m in main["volumeMounts"]}, name
         assert "--no-migrate" in main["args"], name  # the runtime role could not migrate anyway
         assert migrate["resources"] == main["resources"], name  # the pod asks for no more than it did
     # The owner's Secret is named by the init containers and nowhere else.
@@ -46,8 +47,8 @@ def test_migrations_run_as_the_owner_and_everything_else_as_the_runtime_role(ren
 def test_without_a_migration_secret_migrations_use_the_runtime_url(render: Render) -> None:
     pods = _pods(render())
     for name, pod in pods.items():
-        assert _database_secret(pod["initContainers"][0]) == ("agentrun-database", "url"), name
-        assert _database_secret(pod["containers"][0]) == ("agentrun-database", "url"), name
+        assert _database_secret(pod, pod["initContainers"][0]) == ("agentrun-database", "url"), name
+        assert _database_secret(pod, pod["containers"][0]) == ("agentrun-database", "url"), name
 
 
 def test_identities_are_rendered_into_a_secret_the_workers_read(render: Render) -> None:
@@ -71,7 +72,7 @@ def test_identities_are_rendered_into_a_secret_the_workers_read(render: Render) 
     annotations = worker["spec"]["template"]["metadata"]["annotations"]
     assert set(annotations) == {"checksum/config", "checksum/api-token"}
     # The shared bearer token stays, as the identity `default`.
-    assert "AGENTRUN_API_TOKEN" in env
+    assert "AGENTRUN_API_TOKEN" in secret_refs(pod, container)
     # The operator needs no API identities.
     operator = find(manifests, "Deployment", "-operator")["spec"]["template"]["spec"]
     assert "AGENTRUN_API_TOKENS" not in repr(operator)

@@ -10,6 +10,7 @@ import yaml
 
 from agentrun.worker.cli.operator import with_mcp_tools as _with_mcp_tools
 from agentrun.worker.tools.mcp.config import Approval, parse_servers
+from tests.chart.secret_refs import secret_refs
 from tests.support.chart import find
 
 Render = Callable[..., list[dict[str, Any]]]
@@ -49,11 +50,10 @@ def test_the_servers_file_is_what_the_worker_reads(render: Render, tmp_path: Pat
         assert {"name": "mcp", "mountPath": "/etc/agentrun-mcp", "readOnly": True} in container["volumeMounts"]
         volume = next(v for v in pod["volumes"] if v["name"] == "mcp")
         assert volume["configMap"]["name"].endswith("-mcp")
-    _, worker = _pod(manifests, "worker")
-    env = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in worker["env"]}
-    assert env["GITHUB_MCP_TOKEN"] == {"name": "github-mcp", "key": "token"}
-    _, operator = _pod(manifests, "operator")
-    assert "GITHUB_MCP_TOKEN" not in {e["name"] for e in operator.get("env", [])}  # it calls no server
+    pod, worker = _pod(manifests, "worker")
+    assert secret_refs(pod, worker)["GITHUB_MCP_TOKEN"] == ("github-mcp", "token")
+    pod, operator = _pod(manifests, "operator")
+    assert "GITHUB_MCP_TOKEN" not in secret_refs(pod, operator)  # it calls no server
 
 
 def test_a_config_change_rolls_the_workers(render: Render, tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrun.worker.llm.providers import Providers
+from tests.chart.secret_refs import secret_refs
 from tests.support.chart import CHART, find
 
 Render = Callable[..., list[dict[str, Any]]]
@@ -41,10 +42,10 @@ def test_cloud_settings_and_credentials_come_from_values_and_secrets(render: Ren
     assert (config["CLOUD_ML_REGION"], config["ANTHROPIC_VERTEX_PROJECT_ID"]) == ("us-east5", "agentrun-demo")
     assert config["GOOGLE_APPLICATION_CREDENTIALS"] == "/var/run/secrets/agentrun/gcp/key.json"
     pod, worker = _worker(manifests)
-    env = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in worker["env"]}
-    assert env["OPENAI_API_KEY"] == {"name": "agentrun-openai", "key": "api-key"}
-    assert env["AWS_ACCESS_KEY_ID"] == {"name": "agentrun-aws", "key": "access-key-id"}
-    assert env["AWS_SECRET_ACCESS_KEY"] == {"name": "agentrun-aws", "key": "secret-access-key"}
+    refs = secret_refs(pod, worker)
+    assert refs["OPENAI_API_KEY"] == ("agentrun-openai", "api-key")
+    assert refs["AWS_ACCESS_KEY_ID"] == ("agentrun-aws", "access-key-id")
+    assert refs["AWS_SECRET_ACCESS_KEY"] == ("agentrun-aws", "secret-access-key")
     key = next(v for v in pod["volumes"] if v["name"] == "gcp-key")
     assert key["secret"] == {"secretName": "agentrun-gcp-key", "items": [{"key": "key.json", "path": "key.json"}]}
     assert {"name": "gcp-key", "mountPath": "/var/run/secrets/agentrun/gcp", "readOnly": True} in worker["volumeMounts"]
@@ -56,8 +57,8 @@ def test_defaults_configure_no_provider_and_no_credential(render: Render) -> Non
     for var in ("AGENTRUN_PROVIDERS", "AWS_REGION", "CLOUD_ML_REGION", "GOOGLE_APPLICATION_CREDENTIALS"):
         assert var not in config
     assert not [m for m in manifests if m["kind"] == "ConfigMap" and m["metadata"]["name"].endswith("-providers")]
-    _, worker = _worker(manifests)
-    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & {e["name"] for e in worker["env"]}
+    pod, worker = _worker(manifests)
+    assert not {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"} & set(secret_refs(pod, worker))
 
 
 def test_a_prefixed_default_model_and_workload_identity_annotations(render: Render, tmp_path: Path) -> None:

@@ -12,11 +12,12 @@ import kubernetes_validate
 import pytest
 
 from agentrun.worker.core.pricing import PriceTable
+from tests.chart.secret_refs import secret_refs
 from tests.support.chart import CHART, CI_VALUES, NAMESPACE, Manifest, find, kinds, run_helm
 
 KUBERNETES_VERSION = "1.33"
 # Kinds of other operators' CRDs, unknown to kubernetes-validate: checked by shape below instead.
-FOREIGN_KINDS = {"ServiceMonitor", "PrometheusRule", "ScaledObject"}
+FOREIGN_KINDS = {"ServiceMonitor", "PrometheusRule", "ScaledObject", "TriggerAuthentication"}
 CASES = [None, *CI_VALUES]
 CASE_IDS = ["defaults", *(p.stem for p in CI_VALUES)]
 Render = Callable[..., list[Manifest]]
@@ -99,17 +100,20 @@ def test_defaults(render: Render) -> None:
     assert pod["terminationGracePeriodSeconds"] > float(args[args.index("--shutdown-grace") + 1])
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    env = {e["name"]: e for e in container["env"]}
-    assert env["AGENTRUN_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": "agentrun-database", "key": "url"}
-    assert env["ANTHROPIC_API_KEY"]["valueFrom"]["secretKeyRef"] == {"name": "agentrun-anthropic", "key": "api-key"}
-    token_ref = env["AGENTRUN_API_TOKEN"]["valueFrom"]["secretKeyRef"]
+    # Secrets are files by default (`secrets.asFiles`): `<NAME>_FILE` in the environment, no value.
+    assert not [e for e in container["env"] if "secretKeyRef" in e.get("valueFrom", {})]
+    refs = secret_refs(pod, container)
+    assert refs["AGENTRUN_DATABASE_URL"] == ("agentrun-database", "url")
+    assert refs["ANTHROPIC_API_KEY"] == ("agentrun-anthropic", "api-key")
+    token_name, token_key = refs["AGENTRUN_API_TOKEN"]
     token = find(manifests, "Secret", "-api-token")
-    assert token_ref["name"] == token["metadata"]["name"] and len(token["data"][token_ref["key"]]) > 40
+    assert token_name == token["metadata"]["name"] and len(token["data"][token_key]) > 40
     annotations = worker["spec"]["template"]["metadata"]["annotations"]
     assert {"checksum/config", "checksum/api-token"} <= set(annotations)
     # The migration init container gets the database and nothing else secret.
     migrate = pod["initContainers"][0]
-    assert migrate["args"] == ["migrate"] and [e["name"] for e in migrate["env"]] == ["AGENTRUN_DATABASE_URL"]
+    assert migrate["args"] == ["migrate"] and [e["name"] for e in migrate["env"]] == ["AGENTRUN_DATABASE_URL_FILE"]
+    assert set(secret_refs(pod, migrate)) == {"AGENTRUN_DATABASE_URL"}
     assert find(manifests, "ServiceAccount", "-worker")["automountServiceAccountToken"] is False
     dashboard = find(manifests, "ConfigMap", "-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
@@ -124,7 +128,8 @@ def test_operator_is_single_and_scoped(render: Render) -> None:
     assert operator["spec"]["replicas"] == 1 and operator["spec"]["strategy"]["type"] == "Recreate"
     container = operator["spec"]["template"]["spec"]["containers"][0]
     assert container["args"][:2] == ["operator", "--standalone"]
-    assert [e["name"] for e in container["env"]] == ["AGENTRUN_DATABASE_URL"]
+    assert [e["name"] for e in container["env"]] == ["AGENTRUN_DATABASE_URL_FILE"]
+    assert set(secret_refs(operator["spec"]["template"]["spec"], container)) == {"AGENTRUN_DATABASE_URL"}
     role = find(manifests, "ClusterRole", "-operator")
     rules = {(tuple(r["apiGroups"]), tuple(r["resources"])): set(r["verbs"]) for r in role["rules"]}
     assert rules[(("agentrun.dev",), ("agentruns",))] == {"get", "list", "watch", "patch", "delete"}  # delete: ttlSecondsAfterFinished
@@ -168,7 +173,11 @@ def test_everything_with_keda(render: Render) -> None:
     assert trigger["metadata"]["query"] == (
         "SELECT count(*) FROM run WHERE status IN ('QUEUED', 'RUNNING') AND run_at <= now()"
     )
-    assert trigger["metadata"]["connectionFromEnv"] == "AGENTRUN_DATABASE_URL"
+    # KEDA reads the URL from its Secret: the worker container has it only as a file.
+    auth = find(manifests, "TriggerAuthentication")
+    assert trigger["authenticationRef"] == {"name": auth["metadata"]["name"]}
+    assert auth["spec"]["secretTargetRef"] == [
+        {"parameter": "connection", "name": find(manifests, "Secret", "-postgresql")["metadata"]["name"], "key": "url"}]
     assert "HorizontalPodAutoscaler" not in kinds(manifests)
     assert "replicas" not in find(manifests, "Deployment", "-worker")["spec"]
 
@@ -184,8 +193,11 @@ def test_everything_with_keda(render: Render) -> None:
     postgres = find(manifests, "StatefulSet", "-postgresql")
     assert postgres["spec"]["template"]["spec"]["containers"][0]["image"] == "postgres:16"
     secret = find(manifests, "Secret", "-postgresql")
-    worker_env = {e["name"]: e for e in find(manifests, "Deployment", "-worker")["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert worker_env["AGENTRUN_DATABASE_URL"]["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "url"}
+    worker_pod = find(manifests, "Deployment", "-worker")["spec"]["template"]["spec"]
+    assert secret_refs(worker_pod, worker_pod["containers"][0])["AGENTRUN_DATABASE_URL"] == (secret["metadata"]["name"], "url")
+    # Its password is a file too, which the official image reads from POSTGRES_PASSWORD_FILE.
+    postgres_pod = postgres["spec"]["template"]["spec"]
+    assert secret_refs(postgres_pod, postgres_pod["containers"][0]) == {"POSTGRES_PASSWORD": (secret["metadata"]["name"], "password")}
 
     # The price table renders into TOML the worker's PriceTable reads, mounted where the env says.
     prices = find(manifests, "ConfigMap", "-prices")
@@ -213,10 +225,10 @@ def test_foreign_kinds_have_their_required_shape(render: Render) -> None:
 
 def test_minimal_install_has_no_optional_parts(render: Render) -> None:
     manifests = render(next(p for p in CI_VALUES if p.stem == "minimal-values"))
-    assert kinds(manifests) == {"ConfigMap", "Service", "Deployment", "CustomResourceDefinition"}
+    assert kinds(manifests) == {"ConfigMap", "Service", "Deployment", "CustomResourceDefinition", "NetworkPolicy"}
     pod = find(manifests, "Deployment", "-worker")["spec"]["template"]["spec"]
     assert "initContainers" not in pod and pod["serviceAccountName"] == "default"
-    assert [e["name"] for e in pod["containers"][0]["env"]] == ["POD_NAME", "AGENTRUN_DATABASE_URL"]
+    assert [e["name"] for e in pod["containers"][0]["env"]] == ["POD_NAME", "AGENTRUN_DATABASE_URL_FILE"]
 
 
 def test_notes_tell_how_to_submit_a_run(helm: str) -> None:

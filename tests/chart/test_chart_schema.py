@@ -20,6 +20,8 @@ EXPECTED = {
     "provider-kind.yaml": "/providers/endpoints/0/kind",
     "mcp-server-name.yaml": "/mcp/servers/0/name",
     "zero-database-retry.yaml": "/database/retryMaxSeconds",
+    "network-policy-cidr.yaml": "/networkPolicy/egress/models/cidrs/0",
+    "operator-probe.yaml": "/operator/readinessProbe/periodSeconds",
 }
 
 

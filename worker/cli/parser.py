@@ -34,7 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agentrun",
         description="agentrun: a durable runtime for LLM agents on PostgreSQL and Kubernetes.",
         epilog="Environment: AGENTRUN_DATABASE_URL, AGENTRUN_LOG_FORMAT (console|json), AGENTRUN_LOG_LEVEL; "
-        "`runs`, `agents` and `schedules` read AGENTRUN_URL and AGENTRUN_API_TOKEN.",
+        "`runs`, `agents` and `schedules` read AGENTRUN_URL and AGENTRUN_API_TOKEN. Each secret variable "
+        "(database URL, API token, model API keys, MCP header variables) may instead name a file in <NAME>_FILE, "
+        "e.g. AGENTRUN_DATABASE_URL_FILE.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_migrate(sub)

@@ -94,26 +94,94 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 {{- end }}
 
-{{/* The database URL: all the migration init container and the operator get of the secrets. */}}
-{{- define "agentrun.databaseEnv" -}}
-- name: AGENTRUN_DATABASE_URL
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "agentrun.databaseSecretName" . }}
-      key: {{ include "agentrun.databaseSecretKey" . }}
+{{/* Where secrets mounted as files are (`secrets.asFiles`): one file per variable, named after it. Not under
+/var/run/secrets/agentrun, where the Vertex key is mounted. */}}
+{{- define "agentrun.secretsDir" -}}
+/etc/agentrun-secrets
 {{- end }}
 
-{{/* The URL the migrate init containers use: the owner role's when `database.migrationSecret` names
-one, else the runtime URL. Workers and the operator never get the owner's. */}}
-{{- define "agentrun.migrationDatabaseEnv" -}}
+{{/* The database URL's secret variable: all the operator gets of the secrets. A YAML list of
+{env, secret, key}, rendered by agentrun.secretEnv and agentrun.secretVolume. */}}
+{{- define "agentrun.databaseSecrets" -}}
+- {env: AGENTRUN_DATABASE_URL, secret: {{ include "agentrun.databaseSecretName" . | quote }}, key: {{ include "agentrun.databaseSecretKey" . | quote }}}
+{{- end }}
+
+{{/* The migrate init containers' URL: the owner role's when `database.migrationSecret` names one, else the
+runtime URL. Workers and the operator never get the owner's: it has a volume of its own. */}}
+{{- define "agentrun.migrationSecrets" -}}
 {{- if .Values.database.migrationSecret }}
-- name: AGENTRUN_DATABASE_URL
+- {env: AGENTRUN_DATABASE_URL, secret: {{ .Values.database.migrationSecret | quote }}, key: {{ .Values.database.migrationSecretKey | quote }}}
+{{- else }}
+{{- include "agentrun.databaseSecrets" . }}
+{{- end }}
+{{- end }}
+
+{{/* The worker's secret variables: the database URL, the model API keys, the /api bearer token and the
+MCP servers' header variables. */}}
+{{- define "agentrun.workerSecrets" -}}
+{{ include "agentrun.databaseSecrets" . }}
+{{- if .Values.anthropic.existingSecret }}
+- {env: ANTHROPIC_API_KEY, secret: {{ .Values.anthropic.existingSecret | quote }}, key: {{ .Values.anthropic.secretKey | quote }}}
+{{- end }}
+{{- range .Values.providers.apiKeys }}
+- {env: {{ .env | quote }}, secret: {{ .existingSecret | quote }}, key: {{ .secretKey | quote }}}
+{{- end }}
+{{- with .Values.providers.bedrock }}
+{{- if .existingSecret }}
+- {env: AWS_ACCESS_KEY_ID, secret: {{ .existingSecret | quote }}, key: {{ .accessKeyIdKey | quote }}}
+- {env: AWS_SECRET_ACCESS_KEY, secret: {{ .existingSecret | quote }}, key: {{ .secretAccessKeyKey | quote }}}
+{{- end }}
+{{- end }}
+{{- if .Values.apiToken.enabled }}
+- {env: AGENTRUN_API_TOKEN, secret: {{ include "agentrun.apiTokenSecretName" . | quote }}, key: {{ .Values.apiToken.secretKey | quote }}}
+{{- end }}
+{{- range .Values.mcp.env }}
+- {env: {{ .env | quote }}, secret: {{ .existingSecret | quote }}, key: {{ .secretKey | quote }}}
+{{- end }}
+{{- end }}
+
+{{/* Env entries for a list of secret variables: (dict "ctx" $ "secrets" (include "agentrun.workerSecrets" $)
+"volume" NAME). As files (`secrets.asFiles`), each is `<NAME>_FILE`, the path of its file in the volume
+agentrun.secretVolume renders; else NAME from a secretKeyRef. */}}
+{{- define "agentrun.secretEnv" -}}
+{{- $dir := printf "%s/%s" (include "agentrun.secretsDir" .ctx) .volume }}
+{{- range fromYamlArray .secrets }}
+{{- if $.ctx.Values.secrets.asFiles }}
+- name: {{ .env }}_FILE
+  value: {{ printf "%s/%s" $dir .env | quote }}
+{{- else }}
+- name: {{ .env }}
   valueFrom:
     secretKeyRef:
-      name: {{ .Values.database.migrationSecret }}
-      key: {{ .Values.database.migrationSecretKey }}
-{{- else }}
-{{- include "agentrun.databaseEnv" . }}
+      name: {{ .secret }}
+      key: {{ .key }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The projected volume of a list of secret variables when they are files, one file per variable:
+(dict "ctx" $ "secrets" ... "volume" NAME). A directory mount, never a subPath, so rotations reach it. */}}
+{{- define "agentrun.secretVolume" -}}
+{{- if .ctx.Values.secrets.asFiles }}
+- name: {{ .volume }}
+  projected:
+    defaultMode: 0440
+    sources:
+      {{- range fromYamlArray .secrets }}
+      - secret:
+          name: {{ .secret }}
+          items:
+            - key: {{ .key }}
+              path: {{ .env }}
+      {{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "agentrun.secretVolumeMount" -}}
+{{- if .ctx.Values.secrets.asFiles }}
+- name: {{ .volume }}
+  mountPath: {{ printf "%s/%s" (include "agentrun.secretsDir" .ctx) .volume }}
+  readOnly: true
 {{- end }}
 {{- end }}
 
@@ -130,7 +198,7 @@ one, else the runtime URL. Workers and the operator never get the owner's. */}}
     - configMapRef:
         name: {{ include "agentrun.fullname" . }}-config
   env:
-    {{- include "agentrun.migrationDatabaseEnv" . | nindent 4 }}
+    {{- include "agentrun.secretEnv" (dict "ctx" . "secrets" (include "agentrun.migrationSecrets" .) "volume" "migration-secrets") | trim | nindent 4 }}
   securityContext:
     {{- toYaml .Values.containerSecurityContext | nindent 4 }}
   resources:
@@ -138,6 +206,7 @@ one, else the runtime URL. Workers and the operator never get the owner's. */}}
   volumeMounts:
     - name: tmp
       mountPath: /tmp
+    {{- include "agentrun.secretVolumeMount" (dict "ctx" . "volume" "migration-secrets") | trim | nindent 4 }}
 {{- end }}
 {{- end }}
 
@@ -152,46 +221,6 @@ one, else the runtime URL. Workers and the operator never get the owner's. */}}
 
 {{- define "agentrun.apiTokensDir" -}}
 /etc/agentrun-tokens
-{{- end }}
-
-{{/* The worker's secrets: the database URL, the model API key and the /api bearer token. */}}
-{{- define "agentrun.workerEnv" -}}
-{{ include "agentrun.databaseEnv" . }}
-{{- if .Values.anthropic.existingSecret }}
-- name: ANTHROPIC_API_KEY
-  valueFrom:
-    secretKeyRef:
-      name: {{ .Values.anthropic.existingSecret }}
-      key: {{ .Values.anthropic.secretKey }}
-{{- end }}
-{{- range .Values.providers.apiKeys }}
-- name: {{ .env }}
-  valueFrom:
-    secretKeyRef:
-      name: {{ .existingSecret }}
-      key: {{ .secretKey }}
-{{- end }}
-{{- with .Values.providers.bedrock }}
-{{- if .existingSecret }}
-- name: AWS_ACCESS_KEY_ID
-  valueFrom:
-    secretKeyRef:
-      name: {{ .existingSecret }}
-      key: {{ .accessKeyIdKey }}
-- name: AWS_SECRET_ACCESS_KEY
-  valueFrom:
-    secretKeyRef:
-      name: {{ .existingSecret }}
-      key: {{ .secretAccessKeyKey }}
-{{- end }}
-{{- end }}
-{{- if .Values.apiToken.enabled }}
-- name: AGENTRUN_API_TOKEN
-  valueFrom:
-    secretKeyRef:
-      name: {{ include "agentrun.apiTokenSecretName" . }}
-      key: {{ .Values.apiToken.secretKey }}
-{{- end }}
 {{- end }}
 
 {{/* Checksums that roll the pods when their settings or generated secrets change. */}}
@@ -253,3 +282,37 @@ affinity:
 {{- end -}}
 {{- join "," $pairs -}}
 {{- end -}}
+
+{{/* Egress rules the worker and the operator share: DNS, and the database (the bundled PostgreSQL's pods, or
+the external database's CIDRs and ports). */}}
+{{- define "agentrun.networkPolicy.commonEgress" -}}
+{{- $np := .Values.networkPolicy -}}
+- ports:
+    {{- range $np.egress.dnsPorts }}
+    - {port: {{ . }}, protocol: UDP}
+    - {port: {{ . }}, protocol: TCP}
+    {{- end }}
+{{- if .Values.postgresql.enabled }}
+- to:
+    - podSelector:
+        matchLabels:
+          {{- include "agentrun.componentSelectorLabels" (dict "ctx" . "component" "postgresql") | nindent 10 }}
+  ports:
+    - {port: 5432, protocol: TCP}
+{{- else }}
+{{ include "agentrun.networkPolicy.cidrEgress" $np.egress.database }}
+{{- end }}
+{{- end }}
+
+{{/* An egress rule to CIDRs on TCP ports, from a `networkPolicy.egress.*` value ({cidrs, ports}). */}}
+{{- define "agentrun.networkPolicy.cidrEgress" -}}
+- to:
+    {{- range .cidrs }}
+    - ipBlock:
+        cidr: {{ . | quote }}
+    {{- end }}
+  ports:
+    {{- range .ports }}
+    - {port: {{ . }}, protocol: TCP}
+    {{- end }}
+{{- end }}

@@ -163,6 +163,7 @@ STATE_CONFLICTS = {
     ("Idempotency-Key", "was already used for a different request"),
     ("after", "names no run; pass the `next` of a previous page"),
 }
+QUERY_GRAMMARS = {"labelSelector", "status", "agent", "createdAfter", "createdBefore", "q", "model", "createdBy"}
 # An agent's definition decides these (stored state too): a limit above the agent's, a limit the agent
 # leaves to the run and the run leaves out; and a sub-agent naming the agent being defined.
 AGENT_CONFLICTS = ("may only lower agent ", "names the agent itself")
@@ -231,6 +232,11 @@ def _state_conflict(response: Any) -> bool:
     if response.status_code != 422:
         return False
     fields = {(f["field"], f["problem"]) for f in response.json().get("fields", [])}
+    # The runs list's filters read by grammars no pattern states whole (a Kubernetes label selector, statuses
+    # in any case, an agent reference, a time's offset, text PostgreSQL can hold): a 422 naming the parameter.
+    if "/api/runs" in str(response.request.url) and response.request.method == "GET" and fields and all(
+            name in QUERY_GRAMMARS for name, _ in fields):
+        return True
     # A webhook's host under the URL policy (AGENTRUN_WEBHOOK_ALLOW) and its secretRef among the configured
     # secrets (AGENTRUN_WEBHOOK_SECRETS) are the server's configuration, as the price table is.
     if fields and all(name in ("webhook.url", "webhook.secretRef") for name, _ in fields):

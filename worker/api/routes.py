@@ -32,6 +32,7 @@ from agentrun.worker.api.schemas import (
     StepDetail,
     TimelineStep,
     WebhookDeliveryView,
+    rfc3339,
 )
 from agentrun.worker.api.webhooks import WebhookCheck
 from agentrun.worker.core.agents import parse_ref, pinned
@@ -229,10 +230,13 @@ class RunRoutes:
                                            "agent: `name` (any version) or `name@version`.")] = None,
         created_by: Annotated[str | None, Query(alias="createdBy", max_length=MAX_NAME_CHARS,
                                                 description="Only runs created by this identity.")] = None,
-        created_after: Annotated[datetime.datetime | None, Query(
-            alias="createdAfter", description="Only runs created after this ISO 8601 time.")] = None,
-        created_before: Annotated[datetime.datetime | None, Query(
-            alias="createdBefore", description="Only runs created before this ISO 8601 time.")] = None,
+        created_after: Annotated[str | None, Query(
+            alias="createdAfter", max_length=64, json_schema_extra={"format": "date-time"},
+            description="Only runs created after this ISO 8601 time, with its offset: `2026-12-01T10:00:00Z`.")
+        ] = None,
+        created_before: Annotated[str | None, Query(
+            alias="createdBefore", max_length=64, json_schema_extra={"format": "date-time"},
+            description="Only runs created before this ISO 8601 time, with its offset.")] = None,
         q: Annotated[str | None, Query(max_length=MAX_NAME_CHARS,
                                        description="Only runs whose input contains this text, any case.")] = None,
     ) -> RunPage:
@@ -243,8 +247,8 @@ class RunRoutes:
         combine (all must hold); a bad value is a 422 naming the parameter. Scope: `read`.
         """
         where = RunFilter(
-            statuses=_statuses(status), selector=_selector(label_selector), model=model,
-            **_agent_filter(agent), created_by=created_by, parent=parent,
+            statuses=_statuses(status), selector=_selector(label_selector), model=_storable_query(model, "model"),
+            **_agent_filter(agent), created_by=_storable_query(created_by, "createdBy"), parent=parent,
             created_after=_aware(created_after, "createdAfter"), created_before=_aware(created_before, "createdBefore"),
             text=_storable_query(q, "q"),
         )
@@ -448,11 +452,14 @@ def _agent_filter(text: str | None) -> dict[str, Any]:
     return {"agent": name, "agent_version": version}
 
 
-def _aware(at: datetime.datetime | None, name: str) -> datetime.datetime | None:
-    """A time without an offset names no instant: UTC is what a user most likely means, but say so instead."""
-    if at is not None and at.utcoffset() is None:
-        raise _bad_query(name, "must carry a UTC offset (Z or +hh:mm), like 2026-12-01T10:00:00Z")
-    return at
+def _aware(text: str | None, name: str) -> datetime.datetime | None:
+    """An ISO 8601 time with its offset: one without names no instant (UTC is only a guess of what was meant)."""
+    if text is None:
+        return None
+    try:
+        return rfc3339(text)
+    except ValueError as e:
+        raise _bad_query(name, str(e)) from None
 
 
 def _storable_query(text: str | None, name: str) -> str | None:

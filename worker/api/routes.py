@@ -35,10 +35,13 @@ from agentrun.worker.api.schemas import (
     rfc3339,
 )
 from agentrun.worker.api.webhooks import WebhookCheck
+from agentrun.worker.core import children as sub_agents
 from agentrun.worker.core.agents import parse_ref, pinned
+from agentrun.worker.core.answer import system_sent, tools_sent
 from agentrun.worker.core.labels import Selector, parse_selector
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import Decision, NewRun, PendingCall, Run, RunStatus, StepKind
+from agentrun.worker.core.replay import Conversation
 from agentrun.worker.core.submission import Defaults, Offer, Refusal, Refused, RunSpec, new_run
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.llm.providers import Providers
@@ -50,7 +53,7 @@ from agentrun.worker.tools import ToolBox
 
 MAX_PAGE = 200
 MAX_SELECTOR_CHARS = 4096
-REFUSAL_STATUS = {Refusal.INVALID: 422, Refusal.CONFLICT: 409, Refusal.UNFIT: 400, Refusal.NOT_FOUND: 404}
+REFUSAL_STATUS = {Refusal.INVALID: 422, Refusal.CONFLICT: 409, Refusal.UNFIT: 422, Refusal.NOT_FOUND: 404}
 MAX_IDEMPOTENCY_KEY = 255
 # Printable ASCII: what every HTTP stack carries unchanged (other bytes arrive as Latin-1 guesses).
 IDEMPOTENCY_KEY = re.compile(rf"[\x20-\x7e]{{1,{MAX_IDEMPOTENCY_KEY}}}")
@@ -63,7 +66,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         401: "Missing or wrong bearer token (only when the server requires tokens)",
         403: "The token's identity lacks the scope the operation requires: `error` names it",
         404: "No such run",
-        422: "Invalid input: `fields` names each field and its problem",
+        422: "Invalid input (a field of the body or a query parameter: its shape, or what the server makes "
+        "of it, such as an `outputSchema` that is no JSON Schema, a model no provider serves, a cost budget "
+        "on an unpriced model): `fields` names each field and its problem",
         503: "Database unavailable",
     }.items()
 }
@@ -326,7 +331,7 @@ class RunRoutes:
         run is queued again and a worker resumes it. Scope: `decide`; recorded as `decidedBy`."""
         if body.decision is Decision.RECORD and body.output is None:
             problem = "is required with the decision record: what the call returned"
-            raise ApiError(400, f"output {problem}", [FieldProblem(field="output", problem=problem)])
+            raise ApiError(422, f"output {problem}", [FieldProblem(field="output", problem=problem)])
         await self._not_a_child_call(run_id, tool_use_id)
         before = await self.store.decisions(run_id)
         outcome, run = await self.store.decide(
@@ -367,11 +372,30 @@ class RunRoutes:
             await self.get_run(run_id)
             raise ApiError(404, f"run {run_id} has no step {seq}")
         detail = StepDetail.of(found)
+        if found.kind is StepKind.MODEL:
+            detail = detail.model_copy(update={"sent": await self.sent(run_id, seq)})
         if found.kind is StepKind.TOOL and found.tool_use_id is not None:  # its decisions, as the timeline shows
             decided = [DecisionView.of(c) for c in await self.store.decisions(run_id)
                        if c.tool_use_id == found.tool_use_id]
             detail = detail.model_copy(update={"decisions": decided})
         return detail
+
+    async def sent(self, run_id: uuid.UUID, seq: int) -> dict[str, Any] | None:
+        """A MODEL step's request as it was sent: the conversation rebuilt by replay of the steps before it, as
+        the engine rebuilds it, with the system prompt and the tool definitions the engine adds (this server's
+        tool box and the run's pinned sub-agents)."""
+        run = await self.store.get(run_id)
+        if run is None:
+            return None
+        conv = Conversation.replay(run.input, await self.store.steps_before(run_id, seq))
+        agents = []
+        for name, version in sub_agents.refs_by_tool(run.sub_agents).values():
+            agent = await self.store.agent(name, version, deleted=True)
+            if agent is not None:
+                agents.append(sub_agents.definition(agent.name, agent.version, agent.description))
+        return {"system": system_sent(run.system, run.output_schema),
+                "tools": tools_sent(self.tools.definitions(run.tools), agents, run.output_schema),
+                "messages": list(conv.messages)}
 
     async def message(self, run_id: RunId, body: MessageRequest, request: Request) -> MessageView:
         """Send a message to a run while it works. It is stored at once (202) and delivered to the model as a
@@ -510,15 +534,14 @@ def _check_decided(
 
 Responses = dict[int | str, dict[str, Any]]
 SUBMIT_ERRORS: Responses = {
-    400: {"model": ErrorBody, "description": "The body is not JSON, or over the size limit, or `costBudgetUsd` is "
-          "set for a model without a price, or the model names an unknown provider"},
+    400: {"model": ErrorBody, "description": "The body is not JSON at all, or over the size limit"},
     404: {"model": ErrorBody, "description": "No run to continue or fork, or no agent (or version of it) named "
           "by `agent` or `subAgents`: `fields` names which"},
 }
 DECIDE_ERRORS: Responses = {
     409: {"model": ErrorBody, "description": "The decision does not fit the call's kind, or the call was already "
           "decided, or the run waits for its sub-agents (a sub-agent call takes no decision)"},
-    400: {"model": ErrorBody, "description": "A bad body: `record` without `output`"},
+    400: {"model": ErrorBody, "description": "The body is not JSON at all"},
 }
 CANCEL_ERRORS: Responses = {409: {"model": ErrorBody, "description": "The run has already finished"}}
 MESSAGE_ERRORS: Responses = {

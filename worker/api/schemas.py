@@ -670,6 +670,10 @@ class StepDetail(TimelineStep):
                                            "within the window, from its request summary (`strategy`, "
                                            "`estimatedTokens`, `window`, `contextTokens`, `compacted`, "
                                            "`clearedToolUses`); null when the summary has none.")
+    sent: dict[str, Any] | None = Field(None, description="A MODEL step: its request as it was sent, "
+                                        "`{system, tools, messages}` (the system prompt, the tool definitions, "
+                                        "the messages), rebuilt by replay of the steps before it; null for other "
+                                        "kinds.")
 
     @classmethod
     def of(cls, step: Step) -> StepDetail:

@@ -271,7 +271,7 @@ class ScheduleRoutes:
         found = await self.store.schedule_runs(name, limit)
         if not found and await self.store.schedule(name) is None:
             raise _no_schedule(name)
-        return [RunView.of(r) for r in found]
+        return [RunView.of(r, self.submissions.prices) for r in found]
 
 
 def _raw(run: RunRequest | None) -> dict[str, Any] | None:

@@ -94,9 +94,9 @@ DEEP = '{"input": "x", "tokenBudget": 1, "timeoutSeconds": 1, "tools": ' + "[" *
 
 
 async def test_a_cost_budget_on_a_model_without_a_price_is_refused(client: httpx.AsyncClient) -> None:
-    """A step of an unpriced model costs null, so its budget could never stop the run: a 400, nothing stored."""
+    """A step of an unpriced model costs null, so its budget could never stop the run: a 422, nothing stored."""
     r = await client.post("/api/runs", json={**RUN, "model": "claude-unpriced-9", "costBudgetUsd": 1})
-    assert r.status_code == 400, r.text
+    assert r.status_code == 422, r.text
     problem = problems(r)["costBudgetUsd"]
     assert "claude-unpriced-9" in problem and "no price" in problem and r.json()["error"] == problem
     assert (await client.get("/api/runs")).json()["items"] == []
@@ -298,7 +298,10 @@ async def test_list_newest_first_with_keyset_pagination(client: httpx.AsyncClien
 
 @pytest.mark.parametrize(("params", "field"), [
     ({"status": "DONE"}, "status"),
-    ({"status": "queued"}, "status"),
+    ({"status": "queued,nope"}, "status"),
+    ({"labelSelector": "team in (a"}, "labelSelector"),
+    ({"createdAfter": "yesterday"}, "createdAfter"),
+    ({"agent": "bad name@0"}, "agent"),
     ({"limit": 0}, "limit"),
     ({"limit": -1}, "limit"),
     ({"limit": 100_000}, "limit"),
@@ -345,7 +348,8 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
     props = doc["components"]["schemas"]["RunRequest"]["properties"]
     assert {"input", "model", "tokenBudget", "timeoutSeconds", "maxSteps", "tools", "system", "costBudgetUsd",
             "requireApproval", "continueFrom", "forkFrom", "outputSchema", "priority", "runAt", "delaySeconds",
-            "agent", "subAgents", "webhook", "contextManagement"} == set(props)
+            "agent", "subAgents", "webhook", "contextManagement", "labels"} == set(props)
+    assert "/api/workers" in doc["paths"]
     assert "next" in doc["paths"]["/api/runs"]["get"]["description"]
 
 

@@ -32,21 +32,28 @@ from agentrun.worker.api.schemas import (
     StepDetail,
     TimelineStep,
     WebhookDeliveryView,
+    rfc3339,
 )
 from agentrun.worker.api.webhooks import WebhookCheck
-from agentrun.worker.core.agents import pinned
+from agentrun.worker.core import children as sub_agents
+from agentrun.worker.core.agents import parse_ref, pinned
+from agentrun.worker.core.answer import system_sent, tools_sent
+from agentrun.worker.core.labels import Selector, parse_selector
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import Decision, NewRun, PendingCall, Run, RunStatus, StepKind
+from agentrun.worker.core.replay import Conversation
 from agentrun.worker.core.submission import Defaults, Offer, Refusal, Refused, RunSpec, new_run
+from agentrun.worker.core.text import unstorable
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.obs.tracing.context import TRACEPARENT_PATTERN, checked_traceparent
 from agentrun.worker.settings import WorkerSettings
-from agentrun.worker.store import DecideOutcome, RunStore
+from agentrun.worker.store import DecideOutcome, RunFilter, RunStore
 from agentrun.worker.tools import ToolBox
 
 MAX_PAGE = 200
-REFUSAL_STATUS = {Refusal.INVALID: 422, Refusal.CONFLICT: 409, Refusal.UNFIT: 400, Refusal.NOT_FOUND: 404}
+MAX_SELECTOR_CHARS = 4096
+REFUSAL_STATUS = {Refusal.INVALID: 422, Refusal.CONFLICT: 409, Refusal.UNFIT: 422, Refusal.NOT_FOUND: 404}
 MAX_IDEMPOTENCY_KEY = 255
 # Printable ASCII: what every HTTP stack carries unchanged (other bytes arrive as Latin-1 guesses).
 IDEMPOTENCY_KEY = re.compile(rf"[\x20-\x7e]{{1,{MAX_IDEMPOTENCY_KEY}}}")
@@ -59,7 +66,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         401: "Missing or wrong bearer token (only when the server requires tokens)",
         403: "The token's identity lacks the scope the operation requires: `error` names it",
         404: "No such run",
-        422: "Invalid input: `fields` names each field and its problem",
+        422: "Invalid input (a field of the body or a query parameter: its shape, or what the server makes "
+        "of it, such as an `outputSchema` that is no JSON Schema, a model no provider serves, a cost budget "
+        "on an unpriced model): `fields` names each field and its problem",
         503: "Database unavailable",
     }.items()
 }
@@ -92,10 +101,10 @@ def _same_request(run: Run, new: NewRun) -> bool:
     # The identity too: another identity reusing a key is not retrying, and must not be handed the run.
     return (run.input, run.model, run.token_budget, run.timeout_seconds, run.max_steps, run.tools, run.system,
             run.cost_budget_usd, run.created_by, run.priority, run.agent, run.agent_version, run.sub_agents,
-            run.webhook, run.context_management) == (
+            run.webhook, run.context_management, run.labels) == (
                 new.input, new.model, new.token_budget, new.timeout_seconds, new.max_steps, new.tools, new.system,
                 new.cost_budget_usd, new.created_by, new.priority, new.agent, new.agent_version, new.sub_agents,
-                new.webhook, new.context_management)
+                new.webhook, new.context_management, new.labels)
 
 
 def _traceparent_schema(schema: dict[str, Any]) -> None:
@@ -207,31 +216,60 @@ class RunRoutes:
 
     async def list_runs(
         self,
-        status: Annotated[RunStatus | None, Query(description="Only runs in this status.")] = None,
+        status: Annotated[str | None, Query(
+            description="Only runs in these statuses, any case, comma-separated: `status=running,waiting`.",
+            max_length=200)] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="Runs per page.")] = 50,
         after: Annotated[uuid.UUID | None, Query(
             description="The `next` cursor of the previous page: runs created before this one.")] = None,
         parent: Annotated[uuid.UUID | None, Query(
             description="Only runs whose `parentRunId` is this run: its sub-agents' runs, continuations and forks.")
         ] = None,
+        label_selector: Annotated[str | None, Query(
+            alias="labelSelector", max_length=MAX_SELECTOR_CHARS,
+            description="Kubernetes' label selector, equality and set syntax: "
+            "`team=billing,env!=prod,tier in (a,b),tier notin (c),key,!key`.")] = None,
+        model: Annotated[str | None, Query(max_length=MAX_NAME_CHARS, description="Only runs of this model.")
+                         ] = None,
+        agent: Annotated[str | None, Query(max_length=MAX_NAME_CHARS, description="Only runs made from this "
+                                           "agent: `name` (any version) or `name@version`.")] = None,
+        created_by: Annotated[str | None, Query(alias="createdBy", max_length=MAX_NAME_CHARS,
+                                                description="Only runs created by this identity.")] = None,
+        created_after: Annotated[str | None, Query(
+            alias="createdAfter", max_length=64, json_schema_extra={"format": "date-time"},
+            description="Only runs created after this ISO 8601 time, with its offset: `2026-12-01T10:00:00Z`.")
+        ] = None,
+        created_before: Annotated[str | None, Query(
+            alias="createdBefore", max_length=64, json_schema_extra={"format": "date-time"},
+            description="Only runs created before this ISO 8601 time, with its offset.")] = None,
+        q: Annotated[str | None, Query(max_length=MAX_NAME_CHARS,
+                                       description="Only runs whose input contains this text, any case.")] = None,
     ) -> RunPage:
         """Runs, newest first, a page at a time (keyset pagination: stable while runs are added).
 
-        The answer is `{"items": [...], "next": "<uuid>" | null}`; to get the following page pass
-        `next` as `after`, with the same `status` and `parent`. `next` is null on the last page. Scope: `read`.
+        The answer is `{"items": [...], "next": "<uuid>" | null}`; to get the following page pass `next` as
+        `after`, with the same filters. `next` is null on the last page. Every filter is optional and they
+        combine (all must hold); a bad value is a 422 naming the parameter. Scope: `read`.
         """
-        runs = await self.store.list_runs(status, limit + 1, after, parent=parent)
+        where = RunFilter(
+            statuses=_statuses(status), selector=_selector(label_selector), model=_storable_query(model, "model"),
+            **_agent_filter(agent), created_by=_storable_query(created_by, "createdBy"), parent=parent,
+            created_after=_aware(created_after, "createdAfter"), created_before=_aware(created_before, "createdBefore"),
+            text=_storable_query(q, "q"),
+        )
+        runs = await self.store.list_runs(None, limit + 1, after, where=where)
         # A cursor naming no run yields an empty page; only then is it worth a query to tell the two apart.
         if after is not None and not runs and await self.store.get(after) is None:
             problem = "names no run; pass the `next` of a previous page"
             raise ApiError(422, f"after: {problem}", [FieldProblem(field="after", problem=problem)])
         page = runs[:limit]
-        return RunPage(items=[RunSummary.of(r) for r in page], next=page[-1].id if len(runs) > limit else None)
+        return RunPage(items=[RunSummary.of(r, self.prices) for r in page],
+                       next=page[-1].id if len(runs) > limit else None)
 
     async def get(self, run_id: RunId) -> RunView:
         """A run: status, input, model, budgets, tokens and cost so far, error, times, the holding worker,
         who created it and who cancelled it. Scope: `read`."""
-        return RunView.of(await self.get_run(run_id))
+        return RunView.of(await self.get_run(run_id), self.prices)
 
     async def children(self, run_id: RunId) -> list[RunView]:
         """The runs the run's sub-agent calls started, in the order of the calls (empty when none). Each
@@ -239,7 +277,7 @@ class RunRoutes:
         children = await self.store.children(run_id)
         if not children:
             await self.get_run(run_id)
-        return [RunView.of(c) for c in children]
+        return [RunView.of(c, self.prices) for c in children]
 
     async def timeline(self, run_id: RunId) -> list[TimelineStep]:
         """The run's steps in seq order, without their request and response bodies. Scope: `read`."""
@@ -255,8 +293,11 @@ class RunRoutes:
                 rows[i] = rows[i].model_copy(update={
                     "decisions": [DecisionView.of(c) for c in by_call.pop(s.tool_use_id)]
                 })
-        # Calls that wait for a person and have no step yet (approvals not given) follow the steps.
-        rows.extend(TimelineStep.waiting(c[-1], c) for c in by_call.values())
+        # Calls that wait for a person and have no step yet (approvals not given) follow the steps; those of
+        # a run that has ended (cancelled or timed out while it waited) will never be made: ABANDONED.
+        if by_call:
+            ended = (await self.get_run(run_id)).status.terminal
+            rows.extend(TimelineStep.waiting(c[-1], c, abandoned=ended) for c in by_call.values())
         return rows
 
     async def webhooks(self, run_id: RunId) -> list[WebhookDeliveryView]:
@@ -290,7 +331,7 @@ class RunRoutes:
         run is queued again and a worker resumes it. Scope: `decide`; recorded as `decidedBy`."""
         if body.decision is Decision.RECORD and body.output is None:
             problem = "is required with the decision record: what the call returned"
-            raise ApiError(400, f"output {problem}", [FieldProblem(field="output", problem=problem)])
+            raise ApiError(422, f"output {problem}", [FieldProblem(field="output", problem=problem)])
         await self._not_a_child_call(run_id, tool_use_id)
         before = await self.store.decisions(run_id)
         outcome, run = await self.store.decide(
@@ -305,7 +346,7 @@ class RunRoutes:
             if run.status is not RunStatus.WAITING and since is not None:
                 waited = max((datetime.datetime.now(datetime.UTC) - since).total_seconds(), 0.0)
             self.metrics.decided(body.decision.kind.value, body.decision.value, waited)
-        return RunView.of(run)
+        return RunView.of(run, self.prices)
 
     async def _not_a_child_call(self, run_id: uuid.UUID, tool_use_id: str) -> None:
         """A 409 for a decision on a sub-agent call, or on any call of a run that waits for its sub-agents:
@@ -331,11 +372,30 @@ class RunRoutes:
             await self.get_run(run_id)
             raise ApiError(404, f"run {run_id} has no step {seq}")
         detail = StepDetail.of(found)
+        if found.kind is StepKind.MODEL:
+            detail = detail.model_copy(update={"sent": await self.sent(run_id, seq)})
         if found.kind is StepKind.TOOL and found.tool_use_id is not None:  # its decisions, as the timeline shows
             decided = [DecisionView.of(c) for c in await self.store.decisions(run_id)
                        if c.tool_use_id == found.tool_use_id]
             detail = detail.model_copy(update={"decisions": decided})
         return detail
+
+    async def sent(self, run_id: uuid.UUID, seq: int) -> dict[str, Any] | None:
+        """A MODEL step's request as it was sent: the conversation rebuilt by replay of the steps before it, as
+        the engine rebuilds it, with the system prompt and the tool definitions the engine adds (this server's
+        tool box and the run's pinned sub-agents)."""
+        run = await self.store.get(run_id)
+        if run is None:
+            return None
+        conv = Conversation.replay(run.input, await self.store.steps_before(run_id, seq))
+        agents = []
+        for name, version in sub_agents.refs_by_tool(run.sub_agents).values():
+            agent = await self.store.agent(name, version, deleted=True)
+            if agent is not None:
+                agents.append(sub_agents.definition(agent.name, agent.version, agent.description))
+        return {"system": system_sent(run.system, run.output_schema),
+                "tools": tools_sent(self.tools.definitions(run.tools), agents, run.output_schema),
+                "messages": list(conv.messages)}
 
     async def message(self, run_id: RunId, body: MessageRequest, request: Request) -> MessageView:
         """Send a message to a run while it works. It is stored at once (202) and delivered to the model as a
@@ -374,7 +434,62 @@ class RunRoutes:
             raise _not_found(run_id)
         if after.status.terminal and not after.cancel_requested:  # it finished in between
             raise ApiError(409, f"run {run_id} has already finished: {after.status.value}")
-        return RunView.of(after)
+        return RunView.of(after, self.prices)
+
+
+def _bad_query(name: str, problem: str) -> ApiError:
+    return ApiError(422, f"{name}: {problem}", [FieldProblem(field=name, problem=problem)])
+
+
+def _statuses(text: str | None) -> tuple[RunStatus, ...] | None:
+    """`running,Waiting`: the statuses named, any case; a name that is no status is a 422 listing them."""
+    if text is None or not text.strip():
+        return None
+    known = {s.value: s for s in RunStatus}
+    found = []
+    for part in text.split(","):
+        status = known.get(part.strip().upper())
+        if status is None:
+            raise _bad_query("status", f"{part.strip()!r} is no status; one or more of {', '.join(known)}, "
+                             "comma-separated, any case")
+        found.append(status)
+    return tuple(dict.fromkeys(found))
+
+
+def _selector(text: str | None) -> Selector | None:
+    if text is None:
+        return None
+    try:
+        return parse_selector(text)
+    except ValueError as e:
+        raise _bad_query("labelSelector", str(e)) from None
+
+
+def _agent_filter(text: str | None) -> dict[str, Any]:
+    """`name` (any version) or `name@version`, as the run's agent and agentVersion."""
+    if text is None:
+        return {}
+    try:
+        name, version = parse_ref(text)
+    except Refused as e:
+        raise refusal(e) from None
+    return {"agent": name, "agent_version": version}
+
+
+def _aware(text: str | None, name: str) -> datetime.datetime | None:
+    """An ISO 8601 time with its offset: one without names no instant (UTC is only a guess of what was meant)."""
+    if text is None:
+        return None
+    try:
+        return rfc3339(text)
+    except ValueError as e:
+        raise _bad_query(name, str(e)) from None
+
+
+def _storable_query(text: str | None, name: str) -> str | None:
+    if text is not None and (why := unstorable(text)) is not None:
+        raise _bad_query(name, why)
+    return text
 
 
 def refusal(e: Refused) -> ApiError:
@@ -419,15 +534,14 @@ def _check_decided(
 
 Responses = dict[int | str, dict[str, Any]]
 SUBMIT_ERRORS: Responses = {
-    400: {"model": ErrorBody, "description": "The body is not JSON, or over the size limit, or `costBudgetUsd` is "
-          "set for a model without a price, or the model names an unknown provider"},
+    400: {"model": ErrorBody, "description": "The body is not JSON at all, or over the size limit"},
     404: {"model": ErrorBody, "description": "No run to continue or fork, or no agent (or version of it) named "
           "by `agent` or `subAgents`: `fields` names which"},
 }
 DECIDE_ERRORS: Responses = {
     409: {"model": ErrorBody, "description": "The decision does not fit the call's kind, or the call was already "
           "decided, or the run waits for its sub-agents (a sub-agent call takes no decision)"},
-    400: {"model": ErrorBody, "description": "A bad body: `record` without `output`"},
+    400: {"model": ErrorBody, "description": "The body is not JSON at all"},
 }
 CANCEL_ERRORS: Responses = {409: {"model": ErrorBody, "description": "The run has already finished"}}
 MESSAGE_ERRORS: Responses = {

@@ -15,7 +15,6 @@ import httpx
 import orjson
 
 from agentrun.worker.cli.errors import ClientError as ClientError
-from agentrun.worker.core.agents import name_problem
 from agentrun.worker.core.records import RunStatus
 
 DEFAULT_URL = "http://localhost:8080"
@@ -295,6 +294,8 @@ def _run_id(text: str, what: str = "run id") -> str:
 def _agent_name(text: str, what: str = "agent") -> str:
     """An agent's (or schedule's) name, checked here as `_run_id` checks ids: no argument can steer the
     request elsewhere."""
+    from agentrun.worker.core.agents import name_problem  # here: it imports jsonschema, which `runs` needs not
+
     if name_problem(text) is not None:
         raise ClientError(0, f"{what} name {_shown(text)} is not a DNS label (lowercase letters, digits and '-')")
     return text

@@ -35,7 +35,7 @@ def client_commands(
         p = commands.add_parser(name, help=help, description=f"{description} {CLIENT_ENV}")
         p.add_argument("--url", help="server URL (default: $AGENTRUN_URL or http://localhost:8080)")
         p.add_argument("--json", action="store_true", help="print the server's JSON instead of text")
-        p.set_defaults(func=func)
+        p.set_defaults(func=func, client=True)
         return p
 
     return command

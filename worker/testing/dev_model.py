@@ -237,4 +237,5 @@ def _distinct(schema: Any, n: int) -> Any:
     kind = schema.get("type") if isinstance(schema, Mapping) else None
     if kind in ("integer", "number"):
         return n
-    return f"a{n}"
+    length = int(schema.get("minLength", 0)) if isinstance(schema, Mapping) else 0
+    return str(n).rjust(max(length, 1), "a")

@@ -53,7 +53,7 @@ def test_the_minimal_instance_is_valid(schema: dict[str, Any]) -> None:
 
 def test_markers_are_read() -> None:
     found = markers('please [[tool:lookup {"q": "acme"}]] then [[tool:list_tickets]] [[loop]] [[slow:2]]')
-    assert found.tools == (("lookup", {"q": "acme"}), ("list_tickets", {}))
+    assert found.tools == (("lookup", {"q": "acme"}), ("list_tickets", None))
     assert found.loop and not found.fail and found.slow == 2.0
     assert markers("[[slow]] [[fail]]").slow == 0.5 and markers("[[fail]]").fail
     assert markers("no markers, [[unknown]]") == markers("")
@@ -93,7 +93,7 @@ async def test_the_markers_through_the_sdk() -> None:
         assert plain[-1].content[0].type == "text" and "result of list_tickets" in plain[-1].content[0].text
 
         two = await turns(client, '[[tool:lookup {"q": "acme"}]] [[tool:list_tickets]]')
-        assert [called(m) for m in two] == [("lookup", {"q": "acme"}), ("list_tickets", {}), None]
+        assert [called(m) for m in two] == [("lookup", {"q": "acme"}), ("list_tickets", {"status": "overdue"}), None]
 
         looping = await turns(client, "[[loop]] [[tool:lookup]]", limit=5)
         assert [called(m) for m in looping] == [("lookup", {})] * 5

@@ -349,7 +349,8 @@ STEP_COLUMNS: tuple[tuple[str, int], ...] = (
 def _cells(step: Mapping[str, Any]) -> list[str]:
     latency = step.get("latencyMs")
     return [
-        str(step["seq"]), step["kind"], step.get("toolName") or _compaction(step) or "-", step["status"],
+        str(step["seq"]) if step.get("seq") is not None else "-", step["kind"],  # a WAITING row has no seq
+        step.get("toolName") or _compaction(step) or "-", step["status"],
         step.get("stopReason") or "-",
         str(step.get("inputTokens", 0)), str(step.get("outputTokens", 0)),
         f"{step.get('cacheCreationInputTokens', 0)}/{step.get('cacheReadInputTokens', 0)}",

@@ -4,7 +4,7 @@ feature needs, so each can be tried by hand without an API key (README "Trying i
 Markers are read from the newest user text of the conversation (the run's input, a continuation's input,
 a message sent to the run), so a continuation is not bound by its parent's markers:
 
-- `[[tool:NAME]]` calls the tool NAME (with input `{}`), or `[[tool:NAME {"k": "v"}]]` with that JSON
+- `[[tool:NAME]]` calls the tool NAME (with input `{}`; `list_tickets` with the demo's), or `[[tool:NAME {"k": "v"}]]` with that JSON
   object; several are called in order, one per turn. Without one, the demo's `list_tickets` is called.
 - `[[loop]]` calls the tool again at every turn and never answers: the run ends on its step, token or
   time limit.
@@ -40,7 +40,8 @@ SLOW_SECONDS = 0.5
 
 @dataclasses.dataclass(frozen=True)
 class Markers:
-    tools: tuple[tuple[str, Json], ...] = ()
+    tools: tuple[tuple[str, Json | None], ...] = ()
+    """The tools to call, in order, each with its input (None: none was written)."""
     loop: bool = False
     fail: bool = False
     slow: float | None = None
@@ -49,15 +50,15 @@ class Markers:
 def markers(text: str) -> Markers:
     """The markers of `text` (see the module's docstring); a tool marker whose input is not a JSON object
     gets `{}`."""
-    tools: list[tuple[str, Json]] = []
+    tools: list[tuple[str, Json | None]] = []
     found = Markers()
     for kind, arg, raw in MARKER.findall(text):
         if kind == "tool" and arg:
             try:
-                value = json.loads(raw) if raw.strip() else {}
+                value = json.loads(raw) if raw.strip() else None
             except ValueError:
                 value = {}
-            tools.append((arg, value if isinstance(value, dict) else {}))
+            tools.append((arg, value if isinstance(value, dict) or value is None else {}))
         elif kind == "loop":
             found = dataclasses.replace(found, loop=True)
         elif kind == "fail":
@@ -107,7 +108,9 @@ class DevResponder:
         prefix = [body.get("system"), body.get("tools"), messages[:-1]]
         cached = _tokens(prefix) if len(messages) > 1 else 0
         write = _tokens(messages[-1:]) + (0 if cached else _tokens(prefix))
-        plan = found.tools or ((self.base.tool, self.base.input),)
+        # The demo's tool named without an input gets the demo's input (list_tickets needs a status).
+        plan = tuple((n, self.base.input if n == self.base.tool and i is None else i or {}) for n, i in found.tools) \
+            or ((self.base.tool, self.base.input),)
         called = _called(messages)
 
         def call(name: str, tool_input: Any) -> Reply:

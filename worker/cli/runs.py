@@ -251,7 +251,7 @@ def calling(args: argparse.Namespace, command: Callable[[RunsClient, argparse.Na
     except client.ClientError as e:
         print(f"agentrun: {client.terminal_safe(str(e))}", file=sys.stderr)
         return 1
-    except (KeyError, TypeError) as e:  # JSON, but not the API's shapes: --url names some other server
+    except (KeyError, TypeError, AttributeError) as e:  # JSON, but not the API's shapes: --url names another server
         print(f"agentrun: {url} answered without the expected fields ({type(e).__name__}: {e}); "
               "is it an agentrun worker?", file=sys.stderr)
         return 1

@@ -5,7 +5,8 @@ Markers are read from the newest user text of the conversation (the run's input,
 a message sent to the run), so a continuation is not bound by its parent's markers:
 
 - `[[tool:NAME]]` calls the tool NAME (with input `{}`; `list_tickets` with the demo's), or
-  `[[tool:NAME {"k": "v"}]]` with that JSON object; several are called in order, one per turn. Without one, the demo's `list_tickets` is called.
+  `[[tool:NAME {"k": "v"}]]` with that JSON object; several are called in order, one per turn. Without
+  one, the demo's `list_tickets` is called.
 - `[[loop]]` calls the tool again at every turn and never answers: the run ends on its step, token or
   time limit.
 - `[[fail]]` answers every model call with the API's 400 `invalid_request_error`: the run fails.

@@ -22,8 +22,8 @@ pytestmark = pytest.mark.slow
 
 
 class Dev:
-    def __init__(self, data: Path, port: int) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "AGENTRUN_"))}
+    def __init__(self, data: Path, port: int, **extra: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("ANTHROPIC_", "AGENTRUN_"))} | extra
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "agentrun.worker.cli", "dev", "--data-dir", str(data), "--port", str(port)],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -104,3 +104,83 @@ def test_the_default_data_directory(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     monkeypatch.delenv("XDG_DATA_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     assert default_data_dir() == tmp_path / ".local" / "share" / "agentrun" / "dev"
+
+
+def cli(url: str, *argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "agentrun.worker.cli", "runs", *argv, "--url", url],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def finished(http: httpx.Client, run_id: str, timeout: float = 90) -> dict[str, object]:
+    deadline = time.monotonic() + timeout
+    while (run := http.get(f"/api/runs/{run_id}").json())["status"] not in ("SUCCEEDED", "FAILED", "TIMED_OUT",
+                                                                            "CANCELLED"):
+        assert time.monotonic() < deadline, run
+        time.sleep(0.1)
+    return dict(run)
+
+
+def test_the_readme_examples_and_markers_against_dev(tmp_path: Path) -> None:
+    """README's "Trying it by hand", as written, against `agentrun dev` with a worker's environment: the
+    extra tool module and the MCP servers file are honoured; an output schema gets a valid answer; each
+    marker does what the table says; `runs watch` on a waiting run says what to decide and how."""
+    (tmp_path / "mcp.yaml").write_text("servers:\n  - name: shop\n    url: http://127.0.0.1:9/mcp\n")
+    data, port = tmp_path / "dev", free_port()
+    url = f"http://127.0.0.1:{port}"
+    dev = Dev(data, port, AGENTRUN_TOOLS="tests.support.event_tools",
+              AGENTRUN_MCP_SERVERS=str(tmp_path / "mcp.yaml"))
+    try:
+        dev.wait_for(f"open {url}/ui/")
+        banner = next(line for line in dev.lines if "try:" in line).split("try:")[1].strip()
+        command = banner.split(" runs submit")[0]
+        assert subprocess.run(f"{command} --help", shell=True, capture_output=True, timeout=60).returncode == 0
+        with httpx.Client(base_url=url, timeout=30) as http:
+            tools = http.get("/api/tools").json()
+            assert {"list_tickets", "lookup"} <= {t["name"] for t in tools["tools"]}
+            assert [s["name"] for s in tools["servers"]] == ["shop"]
+
+            schema = tmp_path / "count.json"
+            schema.write_text('{"type":"object","properties":{"count":{"type":"integer"}},"required":["count"]}')
+            out = cli(url, "submit", "How many acme tickets are overdue?", "--output-schema", str(schema),
+                      "--label", "team=billing")
+            assert out.returncode == 0, out.stderr
+            structured = out.stdout.split()[0]
+            run = finished(http, structured)
+            assert run["status"] == "SUCCEEDED" and run["output"] == {"count": 0}, run
+
+            failing = cli(url, "submit", "[[fail]]").stdout.split()[0]
+            run = finished(http, failing)
+            assert run["status"] == "FAILED" and "[[fail]]" in str(run["error"]), run
+
+            looping = cli(url, "submit", "[[loop]]", "--max-steps", "5").stdout.split()[0]
+            run = finished(http, looping)
+            assert run["status"] == "FAILED" and run["steps"] <= 5 and "step" in str(run["error"]), run
+
+            waiting = cli(url, "submit", "[[tool:list_tickets]] refund the overdue ones", "--require-approval",
+                          "list_tickets").stdout.split()[0]
+            watch = subprocess.Popen([sys.executable, "-m", "agentrun.worker.cli", "runs", "watch", waiting,
+                                      "--url", url], stdout=subprocess.PIPE, text=True)
+            assert watch.stdout is not None
+            said: list[str] = []
+            for line in watch.stdout:
+                said.append(line)
+                if "decide: " in line:
+                    break
+            assert any('waiting for a decision: list_tickets {"status": "overdue"}' in line for line in said), said
+            decide = said[-1].split("decide: ")[1].split()
+            assert decide[:4] == ["agentrun", "runs", "decide", waiting] and decide[-1] == "approve|deny"
+            out = cli(url, "decide", waiting, decide[4], "approve")
+            assert out.returncode == 0, out.stderr
+            rest, _ = watch.communicate(timeout=120)
+            assert watch.returncode == 0, said + [rest]
+            assert f"run {waiting} SUCCEEDED" in rest and "None" not in "".join(said) + rest
+
+            listed = cli(url, "list", "-l", "team=billing")
+            assert listed.returncode == 0, listed.stderr
+            rows = listed.stdout.splitlines()[1:]
+            assert [r.split()[0] for r in rows] == [structured] and "team=billing" in rows[0]
+            every = cli(url, "list", "--all", "--limit", "1").stdout.splitlines()[1:]
+            assert sorted(r.split()[0] for r in every) == sorted([structured, failing, looping, waiting])
+    finally:
+        assert dev.interrupt() == 0, dev.lines[-20:]
+    assert not any("Traceback" in line for line in dev.lines), dev.lines

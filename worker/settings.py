@@ -8,7 +8,7 @@ import secrets
 import socket
 from collections.abc import Iterable, Mapping, MutableMapping
 
-from agentrun.worker.core.submission import DEFAULT_MODEL
+from agentrun.worker.core.records import DEFAULT_MODEL
 
 # The secrets the worker and the operator read from the environment, each of which may instead come from
 # the file `<NAME>_FILE` names (the chart mounts them so: a file is not in `kubectl describe`, in the

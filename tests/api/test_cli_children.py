@@ -77,7 +77,7 @@ async def test_children_and_list_parent(store: RunStore, server_url: str, capsys
                                     "--limit", "1")
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[1].split()[0] == ids[1] and lines[-1] == f"more: --after {ids[1]}"
+    assert lines[1].split()[0] == ids[1] and lines[-1] == f"more: --after {ids[1]} (or --all)"
     code, out, _ = await agentrun(capsys, "runs", "list", "--parent", str(parent.id), "--url", server_url,
                                   "--after", ids[1], "--json")
     assert [r["id"] for r in json.loads(out)["items"]] == [ids[0]]

@@ -15,7 +15,6 @@ import httpx
 import orjson
 
 from agentrun.worker.cli.errors import ClientError as ClientError
-from agentrun.worker.core.agents import name_problem
 from agentrun.worker.core.records import RunStatus
 
 DEFAULT_URL = "http://localhost:8080"
@@ -136,14 +135,28 @@ class RunsClient:
         return found
 
     def list(self, status: str | None = None, limit: int | None = None, after: str | None = None,
-             parent: str | None = None) -> dict[str, Any]:
+             parent: str | None = None, **filters: str | None) -> dict[str, Any]:
+        """A page of runs, newest first. `filters` are the other query parameters of GET /api/runs by their
+        API names (labelSelector, model, agent, createdBy, createdAfter, createdBefore, q)."""
         if after is not None:
             after = _run_id(after, "cursor --after")
         if parent is not None:
             parent = _run_id(parent, "--parent")
-        params = {k: v for k, v in {"status": status, "limit": limit, "after": after, "parent": parent}.items()
-                  if v is not None}
+        params = {k: v for k, v in {"status": status, "limit": limit, "after": after, "parent": parent,
+                                    **filters}.items() if v is not None}
         return self._call("GET", "/api/runs", params=params)  # type: ignore[no-any-return]
+
+    def list_all(self, status: str | None = None, limit: int | None = None, parent: str | None = None,
+                 **filters: str | None) -> dict[str, Any]:
+        """Every run the filters match, page after page (`limit` per page), as one page without `next`."""
+        items: list[Any] = []
+        after: str | None = None
+        while True:
+            page = self.list(status, limit, after, parent, **filters)
+            items += page["items"]
+            after = page.get("next")
+            if not after or not page["items"]:
+                return {"items": items, "next": None}
 
     def create_agent(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
         """The agent's version the definition is (its name and version), and whether it is new."""
@@ -203,11 +216,12 @@ class RunsClient:
     def watch(
         self, run_id: str, on_step: Callable[[dict[str, Any]], None], interval: float = 1.0,
         sleep: Callable[[float], None] = time.sleep, on_text: Callable[[int, str], None] | None = None,
-        reconnects: int = 5,
+        reconnects: int = 5, on_run: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         """Follow the run's events until it ends, calling `on_step` for each step when it appears and when
         it changes status (a tool step is seen STARTED, then DONE) and `on_text(seq, text)` with model text
-        as it streams; returns the finished run. A dropped stream is resumed (Last-Event-ID) after
+        as it streams, and `on_run` with the run each time it changes; returns the finished run. A dropped
+        stream is resumed (Last-Event-ID) after
         `interval` seconds, up to `reconnects` times in a row."""
         run_id = _run_id(run_id)  # a bad id is said at once, not retried as if the server were away
         seen: dict[int, str] = {}
@@ -223,6 +237,8 @@ class RunsClient:
                         if seen.get(step["seq"]) != step["status"]:
                             seen[step["seq"]] = step["status"]
                             on_step(step)
+                    elif event.event == "run" and on_run is not None:
+                        on_run(event.json())
                     elif event.event == "delta" and on_text is not None:
                         delta = event.json()
                         on_text(int(delta["seq"]), str(delta["text"]))
@@ -295,6 +311,8 @@ def _run_id(text: str, what: str = "run id") -> str:
 def _agent_name(text: str, what: str = "agent") -> str:
     """An agent's (or schedule's) name, checked here as `_run_id` checks ids: no argument can steer the
     request elsewhere."""
+    from agentrun.worker.core.agents import name_problem  # here: it imports jsonschema, which `runs` needs not
+
     if name_problem(text) is not None:
         raise ClientError(0, f"{what} name {_shown(text)} is not a DNS label (lowercase letters, digits and '-')")
     return text
@@ -331,7 +349,8 @@ STEP_COLUMNS: tuple[tuple[str, int], ...] = (
 def _cells(step: Mapping[str, Any]) -> list[str]:
     latency = step.get("latencyMs")
     return [
-        str(step["seq"]), step["kind"], step.get("toolName") or _compaction(step) or "-", step["status"],
+        str(step["seq"]) if step.get("seq") is not None else "-", step["kind"],  # a WAITING row has no seq
+        step.get("toolName") or _compaction(step) or "-", step["status"],
         step.get("stopReason") or "-",
         str(step.get("inputTokens", 0)), str(step.get("outputTokens", 0)),
         f"{step.get('cacheCreationInputTokens', 0)}/{step.get('cacheReadInputTokens', 0)}",
@@ -375,7 +394,7 @@ def timeline_table(steps: Sequence[Mapping[str, Any]]) -> str:
 
 
 def run_details(run: Mapping[str, Any]) -> str:
-    cost = f"${run['costUsd']:.4f}" + (f" of ${run['costBudgetUsd']:.4f}" if run.get("costBudgetUsd") else "")
+    cost = usd(run.get("costUsd")) + (f" of ${run['costBudgetUsd']:.4f}" if run.get("costBudgetUsd") else "")
     fields = [
         ("id", run["id"]), ("status", run["status"]), ("model", run["model"]),
         ("tokens", f"{run['tokensUsed']} of {run['tokenBudget']}"), ("cost", cost),
@@ -392,14 +411,16 @@ def run_details(run: Mapping[str, Any]) -> str:
     if run.get("cancelledBy"):
         fields.append(("cancelled by", run["cancelledBy"]))
     if run.get("pending") and run.get("waitingFor") not in ("children", "timer", "event"):  # those: below
-        fields.append(("pending", f"{run['pending']} decisions (agentrun runs pending {run['id']})"))
+        fields.append(("pending", f"{plural(run['pending'], 'decision')} (agentrun runs pending {run['id']})"))
     if run.get("parentRunId") and run.get("parentToolUseId"):
         fields.append(("started by", f"run {run['parentRunId']} for call {run['parentToolUseId']}"))
     elif run.get("parentRunId"):
         how = f"forked at step {run['forkedAtSeq']}" if run.get("forkedAtSeq") else "continued"
         fields.append(("parent", f"{run['parentRunId']} ({how})"))
     if run.get("agent"):
-        fields.append(("agent", f"{run['agent']}@{run.get('agentVersion')}"))
+        fields.append(("agent", agent_of(run)))
+    if run.get("labels"):
+        fields.append(("labels", labels_text(run["labels"])))
     if run.get("subAgents"):
         fields.append(("sub-agents", ", ".join(run["subAgents"])))
     if isinstance(context := run.get("contextManagement"), Mapping) and context.get("strategy"):
@@ -425,13 +446,14 @@ def may_have_children(run: Mapping[str, Any]) -> bool:
     totals hold more than its own spending."""
     return bool(run.get("subAgents") or run.get("childrenActive")
                 or run.get("tokensUsedTotal", 0) > run.get("tokensUsed", 0)
-                or run.get("costUsdTotal", 0) > run.get("costUsd", 0))
+                or (run.get("costUsdTotal") or 0) > (run.get("costUsd") or 0))
 
 
 def agent_of(run: Mapping[str, Any]) -> str:
     """`name@version` of the agent a run was made from (a sub-agent's run always is); `-` for none."""
     if run.get("agent"):
-        return f"{run['agent']}@{run['agentVersion']}" if run.get("agentVersion") else str(run["agent"])
+        agent = str(run["agent"])  # `name@version` since issue 29; a bare name (and agentVersion) before
+        return f"{agent}@{run['agentVersion']}" if run.get("agentVersion") and "@" not in agent else agent
     return "-"
 
 
@@ -440,14 +462,14 @@ def tree_text(run: Mapping[str, Any], tree: Sequence[tuple[int, Mapping[str, Any
     lines = []
     if tree:
         rows = [("  " * level + str(c["id"]), agent_of(c), str(c["status"]), f"{c.get('tokensUsedTotal', 0)} tokens",
-                 f"${c.get('costUsdTotal', 0):.4f}") for level, c in tree]
+                 usd(c.get("costUsdTotal"))) for level, c in tree]
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         lines.append(f"children ({sum(1 for level, _ in tree if level == 1)}):")
         lines += ["  " + "  ".join([*(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)), r[4]]) for r in rows]
     if tree or may_have_children(run):
         lines.append(f"totals: {run.get('tokensUsedTotal', run['tokensUsed'])} tokens, "
-                     f"${run.get('costUsdTotal', run['costUsd']):.4f} with its sub-agents "
-                     f"(own: {run['tokensUsed']} tokens, ${run['costUsd']:.4f})")
+                     f"{usd(run.get('costUsdTotal', run.get('costUsd')))} with its sub-agents "
+                     f"(own: {run['tokensUsed']} tokens, {usd(run.get('costUsd'))})")
     return "\n".join(lines)
 
 
@@ -456,7 +478,7 @@ def children_table(children: Sequence[Mapping[str, Any]]) -> str:
         return "no children"
     header = ["ID", "AGENT", "CALL", "STATUS", "TOKENS", "COST", "ACTIVE", "ERROR"]
     rows = [[c["id"], agent_of(c), c.get("parentToolUseId") or "-", c["status"], str(c.get("tokensUsedTotal", 0)),
-             f"${c.get('costUsdTotal', 0):.4f}", str(c.get("childrenActive", 0)),
+             usd(c.get("costUsdTotal")), str(c.get("childrenActive", 0)),
              (c.get("error") or "-").replace("\n", " ")[:60]] for c in children]
     widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
@@ -473,29 +495,73 @@ def pending_table(calls: Sequence[Mapping[str, Any]]) -> str:
         return "nothing pending"
     header = ["TOOL_USE_ID", "TOOL", "KIND", "ATTEMPT", "SINCE", "INPUT"]
     rows = [[c["toolUseId"], c["tool"], c["kind"], str(c.get("attempt", 0)), c["since"][:19].replace("T", " "),
-             _shown(json.dumps(c.get("input"), ensure_ascii=False), 60)] for c in calls]
+             json_text(c.get("input"), 60)] for c in calls]
     widths = [max(len(header[i]), *(len(r[i]) for r in rows)) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
                      for row in [header, *rows])
 
 
 def runs_table(page: Mapping[str, Any]) -> str:
-    header = ["ID", "STATUS", "CREATED", "STEPS", "TOKENS", "COST", "INPUT"]
+    header = ["ID", "STATUS", "CREATED", "STEPS", "TOKENS", "COST", "LABELS", "INPUT"]
     rows = [
         [r["id"], r["status"], r["createdAt"][:19].replace("T", " "), str(r["steps"]), str(r["tokensUsed"]),
-         f"${r['costUsd']:.4f}", r["inputPreview"].replace("\n", " ")[:60]]
+         usd(r.get("costUsd")), labels_text(r.get("labels")), r["inputPreview"].replace("\n", " ")[:60]]
         for r in page["items"]
     ]
     widths = [max(len(header[i]), *(len(r[i]) for r in rows)) if rows else len(header[i]) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]]
     if page.get("next"):
-        lines.append(f"more: --after {page['next']}")
+        lines.append(f"more: --after {page['next']} (or --all)")
+    return "\n".join(lines)
+
+
+def usd(cost: Any) -> str:
+    """A cost for people: `$0.0123`, or `unpriced` when the API says null (the model has no price, so the
+    cost is unknown, not zero)."""
+    return "unpriced" if cost is None else f"${cost:.4f}"
+
+
+def labels_text(labels: Any) -> str:
+    """A run's labels as `k=v,k2=v2` (sorted), `-` for none."""
+    if not isinstance(labels, Mapping) or not labels:
+        return "-"
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def plural(n: int, word: str) -> str:
+    """`1 decision`, `2 decisions`."""
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def json_text(value: Any, limit: int | None = None) -> str:
+    """A value as compact JSON (a tool's input as the model wrote it), cut to `limit` characters."""
+    text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "))
+    return text if limit is None or len(text) <= limit else text[:limit - 1] + "…"
+
+
+def waiting_text(run_id: str, calls: Sequence[Mapping[str, Any]]) -> str:
+    """What a person must do for a WAITING run's pending calls: each call, and the command that decides it."""
+    lines = []
+    for c in calls:
+        kind = c.get("kind")
+        if kind == "approval":
+            choices = "approve|deny"
+        elif kind in ("timer", "event", "children"):
+            what = "its sub-agents" if kind == "children" else f"a {kind}"
+            lines.append(f"  waiting for {what}" + (f" (key {c['key']})" if c.get("key") else "")
+                         + (f" until {c['wakeAt']}" if c.get("wakeAt") else ""))
+            continue
+        else:
+            choices = "retry|record --output TEXT|fail"
+        lines.append(f"  waiting for a decision: {c.get('tool')} {json_text(c.get('input'), 200)} ({kind}, "
+                     f"call {c.get('toolUseId')})")
+        lines.append(f"    decide: agentrun runs decide {run_id} {c.get('toolUseId')} {choices}")
     return "\n".join(lines)
 
 
 def finished_line(run: Mapping[str, Any]) -> str:
     why = f" error={run['error']}" if run.get("error") else ""
-    line = f"run {run['id']} {run['status']} tokens={run['tokensUsed']} cost=${run['costUsd']:.4f}{why}"
+    line = f"run {run['id']} {run['status']} tokens={run['tokensUsed']} cost={usd(run.get('costUsd'))}{why}"
     if run.get("output") is not None:
         line += f"\n{answer_text(run['output'])}"
     return line

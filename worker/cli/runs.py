@@ -35,7 +35,7 @@ def client_commands(
         p = commands.add_parser(name, help=help, description=f"{description} {CLIENT_ENV}")
         p.add_argument("--url", help="server URL (default: $AGENTRUN_URL or http://localhost:8080)")
         p.add_argument("--json", action="store_true", help="print the server's JSON instead of text")
-        p.set_defaults(func=func)
+        p.set_defaults(func=func, client=True)
         return p
 
     return command
@@ -78,12 +78,16 @@ def add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                 "latency and the worker that wrote each.")
     p.add_argument("id", help="run id")
     p = command("cancel", "cancel a run",
-                "Cancel a run: a queued run ends CANCELLED at once, a running one at its next step. "
-                "Fails if the run has already finished.")
+                "Cancel a run: a queued or waiting run ends CANCELLED at once; for a running one the worker "
+                "holding it is told at once, interrupts the model call or tool in flight (the tool step is "
+                "recorded ERROR \"cancelled\") and ends it CANCELLED, within about a second. Its unfinished "
+                "sub-agents' runs are cancelled too. Fails if the run has already finished.")
     p.add_argument("id", help="run id")
     p = command("watch", "follow a run's steps until it ends",
                 "Print each step of a run as it happens, and the model's text as it streams, until the run "
-                "ends (it follows GET /api/runs/{id}/events). Exits 0 if it SUCCEEDED, else 1.")
+                "ends (it follows GET /api/runs/{id}/events). While the run waits for a person it prints each "
+                "pending call and the `runs decide` command for it, and goes on watching. Exits 0 if it "
+                "SUCCEEDED, else 1.")
     p.add_argument("id", help="run id")
     p.add_argument("--interval", type=positive_float, default=1.0, metavar="S",
                    help="seconds before resuming a dropped event stream (default: 1)")
@@ -93,13 +97,72 @@ def add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                 "it resumes). A finished run takes none: go on with `runs submit TEXT --continue-from ID`.")
     p.add_argument("id", help="run id")
     p.add_argument("text", metavar="TEXT", help="the message")
-    p = command("list", "list runs, newest first", "List runs, newest first, a page at a time.")
-    p.add_argument("--status", choices=[s.value for s in RunStatus],
-                   help="only runs in this status")
-    p.add_argument("--limit", type=positive_int, metavar="N", help="runs per page (default: 50, at most 200)")
-    p.add_argument("--after", metavar="ID", help="the cursor a previous page printed, for the next page")
+    p = command("list", "list runs, newest first",
+                "List runs, newest first, a page at a time (--all: every page): id, status, creation time, "
+                "steps, tokens, cost (`unpriced` when the model has no price), labels and the input's start. "
+                "The filters combine (GET /api/runs's query parameters).")
+    p.add_argument("--status", type=statuses, metavar="STATUS[,STATUS]",
+                   help="only runs in this status, any case; several comma-separated (running,waiting)")
+    p.add_argument("-l", "--label-selector", metavar="SELECTOR",
+                   help="only runs whose labels match, Kubernetes syntax: team=billing,env!=prod,"
+                   "'tier in (a,b)',tier notin (c),key,!key")
+    p.add_argument("--model", metavar="MODEL", help="only runs of this model")
+    p.add_argument("--agent", metavar="NAME[@N]", help="only runs of this agent (any version, or version N)")
+    p.add_argument("--created-by", metavar="IDENTITY", help="only runs submitted by this API identity")
     p.add_argument("--parent", metavar="ID",
                    help="only runs whose parent is this run: its sub-agents' runs, continuations and forks")
+    p.add_argument("--created-after", type=timestamp, metavar="TIME",
+                   help="only runs created at or after TIME (ISO 8601: 2026-12-01, 2026-12-01T09:00:00Z)")
+    p.add_argument("--created-before", type=timestamp, metavar="TIME", help="only runs created before TIME")
+    p.add_argument("-q", "--query", metavar="TEXT", help="only runs whose input contains TEXT (any case)")
+    p.add_argument("--limit", type=positive_int, metavar="N", help="runs per page (default: 50, at most 200)")
+    paging = p.add_mutually_exclusive_group()
+    paging.add_argument("--after", metavar="ID", help="the cursor a previous page printed, for the next page")
+    paging.add_argument("--all", action="store_true", help="every matching run, fetching page after page")
+
+
+def statuses(text: str) -> str:
+    """--status: one status or several comma-separated, any case, as the API takes them; a typo is said
+    here with the statuses there are."""
+    names = [t.strip().upper() for t in text.split(",") if t.strip()]
+    known = {s.value for s in RunStatus}
+    if not names or any(n not in known for n in names):
+        raise argparse.ArgumentTypeError(f"{text!r}: use one or more of {', '.join(sorted(known))}, comma-separated")
+    return ",".join(names)
+
+
+def timestamp(text: str) -> str:
+    """--created-after/--created-before: an ISO 8601 date or datetime, passed on as written."""
+    import datetime
+
+    try:
+        datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 date or time (like 2026-12-01 or "
+                                         "2026-12-01T09:00:00Z)") from None
+    return text.strip()
+
+
+def label(text: str) -> tuple[str, str]:
+    """--label KEY=VALUE (the API checks the syntax and names the label that is wrong)."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key.strip(), value.strip()
+
+
+def json_file(text: str) -> object:
+    """--output-schema FILE: the JSON in FILE (`-`: standard input)."""
+    import orjson
+
+    try:
+        data = sys.stdin.buffer.read() if text == "-" else open(text, "rb").read()  # noqa: SIM115
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {e.strerror or e}") from None
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"{text} is not JSON: {e}") from None
 
 
 def _add_submit(p: argparse.ArgumentParser) -> None:
@@ -115,6 +178,11 @@ def _add_submit(p: argparse.ArgumentParser) -> None:
                    "AGENTRUN_DEFAULT_MODEL)")
     p.add_argument("--max-steps", type=positive_int, metavar="N", help="most steps the run may take (default: 100)")
     p.add_argument("--system", metavar="TEXT", help="system prompt")
+    p.add_argument("--output-schema", type=json_file, metavar="FILE",
+                   help="a JSON Schema file (`-`: standard input): the run answers with a JSON value valid "
+                   "against it (its `output`), through a `final_answer` tool call")
+    p.add_argument("--label", type=label, action="append", metavar="KEY=VALUE",
+                   help="a label of the run, to find it by (`runs list -l KEY=VALUE`); repeatable")
     p.add_argument("--cost-budget", type=positive_float, metavar="USD", help="spending limit in USD")
     p.add_argument("--priority", type=int, metavar="N",
                    help="higher runs are claimed first (default: 0; from -1000000 to 1000000)")
@@ -183,7 +251,7 @@ def calling(args: argparse.Namespace, command: Callable[[RunsClient, argparse.Na
     except client.ClientError as e:
         print(f"agentrun: {client.terminal_safe(str(e))}", file=sys.stderr)
         return 1
-    except (KeyError, TypeError) as e:  # JSON, but not the API's shapes: --url names some other server
+    except (KeyError, TypeError, AttributeError) as e:  # JSON, but not the API's shapes: --url names another server
         print(f"agentrun: {url} answered without the expected fields ({type(e).__name__}: {e}); "
               "is it an agentrun worker?", file=sys.stderr)
         return 1
@@ -203,7 +271,8 @@ def _submit(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
                 "continueFrom": client._run_id(args.continue_from, "--continue-from")
                 if args.continue_from else None,
                 "requireApproval": args.require_approval, "priority": args.priority,
-                "delaySeconds": args.delay, "contextManagement": args.context_management}
+                "delaySeconds": args.delay, "contextManagement": args.context_management,
+                "outputSchema": args.output_schema, "labels": dict(args.label) if args.label else None}
     body.update({k: v for k, v in optional.items() if v is not None})
     texts = [("input", args.input), ("model", args.model), ("system", args.system),
              *((f"tools[{i}]", t) for i, t in enumerate(args.tool or ())), ("agent", args.agent),
@@ -297,7 +366,13 @@ def _cancel(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
 def _list(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
     from agentrun.worker.cli import client
 
-    page = api.list(args.status, args.limit, args.after, args.parent)
+    filters = {"labelSelector": args.label_selector, "model": args.model, "agent": args.agent,
+               "createdBy": args.created_by, "createdAfter": args.created_after,
+               "createdBefore": args.created_before, "q": args.query}
+    if args.all:
+        page = api.list_all(args.status, args.limit, args.parent, **filters)
+    else:
+        page = api.list(args.status, args.limit, args.after, args.parent, **filters)
     show(page, client.runs_table(page))
     return 0
 
@@ -332,7 +407,22 @@ def _watch(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
         sys.stdout.write(client.terminal_safe(fragment))
         sys.stdout.flush()
 
-    run = api.watch(args.id, step, interval=args.interval, on_text=text)
+    told: set[str] = set()  # the pending calls already printed: a run event comes with every change
+
+    def changed(run: dict[str, object]) -> None:
+        if run.get("status") != "WAITING" or not run.get("pending"):
+            return
+        calls = [c for c in api.pending(args.id) if str(c.get("toolUseId") or c.get("kind")) not in told]
+        told.update(str(c.get("toolUseId") or c.get("kind")) for c in calls)
+        if calls and not args.json:
+            if streaming[0]:
+                client.emit(sys.stdout, "")
+                streaming[0] = 0
+            client.emit(sys.stdout, client.terminal_safe(client.waiting_text(str(run["id"]), calls)))
+        elif calls:
+            show({"pending": calls}, "")
+
+    run = api.watch(args.id, step, interval=args.interval, on_text=text, on_run=changed)
     if streaming[0]:
         client.emit(sys.stdout, "")
     show(run, client.finished_line(run))

@@ -16,11 +16,9 @@ from agentrun.worker.core.errors import Refusal as Refusal
 from agentrun.worker.core.errors import Refused as Refused
 from agentrun.worker.core.labels import labels_problems
 from agentrun.worker.core.pricing import PriceTable, cost_budget_problem
+from agentrun.worker.core.records import DEFAULT_MODEL as DEFAULT_MODEL
 from agentrun.worker.core.records import NewRun, Run, RunStatus
 
-DEFAULT_MODEL = "claude-sonnet-4-6"
-"""The model of a run that names none and has no source: the CRD's `spec.model` default, and the workers'
-unless AGENTRUN_DEFAULT_MODEL says otherwise."""
 DEFAULT_MAX_STEPS = 100
 """Most steps of a run that names no cap and has no source: enough for long tool loops, a stop for a stuck one."""
 DEFAULT_TOKEN_BUDGET = 100_000

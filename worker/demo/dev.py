@@ -60,10 +60,11 @@ async def _model() -> AsyncIterator[str | None]:
     if os.environ.get("ANTHROPIC_API_KEY"):
         yield None
         return
-    from agentrun.worker.testing.fake_server import AgentResponder, FakeAnthropic
+    from agentrun.worker.testing.dev_model import DevResponder
+    from agentrun.worker.testing.fake_server import FakeAnthropic
 
-    # Text arrives a few words at a time, so the UI's live view has something to show.
-    server = FakeAnthropic(AgentResponder("list_tickets", {"status": "overdue"}, chunk_delay=0.05))
+    # The demo agent, steered by prompt markers ([[tool:NAME]], [[loop]], [[fail]], [[slow]]; README).
+    server = FakeAnthropic(DevResponder())
     await server.start()
     try:
         yield server.base_url
@@ -78,10 +79,32 @@ async def _announce(url: str) -> None:
                 if (await client.get(f"{url}/readyz")).status_code == 200:
                     break
             await asyncio.sleep(0.1)
+    command = cli_command()
+    where = "" if url == "http://127.0.0.1:8080" else f" --url {url}"
     print(f"\n  agentrun dev is up: open {url}/ui/\n"
           f"  API: {url}/api/runs   (export AGENTRUN_URL={url})\n"
-          f'  try: agentrun runs submit "Which acme tickets are overdue?"\n'
+          f"  try: {command} runs submit{where} 'Which acme tickets are overdue?'\n"
+          f"       {command} runs watch{where} ID\n"
           "  Ctrl-C stops it; the runs stay for the next start.\n", flush=True)
+
+
+def cli_command() -> str:
+    """`agentrun` as this shell can run it: the script beside this Python (a venv's bin/, which need not be
+    on PATH: `make dev` runs .venv/bin/python) by its absolute path, else `python -m agentrun.worker.cli`."""
+    import shlex
+    import shutil
+
+    script = Path(sys.executable).parent / "agentrun"
+    if script.is_file() and os.access(script, os.X_OK):
+        on_path = shutil.which("agentrun")
+        return "agentrun" if on_path and Path(on_path).resolve() == script.resolve() else shlex.quote(str(script))
+    return f"{shlex.quote(sys.executable)} -m agentrun.worker.cli"
+
+
+def tool_modules(env: str) -> tuple[str, ...]:
+    """The demo tools, then the modules of AGENTRUN_TOOLS (comma-separated, as a worker reads it)."""
+    extra = [m.strip() for m in env.split(",") if m.strip()]
+    return (DEMO_TOOLS, *(m for m in dict.fromkeys(extra) if m != DEMO_TOOLS))
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -116,10 +139,20 @@ async def serve(options: DevOptions) -> int:
             print("agentrun dev: model: the Anthropic API (ANTHROPIC_API_KEY is set)", flush=True)
         settings = WorkerSettings(
             database_url=db_url, worker_id=f"dev-{os.getpid()}", concurrency=4, poll_interval=0.5, shutdown_grace=5.0,
-            port=options.port, host=options.host, tool_modules=(DEMO_TOOLS,),
+            port=options.port, host=options.host, tool_modules=tool_modules(os.environ.get("AGENTRUN_TOOLS", "")),
             default_model=os.environ.get("AGENTRUN_DEFAULT_MODEL", WorkerSettings.default_model),
             api_token=os.environ.get("AGENTRUN_API_TOKEN") or None,
+            # The files a worker reads (cli/worker.py), so tools, MCP servers and models are tried as deployed.
+            mcp_servers_file=os.environ.get("AGENTRUN_MCP_SERVERS") or None,
+            providers_file=os.environ.get("AGENTRUN_PROVIDERS") or None,
+            prices_file=os.environ.get("AGENTRUN_PRICES_FILE") or None,
+            api_tokens_file=os.environ.get("AGENTRUN_API_TOKENS") or None,
+            model_limits_file=os.environ.get("AGENTRUN_MODEL_LIMITS") or None,
         )
+        for name, path in (("AGENTRUN_MCP_SERVERS", settings.mcp_servers_file),
+                           ("AGENTRUN_PROVIDERS", settings.providers_file)):
+            if path:
+                print(f"agentrun dev: {name}: {path}", flush=True)
         url = f"http://{options.host}:{options.port}"
         announce = asyncio.create_task(_announce(url))
         try:

@@ -11,7 +11,6 @@ from typing import Any
 
 from agentrun.worker.core.types import Usage
 
-
 DEFAULT_MODEL = "claude-sonnet-4-6"
 """The model of a run that names none and has no source: the CRD's `spec.model` default, and the workers'
 unless AGENTRUN_DEFAULT_MODEL says otherwise."""

@@ -533,8 +533,9 @@ function waterfall(run, steps, onFork, inflight, details = new Map(), onInspect 
   return h("div", {}, h("div", { class: "wf-axis mono", "aria-hidden": "true" }, h("span", {}, "0 s"),
     h("span", {}, `${(total / 1000).toFixed(1)} s${inherited ? ` (this run's own ${steps.length - inherited} step${steps.length - inherited === 1 ? "" : "s"})` : ""}`)),
     h("ol", { class: "waterfall", "aria-label": "steps on a time axis" }, rows),
-    h("p", { class: "legend" }, h("span", { class: "key model" }), " model call ", h("span", { class: "key tool" }), " tool call ",
-      h("span", { class: "key user" }), " user message ", h("span", { class: "key wait" }), " waiting for a person",
+    h("p", { class: "legend" }, h("span", { class: "key model" }), " model call ", h("span", { class: "key tool" }), " tool call",
+      steps.some((s) => s.kind === "USER") ? [" ", h("span", { class: "key user" }), " user message"] : null,
+      times.some((t) => t.waits.length) ? [" ", h("span", { class: "key wait" }), " waiting for a person"] : null,
       steps.some((s) => s.kind === "COMPACT") ? [" ", h("span", { class: "key compact" }), " compaction"] : null,
       inherited ? [" ", h("span", { class: "key inherited" }), ` inherited (${inherited}, off the axis)`] : null));
 }

@@ -187,7 +187,7 @@ class Operator:
             resolved = await self.resolve(mapping.run_spec(spec, source), ref, patch, retry, now, agent_unseen)
             new = mapping.new_run(
                 spec, str(ref.uid), ref.namespace, ref.name, self.settings.tool_names, self.prices, source,
-                annotations=body.metadata.annotations, resolved=resolved,
+                annotations=body.metadata.annotations, resolved=resolved, labels=body.metadata.labels,
             )
             new = dataclasses.replace(new, created_by=mapping.requester(body))
         except mapping.InvalidSpec as e:

@@ -105,6 +105,7 @@ def new_run(
     source: Run | None = None,
     annotations: Mapping[str, str] | None = None,
     resolved: Resolved | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> NewRun:
     """The run an AgentRun asks for, made by the submission policy the REST API uses too; raises
     InvalidSpec naming what is wrong.
@@ -117,6 +118,9 @@ def new_run(
     `resolved` is `run_spec(spec, source)` with spec.agentRef applied by the store (`RunStore.for_run`,
     as for the REST API): the spec, the agent version it names and the sub-agents pinned; the run keeps
     `agent` and `agent_version`.
+    `labels` are the AgentRun's `metadata.labels` (Kubernetes checked their syntax): the run's labels mirror
+    them, so the runs list finds it by the selector kubectl does; an AgentRun without any that continues or
+    forks another keeps its source's.
     """
     offer = _offer(known_tools, prices)
     agent, sub_agents = None, None
@@ -130,7 +134,8 @@ def new_run(
         raise InvalidSpec(refusal_message(e, known_tools)) from None
     new = pinned(new, agent, sub_agents, source)
     return dataclasses.replace(new, id=uuid.UUID(uid), k8s_namespace=namespace, k8s_name=name,
-                               traceparent=_traceparent(annotations))
+                               traceparent=_traceparent(annotations),
+                               labels=dict(labels) if labels else new.labels)
 
 
 def _offer(known_tools: Collection[str] | None, prices: PriceTable | None) -> Offer:

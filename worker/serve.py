@@ -317,7 +317,8 @@ class Serving:
 
         await self.parts.mcp.settled(MCP_FIRST_CONNECT_WAIT)
         return Worker(self.settings, store, self.parts.llm, self.parts.tools, self.parts.prices,
-                      observer=self.parts.observer, webhooks=webhook_sender(self.settings, store, self.parts.metrics))
+                      observer=self.parts.observer, webhooks=webhook_sender(self.settings, store, self.parts.metrics),
+                      mcp_servers=[s.config.name for s in self.parts.mcp.servers])
 
     def api(self, store: RunStore) -> FastAPI:
         from agentrun.worker.api.app import create_app

@@ -298,7 +298,10 @@ async def test_list_newest_first_with_keyset_pagination(client: httpx.AsyncClien
 
 @pytest.mark.parametrize(("params", "field"), [
     ({"status": "DONE"}, "status"),
-    ({"status": "queued"}, "status"),
+    ({"status": "queued,nope"}, "status"),
+    ({"labelSelector": "team in (a"}, "labelSelector"),
+    ({"createdAfter": "yesterday"}, "createdAfter"),
+    ({"agent": "bad name@0"}, "agent"),
     ({"limit": 0}, "limit"),
     ({"limit": -1}, "limit"),
     ({"limit": 100_000}, "limit"),
@@ -345,7 +348,8 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
     props = doc["components"]["schemas"]["RunRequest"]["properties"]
     assert {"input", "model", "tokenBudget", "timeoutSeconds", "maxSteps", "tools", "system", "costBudgetUsd",
             "requireApproval", "continueFrom", "forkFrom", "outputSchema", "priority", "runAt", "delaySeconds",
-            "agent", "subAgents", "webhook", "contextManagement"} == set(props)
+            "agent", "subAgents", "webhook", "contextManagement", "labels"} == set(props)
+    assert "/api/workers" in doc["paths"]
     assert "next" in doc["paths"]["/api/runs"]["get"]["description"]
 
 

@@ -23,6 +23,7 @@ from agentrun.worker.api.signals import signals_router
 from agentrun.worker.api.tools import tools_router
 from agentrun.worker.api.webhooks import WebhookCheck
 from agentrun.worker.api.whoami import whoami_router
+from agentrun.worker.api.workers import workers_router
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.obs.metrics import Metrics
@@ -67,6 +68,7 @@ def create_app(
     app.include_router(whoami_router(identities.enabled))
     app.include_router(agents_router(store, tools, prices, identities, providers, WebhookCheck(settings)))
     app.include_router(tools_router(tools, identities.enabled))
+    app.include_router(workers_router(store, identities.enabled))
     app.include_router(schedules_router(store, tools, settings, prices, identities, metrics, providers))
     app.state.events = EventHub(store)
     app.include_router(events_router(store, app.state.events, identities.enabled))

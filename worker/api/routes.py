@@ -34,18 +34,21 @@ from agentrun.worker.api.schemas import (
     WebhookDeliveryView,
 )
 from agentrun.worker.api.webhooks import WebhookCheck
-from agentrun.worker.core.agents import pinned
+from agentrun.worker.core.agents import parse_ref, pinned
+from agentrun.worker.core.labels import Selector, parse_selector
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import Decision, NewRun, PendingCall, Run, RunStatus, StepKind
 from agentrun.worker.core.submission import Defaults, Offer, Refusal, Refused, RunSpec, new_run
+from agentrun.worker.core.text import unstorable
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.obs.tracing.context import TRACEPARENT_PATTERN, checked_traceparent
 from agentrun.worker.settings import WorkerSettings
-from agentrun.worker.store import DecideOutcome, RunStore
+from agentrun.worker.store import DecideOutcome, RunFilter, RunStore
 from agentrun.worker.tools import ToolBox
 
 MAX_PAGE = 200
+MAX_SELECTOR_CHARS = 4096
 REFUSAL_STATUS = {Refusal.INVALID: 422, Refusal.CONFLICT: 409, Refusal.UNFIT: 400, Refusal.NOT_FOUND: 404}
 MAX_IDEMPOTENCY_KEY = 255
 # Printable ASCII: what every HTTP stack carries unchanged (other bytes arrive as Latin-1 guesses).
@@ -92,10 +95,10 @@ def _same_request(run: Run, new: NewRun) -> bool:
     # The identity too: another identity reusing a key is not retrying, and must not be handed the run.
     return (run.input, run.model, run.token_budget, run.timeout_seconds, run.max_steps, run.tools, run.system,
             run.cost_budget_usd, run.created_by, run.priority, run.agent, run.agent_version, run.sub_agents,
-            run.webhook, run.context_management) == (
+            run.webhook, run.context_management, run.labels) == (
                 new.input, new.model, new.token_budget, new.timeout_seconds, new.max_steps, new.tools, new.system,
                 new.cost_budget_usd, new.created_by, new.priority, new.agent, new.agent_version, new.sub_agents,
-                new.webhook, new.context_management)
+                new.webhook, new.context_management, new.labels)
 
 
 def _traceparent_schema(schema: dict[str, Any]) -> None:
@@ -207,31 +210,57 @@ class RunRoutes:
 
     async def list_runs(
         self,
-        status: Annotated[RunStatus | None, Query(description="Only runs in this status.")] = None,
+        status: Annotated[str | None, Query(
+            description="Only runs in these statuses, any case, comma-separated: `status=running,waiting`.",
+            max_length=200)] = None,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="Runs per page.")] = 50,
         after: Annotated[uuid.UUID | None, Query(
             description="The `next` cursor of the previous page: runs created before this one.")] = None,
         parent: Annotated[uuid.UUID | None, Query(
             description="Only runs whose `parentRunId` is this run: its sub-agents' runs, continuations and forks.")
         ] = None,
+        label_selector: Annotated[str | None, Query(
+            alias="labelSelector", max_length=MAX_SELECTOR_CHARS,
+            description="Kubernetes' label selector, equality and set syntax: "
+            "`team=billing,env!=prod,tier in (a,b),tier notin (c),key,!key`.")] = None,
+        model: Annotated[str | None, Query(max_length=MAX_NAME_CHARS, description="Only runs of this model.")
+                         ] = None,
+        agent: Annotated[str | None, Query(max_length=MAX_NAME_CHARS, description="Only runs made from this "
+                                           "agent: `name` (any version) or `name@version`.")] = None,
+        created_by: Annotated[str | None, Query(alias="createdBy", max_length=MAX_NAME_CHARS,
+                                                description="Only runs created by this identity.")] = None,
+        created_after: Annotated[datetime.datetime | None, Query(
+            alias="createdAfter", description="Only runs created after this ISO 8601 time.")] = None,
+        created_before: Annotated[datetime.datetime | None, Query(
+            alias="createdBefore", description="Only runs created before this ISO 8601 time.")] = None,
+        q: Annotated[str | None, Query(max_length=MAX_NAME_CHARS,
+                                       description="Only runs whose input contains this text, any case.")] = None,
     ) -> RunPage:
         """Runs, newest first, a page at a time (keyset pagination: stable while runs are added).
 
-        The answer is `{"items": [...], "next": "<uuid>" | null}`; to get the following page pass
-        `next` as `after`, with the same `status` and `parent`. `next` is null on the last page. Scope: `read`.
+        The answer is `{"items": [...], "next": "<uuid>" | null}`; to get the following page pass `next` as
+        `after`, with the same filters. `next` is null on the last page. Every filter is optional and they
+        combine (all must hold); a bad value is a 422 naming the parameter. Scope: `read`.
         """
-        runs = await self.store.list_runs(status, limit + 1, after, parent=parent)
+        where = RunFilter(
+            statuses=_statuses(status), selector=_selector(label_selector), model=model,
+            **_agent_filter(agent), created_by=created_by, parent=parent,
+            created_after=_aware(created_after, "createdAfter"), created_before=_aware(created_before, "createdBefore"),
+            text=_storable_query(q, "q"),
+        )
+        runs = await self.store.list_runs(None, limit + 1, after, where=where)
         # A cursor naming no run yields an empty page; only then is it worth a query to tell the two apart.
         if after is not None and not runs and await self.store.get(after) is None:
             problem = "names no run; pass the `next` of a previous page"
             raise ApiError(422, f"after: {problem}", [FieldProblem(field="after", problem=problem)])
         page = runs[:limit]
-        return RunPage(items=[RunSummary.of(r) for r in page], next=page[-1].id if len(runs) > limit else None)
+        return RunPage(items=[RunSummary.of(r, self.prices) for r in page],
+                       next=page[-1].id if len(runs) > limit else None)
 
     async def get(self, run_id: RunId) -> RunView:
         """A run: status, input, model, budgets, tokens and cost so far, error, times, the holding worker,
         who created it and who cancelled it. Scope: `read`."""
-        return RunView.of(await self.get_run(run_id))
+        return RunView.of(await self.get_run(run_id), self.prices)
 
     async def children(self, run_id: RunId) -> list[RunView]:
         """The runs the run's sub-agent calls started, in the order of the calls (empty when none). Each
@@ -239,7 +268,7 @@ class RunRoutes:
         children = await self.store.children(run_id)
         if not children:
             await self.get_run(run_id)
-        return [RunView.of(c) for c in children]
+        return [RunView.of(c, self.prices) for c in children]
 
     async def timeline(self, run_id: RunId) -> list[TimelineStep]:
         """The run's steps in seq order, without their request and response bodies. Scope: `read`."""
@@ -255,8 +284,11 @@ class RunRoutes:
                 rows[i] = rows[i].model_copy(update={
                     "decisions": [DecisionView.of(c) for c in by_call.pop(s.tool_use_id)]
                 })
-        # Calls that wait for a person and have no step yet (approvals not given) follow the steps.
-        rows.extend(TimelineStep.waiting(c[-1], c) for c in by_call.values())
+        # Calls that wait for a person and have no step yet (approvals not given) follow the steps; those of
+        # a run that has ended (cancelled or timed out while it waited) will never be made: ABANDONED.
+        if by_call:
+            ended = (await self.get_run(run_id)).status.terminal
+            rows.extend(TimelineStep.waiting(c[-1], c, abandoned=ended) for c in by_call.values())
         return rows
 
     async def webhooks(self, run_id: RunId) -> list[WebhookDeliveryView]:
@@ -305,7 +337,7 @@ class RunRoutes:
             if run.status is not RunStatus.WAITING and since is not None:
                 waited = max((datetime.datetime.now(datetime.UTC) - since).total_seconds(), 0.0)
             self.metrics.decided(body.decision.kind.value, body.decision.value, waited)
-        return RunView.of(run)
+        return RunView.of(run, self.prices)
 
     async def _not_a_child_call(self, run_id: uuid.UUID, tool_use_id: str) -> None:
         """A 409 for a decision on a sub-agent call, or on any call of a run that waits for its sub-agents:
@@ -374,7 +406,59 @@ class RunRoutes:
             raise _not_found(run_id)
         if after.status.terminal and not after.cancel_requested:  # it finished in between
             raise ApiError(409, f"run {run_id} has already finished: {after.status.value}")
-        return RunView.of(after)
+        return RunView.of(after, self.prices)
+
+
+def _bad_query(name: str, problem: str) -> ApiError:
+    return ApiError(422, f"{name}: {problem}", [FieldProblem(field=name, problem=problem)])
+
+
+def _statuses(text: str | None) -> tuple[RunStatus, ...] | None:
+    """`running,Waiting`: the statuses named, any case; a name that is no status is a 422 listing them."""
+    if text is None or not text.strip():
+        return None
+    known = {s.value: s for s in RunStatus}
+    found = []
+    for part in text.split(","):
+        status = known.get(part.strip().upper())
+        if status is None:
+            raise _bad_query("status", f"{part.strip()!r} is no status; one or more of {', '.join(known)}, "
+                             "comma-separated, any case")
+        found.append(status)
+    return tuple(dict.fromkeys(found))
+
+
+def _selector(text: str | None) -> Selector | None:
+    if text is None:
+        return None
+    try:
+        return parse_selector(text)
+    except ValueError as e:
+        raise _bad_query("labelSelector", str(e)) from None
+
+
+def _agent_filter(text: str | None) -> dict[str, Any]:
+    """`name` (any version) or `name@version`, as the run's agent and agentVersion."""
+    if text is None:
+        return {}
+    try:
+        name, version = parse_ref(text)
+    except Refused as e:
+        raise refusal(e) from None
+    return {"agent": name, "agent_version": version}
+
+
+def _aware(at: datetime.datetime | None, name: str) -> datetime.datetime | None:
+    """A time without an offset names no instant: UTC is what a user most likely means, but say so instead."""
+    if at is not None and at.utcoffset() is None:
+        raise _bad_query(name, "must carry a UTC offset (Z or +hh:mm), like 2026-12-01T10:00:00Z")
+    return at
+
+
+def _storable_query(text: str | None, name: str) -> str | None:
+    if text is not None and (why := unstorable(text)) is not None:
+        raise _bad_query(name, why)
+    return text
 
 
 def refusal(e: Refused) -> ApiError:

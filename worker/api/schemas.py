@@ -17,6 +17,8 @@ from agentrun.worker.core.agents import AGENT_REF, parse_ref
 from agentrun.worker.core.children import TOOL_PREFIX
 from agentrun.worker.core.context import MAX_KEEP_RECENT_TURNS, MAX_TRIGGER_TOKENS, STRATEGIES, ContextPolicy, parse
 from agentrun.worker.core.errors import Refused
+from agentrun.worker.core.labels import MAX_LABELS
+from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import (
     Decision,
     DecisionKind,
@@ -318,6 +320,13 @@ class RunRequest(_Camel):
         "and the context window\"): `{strategy, triggerTokens?, keepRecentTurns?}`. When absent the agent's, "
         "or the source's (with `continueFrom` or `forkFrom`), else `{\"strategy\": \"auto\"}`.")
 
+    labels: dict[str, str] | None = Field(
+        None, max_length=MAX_LABELS, description="Labels to find the run by (`{\"team\": \"billing\"}`), in "
+        "Kubernetes' syntax: a key is an optional DNS-subdomain prefix and `/`, then a name of at most 63 letters, "
+        "digits, `-`, `_` or `.` starting and ending with a letter or digit; a value is empty or a name. A bad one "
+        "is a 422 naming `labels.<key>`. When absent the source's (with `continueFrom` or `forkFrom`), else none. "
+        "`GET /api/runs?labelSelector=` filters on them.")
+
     @model_validator(mode="after")
     def _one_schedule(self) -> RunRequest:
         if {"run_at", "delay_seconds"} <= self.model_fields_set:
@@ -345,6 +354,7 @@ class RunRequest(_Camel):
             priority=self.priority, run_at=self.run_at, delay_seconds=self.delay_seconds,
             agent=parse_ref(self.agent) if self.agent is not None else None,
             sub_agents=tuple(self.sub_agents) if self.sub_agents is not None else None,
+            labels=dict(self.labels) if self.labels is not None else None,
             webhook=self.webhook.as_stored() if self.webhook is not None else None,
             context_management=self.context_management,
         )
@@ -371,7 +381,8 @@ class RunView(_Camel):
     token_budget: int
     tokens_used: int
     cost_budget_usd: float | None
-    cost_usd: float
+    cost_usd: float | None = Field(description="USD spent so far; null when unknown: the run's model has no "
+                                   "price and nothing the run did was priced.")
     max_steps: int
     timeout_seconds: int
     deadline_at: datetime.datetime
@@ -431,7 +442,10 @@ class RunView(_Camel):
     depth: int = Field(0, description="Sub-agent calls between the root run and this one (0: the root).")
     tokens_used_total: int = Field(0, description="`tokensUsed` and what every descendant (sub-agent run) has "
                                    "spent, those still at work included: the run's budget bounds this sum.")
-    cost_usd_total: float = Field(0, description="`costUsd` and its descendants', as `tokensUsedTotal`.")
+    cost_usd_total: float | None = Field(0, description="`costUsd` and its descendants', as `tokensUsedTotal`; "
+                                         "null when unknown, as `costUsd`.")
+    labels: dict[str, str] = Field(default_factory=dict, description="The run's labels (`labels` of the request, "
+                                   "an AgentRun's `metadata.labels`, or its source's).")
     children_active: int = Field(0, description="Sub-agent runs it started that have not finished yet.")
     waiting_for: Literal["children", "decisions", "timer", "event"] | None = Field(
         None, description="While WAITING, what for: `children` (its sub-agents' runs), `decisions` (people), "
@@ -449,11 +463,14 @@ class RunView(_Camel):
         "window\"); `{\"strategy\": \"auto\", \"keepRecentTurns\": 2}` when it named none.")
 
     @classmethod
-    def of(cls, run: Run) -> RunView:
+    def of(cls, run: Run, prices: PriceTable | None = None) -> RunView:
+        """`prices`: the table that tells an unknown cost (null) from a nought; without it a cost is a number."""
+        unknown = cost_unknown(run, prices)
         return cls(
             id=run.id, status=run.status, input=run.input, model=run.model, system=run.system,
             tools=list(run.tools) if run.tools is not None else None, token_budget=run.token_budget,
-            tokens_used=run.tokens_used, cost_budget_usd=_usd(run.cost_budget_usd), cost_usd=float(run.cost_usd),
+            tokens_used=run.tokens_used, cost_budget_usd=_usd(run.cost_budget_usd),
+            cost_usd=None if unknown else float(run.cost_usd),
             max_steps=run.max_steps, timeout_seconds=run.timeout_seconds, deadline_at=run.deadline_at,
             cancel_requested=run.cancel_requested, steps=run.steps, error=run.error, locked_by=run.locked_by,
             created_at=run.created_at, started_at=run.started_at, finished_at=run.finished_at,
@@ -466,18 +483,32 @@ class RunView(_Camel):
             sub_agents=list(run.sub_agents) if run.sub_agents is not None else None,
             messages_sent=run.messages_sent, messages_delivered=run.messages_delivered,
             schedule_name=run.schedule_name, scheduled_time=run.scheduled_time, webhook=run.webhook,
-            context_management=context_shown(run.context_management), **_tree_fields(run),
+            context_management=context_shown(run.context_management), labels=dict(run.labels),
+            **_tree_fields(run, unknown),
         )
 
 
-def _tree_fields(run: Run) -> dict[str, Any]:
+def cost_unknown(run: Run, prices: PriceTable | None) -> bool:
+    """Whether the run's cost is unknown rather than nought: its model has no price and nothing it (or a
+    descendant) did was priced. A step of an unpriced model costs null, so such a run's 0 says nothing."""
+    return prices is not None and prices.price(run.model) is None and run.cost_usd_total == 0
+
+
+def agent_ref(run: Run) -> str | None:
+    """The agent the run was made from, pinned: `name@version` (null when none)."""
+    if run.agent is None:
+        return None
+    return f"{run.agent}@{run.agent_version}" if run.agent_version is not None else run.agent
+
+
+def _tree_fields(run: Run, unknown: bool = False) -> dict[str, Any]:
     """The run's place among sub-agents and its tree's totals, as RunView fields."""
     waiting: str | None = None
     if run.status is RunStatus.WAITING:
         waiting = run.waiting_for if run.waiting_for in ("children", "timer", "event") else "decisions"
     return dict(
         parent_tool_use_id=run.parent_tool_use_id, root_run_id=run.root_run_id or run.id, depth=run.depth,
-        tokens_used_total=run.tokens_used_total, cost_usd_total=float(run.cost_usd_total),
+        tokens_used_total=run.tokens_used_total, cost_usd_total=None if unknown else float(run.cost_usd_total),
         children_active=run.children_active, waiting_for=waiting,
     )
 
@@ -490,21 +521,31 @@ class RunSummary(_Camel):
     input_preview: str
     model: str
     tokens_used: int
-    cost_usd: float
+    cost_usd: float | None = Field(description="USD spent so far; null when unknown (an unpriced model).")
+    cost_usd_total: float | None = Field(None, description="`costUsd` and its sub-agents' runs'; null when unknown.")
     steps: int
     error: str | None
     locked_by: str | None
     created_at: datetime.datetime
+    started_at: datetime.datetime | None = Field(None, description="When a worker first claimed it.")
     finished_at: datetime.datetime | None
     created_by: str | None = Field(default=None, description="Who created the run, as in the run's `createdBy`.")
+    labels: dict[str, str] = Field(default_factory=dict, description="The run's labels.")
+    parent_run_id: uuid.UUID | None = Field(None, description="The run it continues, forks, or was started by "
+                                            "(a sub-agent's).")
+    agent: str | None = Field(None, description="The agent it was made from, pinned: `name@version`.")
 
     @classmethod
-    def of(cls, run: Run) -> RunSummary:
+    def of(cls, run: Run, prices: PriceTable | None = None) -> RunSummary:
         preview = run.input if len(run.input) <= PREVIEW_CHARS else run.input[: PREVIEW_CHARS - 1] + "…"
+        unknown = cost_unknown(run, prices)
         return cls(
             id=run.id, status=run.status, input_preview=preview, model=run.model, tokens_used=run.tokens_used,
-            cost_usd=float(run.cost_usd), steps=run.steps, error=run.error, locked_by=run.locked_by,
-            created_at=run.created_at, finished_at=run.finished_at, created_by=run.created_by,
+            cost_usd=None if unknown else float(run.cost_usd),
+            cost_usd_total=None if unknown else float(run.cost_usd_total), steps=run.steps, error=run.error,
+            locked_by=run.locked_by, created_at=run.created_at, started_at=run.started_at,
+            finished_at=run.finished_at, created_by=run.created_by, labels=dict(run.labels),
+            parent_run_id=run.parent_run_id, agent=agent_ref(run),
         )
 
 
@@ -538,13 +579,14 @@ class DecisionView(_Camel):
 
 class TimelineStep(_Camel):
     """A step without its request and response bodies. A tool call that waits for a person and has no step
-    yet is listed too, with `status: "WAITING"` and no seq."""
+    yet is listed too, with `status: "WAITING"` and no seq; in a run that has ended (cancelled or timed out
+    while it waited) such a call never ran: `status: "ABANDONED"`."""
 
     seq: int | None
     kind: StepKind
     tool_name: str | None
     tool_use_id: str | None
-    status: StepStatus | Literal["WAITING"]
+    status: StepStatus | Literal["WAITING", "ABANDONED"]
     stop_reason: str | None
     input_tokens: int
     output_tokens: int
@@ -568,10 +610,10 @@ class TimelineStep(_Camel):
                                               "tool results it replaced (clear_tool_results); null for other kinds.")
 
     @classmethod
-    def waiting(cls, call: PendingCall, decided: list[PendingCall]) -> TimelineStep:
-        """A call waiting for a person that has no step row yet."""
+    def waiting(cls, call: PendingCall, decided: list[PendingCall], *, abandoned: bool = False) -> TimelineStep:
+        """A call waiting for a person that has no step row yet (`abandoned`: its run has ended)."""
         return cls(seq=None, kind=StepKind.TOOL, tool_name=call.tool_name, tool_use_id=call.tool_use_id,
-                   status="WAITING", stop_reason=None, input_tokens=0, output_tokens=0,
+                   status="ABANDONED" if abandoned else "WAITING", stop_reason=None, input_tokens=0, output_tokens=0,
                    cache_creation_input_tokens=0, cache_read_input_tokens=0, cost_usd=None, latency_ms=None,
                    attempts=0, started_at=None, finished_at=None, worker=None, inherited=False, created_by=None,
                    compaction=None, decisions=[DecisionView.of(d) for d in decided])

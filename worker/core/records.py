@@ -94,6 +94,7 @@ class NewRun:
     scheduled_time: datetime.datetime | None = None  # that tick
     webhook: dict[str, Any] | None = None  # {"url", "events", "secretRef"}: told of its status changes
     context_management: dict[str, Any] | None = None  # ContextPolicy.to_json() (core/context.py); None: auto
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)  # Kubernetes syntax (core/labels.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +148,7 @@ class Run:
     messages_delivered: int = 0  # of those, delivered as USER steps
     webhook: dict[str, Any] | None = None  # {"url", "events", "secretRef"} (core/webhooks.py)
     context_management: dict[str, Any] | None = None  # {"strategy", ...} as stored (core/context.py); None: auto
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)  # what the runs list filters on
 
     traceparent: str | None = None
     schedule_name: str | None = None  # the schedule whose tick created the run (issue 27)

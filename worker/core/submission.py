@@ -14,6 +14,7 @@ from agentrun.worker.core.answer import schema_problem
 from agentrun.worker.core.errors import Problem as Problem
 from agentrun.worker.core.errors import Refusal as Refusal
 from agentrun.worker.core.errors import Refused as Refused
+from agentrun.worker.core.labels import labels_problems
 from agentrun.worker.core.pricing import PriceTable, cost_budget_problem
 from agentrun.worker.core.records import NewRun, Run, RunStatus
 
@@ -51,6 +52,7 @@ class RunSpec:
     sub_agents: tuple[str, ...] | None = None  # as the caller gave them: `name` or `name@N`
     webhook: dict[str, Any] | None = None  # checked by the transport (core/webhooks.check_webhook)
     context_management: dict[str, Any] | None = None  # ContextPolicy.to_json(), checked by context.parse
+    labels: dict[str, str] | None = None  # checked here (core/labels.py); None: the source's, else none
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +78,7 @@ class Offer:
 
 # Inherited from the source when the request leaves them out; the schedule and priority never are.
 INHERITED = ("model", "token_budget", "timeout_seconds", "max_steps", "tools", "system", "cost_budget_usd",
-             "require_approval", "output_schema", "webhook", "context_management")
+             "require_approval", "output_schema", "webhook", "context_management", "labels")
 
 
 def new_run(spec: RunSpec, source: Run | None, defaults: Defaults = Defaults(), offer: Offer = Offer()) -> NewRun:
@@ -86,7 +88,8 @@ def new_run(spec: RunSpec, source: Run | None, defaults: Defaults = Defaults(), 
     contradictory request at once; then the first of a bad output schema, a model no provider serves,
     a cost budget on a model without a price."""
     check_source(spec, source)
-    problems = [*unknown_tools(spec, offer), *_missing(spec, source, defaults), *_contradictions(spec)]
+    problems = [*unknown_tools(spec, offer), *_missing(spec, source, defaults), *_contradictions(spec),
+                *(Problem(field, why) for field, why in labels_problems(spec.labels or {}))]
     if problems:
         raise Refused.of(Refusal.INVALID, problems)
     fields = {attr: _inherited(spec, source, attr) for attr in INHERITED}
@@ -94,6 +97,7 @@ def new_run(spec: RunSpec, source: Run | None, defaults: Defaults = Defaults(), 
         if fields[attr] is None:
             fields[attr] = getattr(defaults, attr)
     check_runnable(spec, fields["model"], fields["cost_budget_usd"], offer)
+    fields["labels"] = dict(fields["labels"] or {})
     for attr in ("tools", "require_approval"):  # each name once, in the order given
         fields[attr] = tuple(dict.fromkeys(fields[attr])) if fields[attr] is not None else None
     return NewRun(

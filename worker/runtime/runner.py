@@ -8,6 +8,8 @@ import functools
 import logging
 import random
 import uuid
+from collections.abc import Sequence
+from importlib import metadata
 
 import psycopg
 
@@ -31,6 +33,11 @@ log = logging.getLogger("agentrun.worker.runtime.runner")
 CLAIM_BATCH = 64
 """The most runs one claim statement takes."""
 
+try:
+    VERSION = metadata.version("agentrun")
+except metadata.PackageNotFoundError:
+    VERSION = "unknown"
+
 SWEEP_MAX_SLEEP = 2.0
 """The longest the wait sweep sleeps between two looks: a timer parked by another worker (whose sweep would
 have woken it, had it not died) fires at most this late."""
@@ -46,8 +53,10 @@ class Worker:
         prices: PriceTable | None = None,
         observer: Observer | None = None,
         webhooks: WebhookSender | None = None,
+        mcp_servers: Sequence[str] = (),
     ) -> None:
         self.settings = settings
+        self.mcp_servers = tuple(mcp_servers)  # the names of its MCP servers, as GET /api/workers lists them
         self.webhooks = webhooks  # the completion webhooks' sender, run beside the housekeeping
         self.observer: Observer = observer or NoObserver()
         self.store = store
@@ -152,7 +161,9 @@ class Worker:
         housekeeping = asyncio.create_task(self._housekeeping(), name=f"{self.id}-housekeeping")
         sweep = asyncio.create_task(self._sweep(), name=f"{self.id}-wait-sweep")
         ticker = asyncio.create_task(self.ticker.run(), name=f"{self.id}-schedules")
-        background = [housekeeping, sweep, ticker]
+        await self._announce_once()  # listed from its first claim on
+        announce = asyncio.create_task(self._announce(), name=f"{self.id}-announce")
+        background = [housekeeping, sweep, ticker, announce]
         if self.webhooks is not None:
             background.append(asyncio.create_task(self.webhooks.run(), name=f"{self.id}-webhooks"))
         backoff = self.settings.poll_interval
@@ -201,7 +212,23 @@ class Worker:
             heartbeat.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await heartbeat
+            with contextlib.suppress(Exception):  # a database gone: the row ages out within a lease
+                await self.store.retire(self.id)
             await self.presence.close()  # only now: the runs it covered are finished or released
+
+    async def _announce_once(self) -> None:
+        try:
+            await self.store.announce(self.id, VERSION, self.settings.concurrency, self.settings.lease_seconds,
+                                      self.mcp_servers)
+        except Exception as e:  # presence in the list is no reason to stop working
+            log.debug("%s could not announce itself: %s", self.id, str(e) or type(e).__name__)
+
+    async def _announce(self) -> None:
+        """The worker's row in the worker table (GET /api/workers), renewed at the heartbeat's pace: every
+        third of the lease, so a live worker's row is never older than its lease and a killed one's soon is."""
+        while True:
+            await asyncio.sleep(self.settings.lease_seconds / 3)
+            await self._announce_once()
 
     async def _housekeeping(self) -> None:
         """Every couple of seconds, end the waiting runs whose deadline has passed, and cancel the children

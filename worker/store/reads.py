@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
+from psycopg.types.json import Jsonb
+
+from agentrun.worker.core.labels import Selector
 from agentrun.worker.core.records import (
     Run,
     RunStatus,
@@ -20,22 +26,82 @@ from agentrun.worker.store.rows import (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class RunFilter:
+    """What GET /api/runs may narrow the list to; every field given must hold (None: any)."""
+
+    statuses: tuple[RunStatus, ...] | None = None
+    selector: Selector | None = None
+    model: str | None = None
+    agent: str | None = None
+    agent_version: int | None = None
+    created_by: str | None = None
+    parent: uuid.UUID | None = None
+    created_after: datetime.datetime | None = None
+    created_before: datetime.datetime | None = None
+    text: str | None = None  # a case-insensitive substring of the input
+
+
+# One statement whatever the filter: each condition is off when its parameter is NULL, so the SQL text is a
+# constant and every value a bound parameter. The label selector's parts: `eq` is one object the GIN index
+# serves (`@>`); `ne`, `within`, `without` are JSON arrays of [key, value] / [key, [values]] pairs;
+# `present` / `absent` text arrays of keys. An absent key satisfies `!=` and `notin`, as in Kubernetes.
+LIST_RUNS = f"""SELECT {RUN_COLUMNS} FROM run r
+    WHERE (%(statuses)s::text[] IS NULL OR r.status = ANY(%(statuses)s::text[]))
+      AND (%(parent)s::uuid IS NULL OR r.parent_run_id = %(parent)s)
+      AND (%(model)s::text IS NULL OR r.model = %(model)s)
+      AND (%(agent)s::text IS NULL OR r.agent = %(agent)s)
+      AND (%(agent_version)s::int IS NULL OR r.agent_version = %(agent_version)s)
+      AND (%(created_by)s::text IS NULL OR r.created_by = %(created_by)s)
+      AND (%(created_after)s::timestamptz IS NULL OR r.created_at > %(created_after)s)
+      AND (%(created_before)s::timestamptz IS NULL OR r.created_at < %(created_before)s)
+      AND (%(text)s::text IS NULL OR strpos(lower(r.input), lower(%(text)s)) > 0)
+      AND (%(eq)s::jsonb IS NULL OR r.labels @> %(eq)s::jsonb)
+      AND (%(present)s::text[] IS NULL OR r.labels ?& %(present)s::text[])
+      AND (%(absent)s::text[] IS NULL OR NOT r.labels ?| %(absent)s::text[])
+      AND (%(ne)s::jsonb IS NULL OR NOT EXISTS (
+            SELECT 1 FROM jsonb_array_elements(%(ne)s::jsonb) n WHERE r.labels ->> (n ->> 0) = n ->> 1))
+      AND (%(within)s::jsonb IS NULL OR NOT EXISTS (
+            SELECT 1 FROM jsonb_array_elements(%(within)s::jsonb) w
+            WHERE NOT coalesce((w -> 1) ? (r.labels ->> (w ->> 0)), false)))
+      AND (%(without)s::jsonb IS NULL OR NOT EXISTS (
+            SELECT 1 FROM jsonb_array_elements(%(without)s::jsonb) w
+            WHERE coalesce((w -> 1) ? (r.labels ->> (w ->> 0)), false)))
+      AND (%(after)s::uuid IS NULL OR (r.created_at, r.id) <
+           (SELECT created_at, id FROM run WHERE id = %(after)s))
+    ORDER BY r.created_at DESC, r.id DESC LIMIT %(limit)s"""
+
+
+def _filter_params(f: RunFilter) -> dict[str, Any]:
+    sel = f.selector
+    return {
+        "statuses": [s.value for s in f.statuses] if f.statuses else None,
+        "parent": f.parent, "model": f.model, "agent": f.agent, "agent_version": f.agent_version,
+        "created_by": f.created_by, "created_after": f.created_after, "created_before": f.created_before,
+        "text": f.text or None,
+        "eq": Jsonb(sel.equal) if sel and sel.equal else None,
+        "present": sel.present if sel and sel.present else None,
+        "absent": sel.absent if sel and sel.absent else None,
+        "ne": Jsonb([list(p) for p in sel.not_equal]) if sel and sel.not_equal else None,
+        "within": Jsonb([[k, v] for k, v in sel.within]) if sel and sel.within else None,
+        "without": Jsonb([[k, v] for k, v in sel.without]) if sel and sel.without else None,
+    }
+
+
 class Reads(Gateway):
     async def list_runs(
         self, status: RunStatus | None = None, limit: int = 50, after: uuid.UUID | None = None, *,
-        parent: uuid.UUID | None = None,
+        parent: uuid.UUID | None = None, where: RunFilter | None = None,
     ) -> list[Run]:
         """Newest first; `after` is the id of the last run of the previous page (keyset pagination);
-        `parent`: only the runs whose parent_run_id is that run (its children, continuations, forks)."""
-        rows = await self._all(
-            f"""SELECT {RUN_COLUMNS} FROM run r
-                WHERE (%(status)s::text IS NULL OR r.status = %(status)s)
-                  AND (%(parent)s::uuid IS NULL OR r.parent_run_id = %(parent)s)
-                  AND (%(after)s::uuid IS NULL OR (r.created_at, r.id) <
-                       (SELECT created_at, id FROM run WHERE id = %(after)s))
-                ORDER BY r.created_at DESC, r.id DESC LIMIT %(limit)s""",
-            {"status": status.value if status else None, "after": after, "limit": limit, "parent": parent},
-        )
+        `parent`: only the runs whose parent_run_id is that run (its children, continuations, forks);
+        `where`: the list's other filters (RunFilter)."""
+        where = where or RunFilter()
+        if status is not None:
+            where = dataclasses.replace(where, statuses=(status,))
+        if parent is not None:
+            where = dataclasses.replace(where, parent=parent)
+        rows = await self._all(LIST_RUNS, {**_filter_params(where), "after": after, "limit": limit})
         return [_run(r) for r in rows]
 
     async def steps(self, run_id: uuid.UUID, after_seq: int = 0) -> list[Step]:

@@ -99,6 +99,7 @@ def run_params(new: NewRun) -> dict[str, Any]:
         "schedule_name": new.schedule_name, "scheduled_time": new.scheduled_time,
         "webhook": Jsonb(new.webhook) if new.webhook is not None else None,
         "context": Jsonb(new.context_management) if new.context_management is not None else None,
+        "labels": Jsonb(dict(new.labels)),
     }
 
 
@@ -114,13 +115,13 @@ _INSERT = b"""WITH at AS (
                          k8s_namespace, k8s_name, require_approval, output_schema,
                          parent_run_id, forked_at_seq, created_by, traceparent, priority, run_at,
                          agent, agent_version, sub_agents, schedule_name, scheduled_time, webhook,
-                         context_management)
+                         context_management, labels)
         SELECT %(id)s, %(input)s, %(model)s, %(system)s, %(tools)s, %(token_budget)s,
                %(cost_budget_usd)s, %(max_steps)s, %(timeout_seconds)s,
                at.run_at + make_interval(secs => %(timeout_seconds)s), %(key)s, %(ns)s, %(name)s,
                %(approval)s, %(schema)s, %(parent)s, %(fork_seq)s, %(by)s, %(traceparent)s,
                %(priority)s, at.run_at, %(agent)s, %(agent_version)s, %(sub_agents)s,
-               %(schedule_name)s, %(scheduled_time)s, %(webhook)s, %(context)s
+               %(schedule_name)s, %(scheduled_time)s, %(webhook)s, %(context)s, %(labels)s
         FROM at
         ON CONFLICT DO NOTHING
         RETURNING id)

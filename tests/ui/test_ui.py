@@ -195,7 +195,7 @@ async def test_the_list_shows_runs_and_a_run_page_its_steps_and_conversation(
         await page.screenshot(path=shot("ui-runs.png", tmp_path), full_page=True)
 
         # The status filter, by keyboard (any case, as the API takes it).
-        await page.fill("#f-status", "FAILED")
+        await page.fill("#f-status", "failed")
         await page.keyboard.press("Enter")
         await expect(page.locator("#list-info")).to_contain_text("No run matches these filters.")
         await expect(page.locator("tbody tr")).to_have_count(0)

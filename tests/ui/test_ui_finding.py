@@ -123,3 +123,53 @@ async def test_the_list_shows_end_time_and_duration(store: RunStore, page: Page)
         row = page.locator(f"tr[data-run='{run_id}']")
         await expect(row.locator(".duration")).to_contain_text("s")
         await expect(row.locator(".ended")).not_to_have_text("–")
+
+
+async def test_labels_and_the_other_filters_narrow_the_list(store: RunStore, page: Page, tmp_path: Path) -> None:  # noqa: F811
+    async with stack(store) as (url, http):
+        GATE.set()
+        billing = await submit(http, "Which billing tickets are overdue?", labels={"team": "billing", "env": "dev"})
+        support = await submit(http, "Which support tickets are open?", labels={"team": "support"})
+        await wait_status(http, billing, "SUCCEEDED")
+        await wait_status(http, support, "SUCCEEDED")
+        await page.goto(f"{url}/ui/")
+        row = page.locator(f"tr[data-run='{billing}']")
+        await expect(row.locator(".tag.label")).to_have_text(["env=dev", "team=billing"])
+        await page.screenshot(path=shot("ui-runs.png", tmp_path), full_page=True)
+
+        await page.fill("#f-labelSelector", "team=billing,env!=prod")
+        await page.keyboard.press("Enter")
+        rows = page.locator("tbody tr")
+        await expect(rows).to_have_count(1)
+        await expect(rows.first).to_have_attribute("data-run", billing)
+        await page.get_by_role("button", name="Clear").click()
+        await expect(rows).to_have_count(2)
+        await page.fill("#f-q", "SUPPORT")
+        await page.keyboard.press("Enter")
+        await expect(rows).to_have_count(1)
+        await expect(rows.first).to_have_attribute("data-run", support)
+        # A bad selector is the API's 422, said on the page.
+        await page.goto(f"{url}/ui/#/?labelSelector=team%20in%20(")
+        await expect(page.locator("#list-info")).to_contain_text("labelSelector")
+        # A created range after both runs finds none.
+        await page.goto(f"{url}/ui/#/?createdAfter=2999-01-01T00:00:00.000Z")
+        await expect(page.locator("#list-info")).to_contain_text("No run matches these filters.")
+        await expect(page.locator("#f-createdAfter")).not_to_have_value("")
+
+        await page.goto(f"{url}/ui/#/runs/{billing}")
+        await expect(page.locator("#run-labels")).to_contain_text("team=billing")
+
+
+async def test_the_workers_page_lists_the_live_workers(store: RunStore, page: Page, tmp_path: Path) -> None:  # noqa: F811
+    async with stack(store) as (url, http):
+        GATE.set()
+        await wait_status(http, await submit(http), "SUCCEEDED")  # the worker is at work, so present
+        await page.goto(f"{url}/ui/")
+        await page.get_by_role("link", name="Workers").click()
+        row = page.locator("tr[data-worker='worker-A']")
+        await expect(row).to_be_visible()
+        await expect(row).to_contain_text("ago")
+        listed = (await http.get("/api/workers")).json()["items"]
+        assert [w["id"] for w in listed] == ["worker-A"]
+        await expect(page.locator("tbody tr")).to_have_count(1)
+        await page.screenshot(path=shot("ui-workers.png", tmp_path), full_page=True)

@@ -135,7 +135,7 @@ async def test_labels_and_the_other_filters_narrow_the_list(store: RunStore, pag
         await page.goto(f"{url}/ui/")
         row = page.locator(f"tr[data-run='{billing}']")
         await expect(row.locator(".tag.label")).to_have_text(["env=dev", "team=billing"])
-        await page.screenshot(path=shot("ui-runs.png", tmp_path), full_page=True)
+        await page.screenshot(path=shot("ui-runs-labels.png", tmp_path), full_page=True)
 
         await page.fill("#f-labelSelector", "team=billing,env!=prod")
         await page.keyboard.press("Enter")

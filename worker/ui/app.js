@@ -237,7 +237,7 @@ function listView(params) {
     h("div", { class: "field" }, h("label", { for: "new-budget" }, "Token budget"), budget),
     h("div", { class: "field" }, h("label", { for: "new-cost" }, "Cost budget (USD)"), cost),
     h("div", { class: "field" }, h("label", { for: "new-timeout" }, "Timeout (s)"), timeout),
-    h("div", { class: "field" }, h("label", { for: "new-tools" }, "Tools (comma-separated)"), tools),
+    h("div", { class: "field" }, h("label", { for: "new-tools" }, "Tools (a, b)"), tools),
     h("div", { class: "field" }, h("label", { for: "new-approval" }, "Need approval"), approvals),
     h("div", { class: "field" }, h("label", { for: "new-labels" }, "Labels"), labels)),
   toolNames,
@@ -249,7 +249,7 @@ function listView(params) {
     h("section", { class: "list-head" }, h("h1", {}, "Runs")),
     filterForm,
     can("cancel") ? h("div", { class: "row bulk" }, cancelSelected, bulkInfo) : null,
-    h("table", { class: "runs", "aria-label": "runs" }, h("thead", {}, head), body),
+    h("div", { class: "table-wrap" }, h("table", { class: "runs list", "aria-label": "runs" }, h("thead", {}, head), body)),
     h("div", { class: "row" }, info, more),
     can("submit") ? form : null,
   );

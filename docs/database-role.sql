@@ -25,6 +25,9 @@ GRANT SELECT, INSERT, UPDATE ON run, run_step TO agentrun_runtime;
 GRANT INSERT ON run_lease TO agentrun_runtime;
 -- Liveness suspicions (presence.py): recorded by the claiming worker, deleted by the suspected one.
 GRANT SELECT, INSERT, DELETE ON worker_suspect TO agentrun_runtime;
+-- The workers at work (migration 0021, GET /api/workers): each worker upserts its own row on its heartbeat
+-- and deletes it when it stops; the API reads them.
+GRANT SELECT, INSERT, UPDATE, DELETE ON worker TO agentrun_runtime;
 -- Decisions on tool calls that need a person (approvals, calls in doubt): asked by workers, made via the API.
 GRANT SELECT, INSERT, UPDATE ON run_decision TO agentrun_runtime;
 -- Messages into running runs (migration 0015): stored via the API, marked delivered by workers.

@@ -119,7 +119,7 @@ async def test_a_schema_that_is_no_json_schema_is_a_400(
     async with api(store, toolbox, settings, metrics) as client:
         r = await client.post("/api/runs", json={"input": "x", "tokenBudget": 10, "timeoutSeconds": 10,
                                                  "outputSchema": schema})
-    assert r.status_code == 400 and r.json()["fields"][0]["field"] == "outputSchema"
+    assert r.status_code == 422 and r.json()["fields"][0]["field"] == "outputSchema"
 
 
 # -- continue and fork ---------------------------------------------------------------------------------

@@ -136,7 +136,7 @@ async def test_decisions_that_do_not_fit_are_refused(store: RunStore, toolbox: T
         bad = await client.post(f"{base}/t_charge", json={"decision": "maybe"})
         assert bad.status_code == 422 and "decision" in bad.text
         record = await client.post(f"{base}/t_charge", json={"decision": "record"})
-        assert record.status_code == 400 and "output" in record.json()["error"]
+        assert record.status_code == 422 and "output" in record.json()["error"]
         assert (await client.post(f"{base}/t_charge", json={"decision": "approve"})).status_code == 200
         again = await client.post(f"{base}/t_charge", json={"decision": "deny"})
         assert again.status_code == 409 and "already decided" in again.json()["error"]

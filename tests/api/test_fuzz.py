@@ -163,6 +163,7 @@ STATE_CONFLICTS = {
     ("Idempotency-Key", "was already used for a different request"),
     ("after", "names no run; pass the `next` of a previous page"),
 }
+QUERY_GRAMMARS = {"labelSelector", "status", "agent", "createdAfter", "createdBefore", "q", "model", "createdBy"}
 # An agent's definition decides these (stored state too): a limit above the agent's, a limit the agent
 # leaves to the run and the run leaves out; and a sub-agent naming the agent being defined.
 AGENT_CONFLICTS = ("may only lower agent ", "names the agent itself")
@@ -191,8 +192,9 @@ def _schedule_rule(response: Any) -> bool:
         return True  # the URL policy and the configured secrets, as for a run (below)
     if response.status_code == 404:
         return all(f == "run.agent" or f.startswith("run.subAgents[") for f, _ in fields)
-    if response.status_code == 400:
-        return len(fields) == 1 and fields[0][0] in ("run.model", "run.costBudgetUsd", "run.outputSchema")
+    if response.status_code == 422 and len(fields) == 1 and fields[0][0] in (
+            "run.model", "run.costBudgetUsd", "run.outputSchema"):
+        return True  # configuration (providers, prices) or what no pattern says of a schema, as for a run
     sent = response.request.body or b""
     agent_given = b'"agent"' in (sent.encode() if isinstance(sent, str) else sent)
     return response.status_code == 422 and all(
@@ -216,21 +218,27 @@ def _state_conflict(response: Any) -> bool:
     # A decision on a call that is not pending in that way (decided already, or of the other kind).
     if response.status_code == 409 and "/pending/" in response.request.url.path:
         return True
-    if response.status_code == 400 and fields == {"forkFrom.seq"}:
+    if response.status_code == 422 and fields == {"forkFrom.seq"}:
         return True
-    if response.status_code == 400:
+    if response.status_code == 422:
         # A cost budget on a model the price table does not price: the table is configuration, not part
-        # of the document, so a schema-valid request may meet this 400 naming its field.
-        fields = response.json().get("fields", [])
-        if len(fields) == 1 and fields[0]["field"] == "model" and "unknown model provider" in fields[0]["problem"]:
+        # of the document, so a schema-valid request may meet this 422 naming its field.
+        named = response.json().get("fields", [])
+        if len(named) == 1 and named[0]["field"] == "model" and "unknown model provider" in named[0]["problem"]:
             return True  # the same: which providers a `provider/model` prefix may name is configuration
-        if len(fields) == 1 and fields[0]["field"] == "outputSchema" and "is not a valid JSON Schema" in \
-                fields[0]["problem"]:
+        if len(named) == 1 and named[0]["field"] == "outputSchema" and "is not a valid JSON Schema" in \
+                named[0]["problem"]:
             return True
-        return len(fields) == 1 and fields[0]["field"] == "costBudgetUsd" and "no price" in fields[0]["problem"]
+        if len(named) == 1 and named[0]["field"] == "costBudgetUsd" and "no price" in named[0]["problem"]:
+            return True
     if response.status_code != 422:
         return False
     fields = {(f["field"], f["problem"]) for f in response.json().get("fields", [])}
+    # The runs list's filters read by grammars no pattern states whole (a Kubernetes label selector, statuses
+    # in any case, an agent reference, a time's offset, text PostgreSQL can hold): a 422 naming the parameter.
+    if "/api/runs" in str(response.request.url) and response.request.method == "GET" and fields and all(
+            name in QUERY_GRAMMARS for name, _ in fields):
+        return True
     # A webhook's host under the URL policy (AGENTRUN_WEBHOOK_ALLOW) and its secretRef among the configured
     # secrets (AGENTRUN_WEBHOOK_SECRETS) are the server's configuration, as the price table is.
     if fields and all(name in ("webhook.url", "webhook.secretRef") for name, _ in fields):

@@ -94,9 +94,9 @@ DEEP = '{"input": "x", "tokenBudget": 1, "timeoutSeconds": 1, "tools": ' + "[" *
 
 
 async def test_a_cost_budget_on_a_model_without_a_price_is_refused(client: httpx.AsyncClient) -> None:
-    """A step of an unpriced model costs null, so its budget could never stop the run: a 400, nothing stored."""
+    """A step of an unpriced model costs null, so its budget could never stop the run: a 422, nothing stored."""
     r = await client.post("/api/runs", json={**RUN, "model": "claude-unpriced-9", "costBudgetUsd": 1})
-    assert r.status_code == 400, r.text
+    assert r.status_code == 422, r.text
     problem = problems(r)["costBudgetUsd"]
     assert "claude-unpriced-9" in problem and "no price" in problem and r.json()["error"] == problem
     assert (await client.get("/api/runs")).json()["items"] == []

@@ -177,10 +177,10 @@ async def api(store: RunStore) -> AsyncIterator[httpx.AsyncClient]:
 RUN = {"input": "What is open?", "tokenBudget": 1000, "timeoutSeconds": 60}
 
 
-async def test_submit_refuses_an_unknown_prefix_with_a_400_naming_the_known_providers(api: httpx.AsyncClient) -> None:
+async def test_submit_refuses_an_unknown_prefix_with_a_422_naming_the_known_providers(api: httpx.AsyncClient) -> None:
     r = await api.post("/api/runs", json={**RUN, "model": "gemini/gemini-2.5-pro"})
 
-    assert r.status_code == 400
+    assert r.status_code == 422
     body = r.json()
     assert "unknown model provider 'gemini'" in body["error"]
     assert body["fields"][0]["field"] == "model"

@@ -60,7 +60,7 @@ async def test_a_worker_with_only_a_providers_file_runs_a_parallel_tool_run(
             output, _ = await asyncio.wait_for(proc.communicate(), 30)
     logs = output.decode(errors="replace")
 
-    assert refused.status_code == 400 and "known providers: anthropic, bedrock, vertex, local" in refused.text
+    assert refused.status_code == 422 and "known providers: anthropic, bedrock, vertex, local" in refused.text
     assert run["status"] == "SUCCEEDED", (run, logs[-2000:])
     assert run["model"] == "local/qwen3-8b" and run["tokensUsed"] > 0
     assert [(s["kind"], s["status"]) for s in timeline] == [

@@ -39,9 +39,9 @@ class Cluster:
     url: str
     http: httpx.AsyncClient
 
-    async def create(self, name: str, **spec: Any) -> dict[str, Any]:
-        body = {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun",
-                "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
+    async def create(self, name: str, *, labels: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"name": name, "namespace": NAMESPACE, **({"labels": labels} if labels else {})}
+        body = {"apiVersion": "agentrun.dev/v1alpha1", "kind": "AgentRun", "metadata": metadata, "spec": spec}
         r = await self.http.post(PATH, json=body)
         assert r.status_code == 201, r.text
         return r.json()  # type: ignore[no-any-return]

@@ -227,8 +227,7 @@ class AgentRoutes:
 Responses = dict[int | str, dict[str, Any]]
 CREATE_ERRORS: Responses = {
     200: {"model": AgentCreated, "description": "The body is identical to the latest version: no new version"},
-    400: {"model": ErrorBody, "description": "The body is not JSON, or `outputSchema` is no JSON Schema, or the "
-          "model names an unknown provider, or `costBudgetUsd` is set for a model without a price"},
+    400: {"model": ErrorBody, "description": "The body is not JSON at all, or over the size limit"},
     404: {"model": ErrorBody, "description": "A sub-agent names no agent (or no such version): `fields` names it"},
 }
 READ_ERRORS: Responses = {404: {"model": ErrorBody, "description": "No such agent (or version of it)"}}

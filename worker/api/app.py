@@ -70,7 +70,7 @@ def create_app(
     app.include_router(tools_router(tools, identities.enabled))
     app.include_router(workers_router(store, identities.enabled))
     app.include_router(schedules_router(store, tools, settings, prices, identities, metrics, providers))
-    app.state.events = EventHub(store)
+    app.state.events = EventHub(store, prices=prices)
     app.include_router(events_router(store, app.state.events, identities.enabled))
     app.include_router(signals_router(store, identities.enabled, metrics))
     # The web UI: static files shipped in the package, talking to the API above like any client.

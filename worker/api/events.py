@@ -33,6 +33,7 @@ from agentrun.worker.api.guards import ScopedRoute, access
 from agentrun.worker.api.identities import Scope
 from agentrun.worker.api.routes import ERRORS
 from agentrun.worker.api.schemas import DecisionView, RunView, TimelineStep
+from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import StepKind
 from agentrun.worker.store import RunStore, channels
 from agentrun.worker.store.changefeed import ChangeFeed, RunRows
@@ -155,7 +156,9 @@ class EventHub:
     waits behind a transaction still writing event rows (it may roll back, which notifies no one).
     """
 
-    def __init__(self, store: RunStore, keepalive: float = 15.0, tick: float = 1.0) -> None:
+    def __init__(self, store: RunStore, keepalive: float = 15.0, tick: float = 1.0,
+                 prices: PriceTable | None = None) -> None:
+        self.prices = prices  # tells a run's unknown cost (null) from a nought, as GET /api/runs/{id} does
         self.feed = ChangeFeed(store.pool)
         self.store = store
         self.keepalive = keepalive
@@ -220,7 +223,7 @@ class EventHub:
         # finds while this reads would be too new for this snapshot).
         horizon = self.horizon
         rows = (await self.feed.read({run_id: max(after[0], 0)})).get(run_id)
-        return None if rows is None else changes(rows, after, horizon)
+        return None if rows is None else changes(rows, after, horizon, self.prices)
 
     async def _listen(self) -> None:
         while not self.closing.is_set():
@@ -313,7 +316,7 @@ class EventHub:
                     sub.gone = True
                     sub.wake.set()
                 continue
-            batch = changes(found, after[run_id], horizon)
+            batch = changes(found, after[run_id], horizon, self.prices)
             if batch.settling:
                 self.settling[run_id] = horizon
             for sub in subs:
@@ -337,7 +340,7 @@ def parse_event_id(text: str) -> Position:
     return (int(m.group(1)), int(m.group(2)), int(m.group(3))) if m else START
 
 
-def changes(rows: RunRows, after: Position, horizon: int) -> Batch:
+def changes(rows: RunRows, after: Position, horizon: int, prices: PriceTable | None = None) -> Batch:
     """The events of a run's rows after `after` and below `horizon`, in order. A decision (run_decision)
     counts as a change of its tool call's timeline row and of the run (its pending count)."""
     events: list[Event] = []
@@ -364,7 +367,7 @@ def changes(rows: RunRows, after: Position, horizon: int) -> Batch:
             waiting = TimelineStep.waiting(found[-1].call, [d.call for d in found])
             add(position, "step", WAITING, found[-1].place, waiting)
     every_decision = [d.position for found in rows.decisions.values() for d in found]
-    add(max([rows.position, *every_decision]), "run", RUN, 0, RunView.of(rows.run))
+    add(max([rows.position, *every_decision]), "run", RUN, 0, RunView.of(rows.run, prices))
     events.sort(key=lambda e: e.position)
     return Batch(events, settling, rows.run.status.terminal and not settling, rows.run.status.value, rows.run.steps)
 

@@ -32,12 +32,16 @@ from agentrun.worker.api.schemas import (
     StepDetail,
     TimelineStep,
     WebhookDeliveryView,
+    rfc3339,
 )
 from agentrun.worker.api.webhooks import WebhookCheck
+from agentrun.worker.core import children as sub_agents
 from agentrun.worker.core.agents import parse_ref, pinned
+from agentrun.worker.core.answer import system_sent, tools_sent
 from agentrun.worker.core.labels import Selector, parse_selector
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import Decision, NewRun, PendingCall, Run, RunStatus, StepKind
+from agentrun.worker.core.replay import Conversation
 from agentrun.worker.core.submission import Defaults, Offer, Refusal, Refused, RunSpec, new_run
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.llm.providers import Providers
@@ -49,7 +53,7 @@ from agentrun.worker.tools import ToolBox
 
 MAX_PAGE = 200
 MAX_SELECTOR_CHARS = 4096
-REFUSAL_STATUS = {Refusal.INVALID: 422, Refusal.CONFLICT: 409, Refusal.UNFIT: 400, Refusal.NOT_FOUND: 404}
+REFUSAL_STATUS = {Refusal.INVALID: 422, Refusal.CONFLICT: 409, Refusal.UNFIT: 422, Refusal.NOT_FOUND: 404}
 MAX_IDEMPOTENCY_KEY = 255
 # Printable ASCII: what every HTTP stack carries unchanged (other bytes arrive as Latin-1 guesses).
 IDEMPOTENCY_KEY = re.compile(rf"[\x20-\x7e]{{1,{MAX_IDEMPOTENCY_KEY}}}")
@@ -62,7 +66,9 @@ ERRORS: dict[int | str, dict[str, Any]] = {
         401: "Missing or wrong bearer token (only when the server requires tokens)",
         403: "The token's identity lacks the scope the operation requires: `error` names it",
         404: "No such run",
-        422: "Invalid input: `fields` names each field and its problem",
+        422: "Invalid input (a field of the body or a query parameter: its shape, or what the server makes "
+        "of it, such as an `outputSchema` that is no JSON Schema, a model no provider serves, a cost budget "
+        "on an unpriced model): `fields` names each field and its problem",
         503: "Database unavailable",
     }.items()
 }
@@ -229,10 +235,13 @@ class RunRoutes:
                                            "agent: `name` (any version) or `name@version`.")] = None,
         created_by: Annotated[str | None, Query(alias="createdBy", max_length=MAX_NAME_CHARS,
                                                 description="Only runs created by this identity.")] = None,
-        created_after: Annotated[datetime.datetime | None, Query(
-            alias="createdAfter", description="Only runs created after this ISO 8601 time.")] = None,
-        created_before: Annotated[datetime.datetime | None, Query(
-            alias="createdBefore", description="Only runs created before this ISO 8601 time.")] = None,
+        created_after: Annotated[str | None, Query(
+            alias="createdAfter", max_length=64, json_schema_extra={"format": "date-time"},
+            description="Only runs created after this ISO 8601 time, with its offset: `2026-12-01T10:00:00Z`.")
+        ] = None,
+        created_before: Annotated[str | None, Query(
+            alias="createdBefore", max_length=64, json_schema_extra={"format": "date-time"},
+            description="Only runs created before this ISO 8601 time, with its offset.")] = None,
         q: Annotated[str | None, Query(max_length=MAX_NAME_CHARS,
                                        description="Only runs whose input contains this text, any case.")] = None,
     ) -> RunPage:
@@ -243,8 +252,8 @@ class RunRoutes:
         combine (all must hold); a bad value is a 422 naming the parameter. Scope: `read`.
         """
         where = RunFilter(
-            statuses=_statuses(status), selector=_selector(label_selector), model=model,
-            **_agent_filter(agent), created_by=created_by, parent=parent,
+            statuses=_statuses(status), selector=_selector(label_selector), model=_storable_query(model, "model"),
+            **_agent_filter(agent), created_by=_storable_query(created_by, "createdBy"), parent=parent,
             created_after=_aware(created_after, "createdAfter"), created_before=_aware(created_before, "createdBefore"),
             text=_storable_query(q, "q"),
         )
@@ -322,7 +331,7 @@ class RunRoutes:
         run is queued again and a worker resumes it. Scope: `decide`; recorded as `decidedBy`."""
         if body.decision is Decision.RECORD and body.output is None:
             problem = "is required with the decision record: what the call returned"
-            raise ApiError(400, f"output {problem}", [FieldProblem(field="output", problem=problem)])
+            raise ApiError(422, f"output {problem}", [FieldProblem(field="output", problem=problem)])
         await self._not_a_child_call(run_id, tool_use_id)
         before = await self.store.decisions(run_id)
         outcome, run = await self.store.decide(
@@ -363,11 +372,30 @@ class RunRoutes:
             await self.get_run(run_id)
             raise ApiError(404, f"run {run_id} has no step {seq}")
         detail = StepDetail.of(found)
+        if found.kind is StepKind.MODEL:
+            detail = detail.model_copy(update={"sent": await self.sent(run_id, seq)})
         if found.kind is StepKind.TOOL and found.tool_use_id is not None:  # its decisions, as the timeline shows
             decided = [DecisionView.of(c) for c in await self.store.decisions(run_id)
                        if c.tool_use_id == found.tool_use_id]
             detail = detail.model_copy(update={"decisions": decided})
         return detail
+
+    async def sent(self, run_id: uuid.UUID, seq: int) -> dict[str, Any] | None:
+        """A MODEL step's request as it was sent: the conversation rebuilt by replay of the steps before it, as
+        the engine rebuilds it, with the system prompt and the tool definitions the engine adds (this server's
+        tool box and the run's pinned sub-agents)."""
+        run = await self.store.get(run_id)
+        if run is None:
+            return None
+        conv = Conversation.replay(run.input, await self.store.steps_before(run_id, seq))
+        agents = []
+        for name, version in sub_agents.refs_by_tool(run.sub_agents).values():
+            agent = await self.store.agent(name, version, deleted=True)
+            if agent is not None:
+                agents.append(sub_agents.definition(agent.name, agent.version, agent.description))
+        return {"system": system_sent(run.system, run.output_schema),
+                "tools": tools_sent(self.tools.definitions(run.tools), agents, run.output_schema),
+                "messages": list(conv.messages)}
 
     async def message(self, run_id: RunId, body: MessageRequest, request: Request) -> MessageView:
         """Send a message to a run while it works. It is stored at once (202) and delivered to the model as a
@@ -448,11 +476,14 @@ def _agent_filter(text: str | None) -> dict[str, Any]:
     return {"agent": name, "agent_version": version}
 
 
-def _aware(at: datetime.datetime | None, name: str) -> datetime.datetime | None:
-    """A time without an offset names no instant: UTC is what a user most likely means, but say so instead."""
-    if at is not None and at.utcoffset() is None:
-        raise _bad_query(name, "must carry a UTC offset (Z or +hh:mm), like 2026-12-01T10:00:00Z")
-    return at
+def _aware(text: str | None, name: str) -> datetime.datetime | None:
+    """An ISO 8601 time with its offset: one without names no instant (UTC is only a guess of what was meant)."""
+    if text is None:
+        return None
+    try:
+        return rfc3339(text)
+    except ValueError as e:
+        raise _bad_query(name, str(e)) from None
 
 
 def _storable_query(text: str | None, name: str) -> str | None:
@@ -503,15 +534,14 @@ def _check_decided(
 
 Responses = dict[int | str, dict[str, Any]]
 SUBMIT_ERRORS: Responses = {
-    400: {"model": ErrorBody, "description": "The body is not JSON, or over the size limit, or `costBudgetUsd` is "
-          "set for a model without a price, or the model names an unknown provider"},
+    400: {"model": ErrorBody, "description": "The body is not JSON at all, or over the size limit"},
     404: {"model": ErrorBody, "description": "No run to continue or fork, or no agent (or version of it) named "
           "by `agent` or `subAgents`: `fields` names which"},
 }
 DECIDE_ERRORS: Responses = {
     409: {"model": ErrorBody, "description": "The decision does not fit the call's kind, or the call was already "
           "decided, or the run waits for its sub-agents (a sub-agent call takes no decision)"},
-    400: {"model": ErrorBody, "description": "A bad body: `record` without `output`"},
+    400: {"model": ErrorBody, "description": "The body is not JSON at all"},
 }
 CANCEL_ERRORS: Responses = {409: {"model": ErrorBody, "description": "The run has already finished"}}
 MESSAGE_ERRORS: Responses = {

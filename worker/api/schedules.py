@@ -271,7 +271,7 @@ class ScheduleRoutes:
         found = await self.store.schedule_runs(name, limit)
         if not found and await self.store.schedule(name) is None:
             raise _no_schedule(name)
-        return [RunView.of(r) for r in found]
+        return [RunView.of(r, self.submissions.prices) for r in found]
 
 
 def _raw(run: RunRequest | None) -> dict[str, Any] | None:
@@ -281,7 +281,7 @@ def _raw(run: RunRequest | None) -> dict[str, Any] | None:
 Responses = dict[int | str, dict[str, Any]]
 CREATE_ERRORS: Responses = {
     409: {"model": ErrorBody, "description": "A schedule of the name exists"},
-    400: {"model": ErrorBody, "description": "The body is not JSON, or the run's model names an unknown provider"},
+    400: {"model": ErrorBody, "description": "The body is not JSON at all, or over the size limit"},
     404: {"model": ErrorBody, "description": "The run names no agent (or sub-agent): `fields` names which"},
 }
 READ_ERRORS: Responses = {404: {"model": ErrorBody, "description": "No such schedule"}}

@@ -17,7 +17,7 @@ from agentrun.worker.core.agents import AGENT_REF, parse_ref
 from agentrun.worker.core.children import TOOL_PREFIX
 from agentrun.worker.core.context import MAX_KEEP_RECENT_TURNS, MAX_TRIGGER_TOKENS, STRATEGIES, ContextPolicy, parse
 from agentrun.worker.core.errors import Refused
-from agentrun.worker.core.labels import MAX_LABELS
+from agentrun.worker.core.labels import KEY_PATTERN, MAX_LABELS, MAX_NAME, MAX_PREFIX, VALUE_PATTERN
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import (
     Decision,
@@ -95,7 +95,7 @@ def _whole(value: object) -> object:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def _rfc3339(value: object) -> datetime.datetime:
+def rfc3339(value: object) -> datetime.datetime:
     """An RFC 3339 time with its offset (`2026-12-01T10:00:00Z`): a time without one names no instant."""
     if not isinstance(value, str):
         raise ValueError("must be an RFC 3339 time (a string) such as 2026-12-01T10:00:00Z")
@@ -110,7 +110,7 @@ def _rfc3339(value: object) -> datetime.datetime:
     return at
 
 
-RunAt = Annotated[datetime.datetime, BeforeValidator(_rfc3339),
+RunAt = Annotated[datetime.datetime, BeforeValidator(rfc3339),
                   Field(json_schema_extra={"pattern": "^[0-8][0-9]{3}-"})]
 
 
@@ -321,7 +321,10 @@ class RunRequest(_Camel):
         "or the source's (with `continueFrom` or `forkFrom`), else `{\"strategy\": \"auto\"}`.")
 
     labels: dict[str, str] | None = Field(
-        None, max_length=MAX_LABELS, description="Labels to find the run by (`{\"team\": \"billing\"}`), in "
+        None, max_length=MAX_LABELS, json_schema_extra={
+            "propertyNames": {"pattern": KEY_PATTERN, "maxLength": MAX_PREFIX + 1 + MAX_NAME},
+            "additionalProperties": {"type": "string", "pattern": VALUE_PATTERN, "maxLength": MAX_NAME}},
+        description="Labels to find the run by (`{\"team\": \"billing\"}`), in "
         "Kubernetes' syntax: a key is an optional DNS-subdomain prefix and `/`, then a name of at most 63 letters, "
         "digits, `-`, `_` or `.` starting and ending with a letter or digit; a value is empty or a name. A bad one "
         "is a 422 naming `labels.<key>`. When absent the source's (with `continueFrom` or `forkFrom`), else none. "
@@ -667,6 +670,10 @@ class StepDetail(TimelineStep):
                                            "within the window, from its request summary (`strategy`, "
                                            "`estimatedTokens`, `window`, `contextTokens`, `compacted`, "
                                            "`clearedToolUses`); null when the summary has none.")
+    sent: dict[str, Any] | None = Field(None, description="A MODEL step: its request as it was sent, "
+                                        "`{system, tools, messages}` (the system prompt, the tool definitions, "
+                                        "the messages), rebuilt by replay of the steps before it; null for other "
+                                        "kinds.")
 
     @classmethod
     def of(cls, step: Step) -> StepDetail:

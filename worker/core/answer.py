@@ -24,6 +24,19 @@ INSTRUCTION = (
 )
 
 
+def system_sent(system: str | None, schema: Mapping[str, Any] | None) -> str | None:
+    """The system prompt a model request of a run sends: its own, and with an output schema the instruction
+    to answer through `final_answer` (the engine sends it; the step inspector shows it)."""
+    return system if schema is None else "\n\n".join(filter(None, [system, INSTRUCTION]))
+
+
+def tools_sent(
+    tools: list[dict[str, Any]], agents: list[dict[str, Any]], schema: Mapping[str, Any] | None
+) -> list[dict[str, Any]]:
+    """The tool definitions a model request of a run sends: its tools, its sub-agents, then `final_answer`."""
+    return tools + agents + ([definition(schema)] if schema else [])
+
+
 def schema_problem(schema: object) -> str | None:
     """Why `schema` is not a usable output schema (a JSON Schema object), or None."""
     if not isinstance(schema, Mapping):

@@ -12,25 +12,30 @@ MAX_LABELS = 64
 
 MAX_NAME = 63
 MAX_PREFIX = 253
-_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+NAME_PATTERN = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+PREFIX_PATTERN = r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?"
+KEY_PATTERN = rf"^({PREFIX_PATTERN}/)?{NAME_PATTERN}$"
+"""A key: an optional DNS-style prefix (lower-case letters, digits, `-` and `.`, at most 253 characters) and
+`/`, then a name. One regular expression, stated in the API's document too, so a client can check it."""
+VALUE_PATTERN = rf"^({NAME_PATTERN})?$"
+_KEY = re.compile(KEY_PATTERN)
+_VALUE = re.compile(VALUE_PATTERN)
 
 
 def key_problem(key: str) -> str | None:
-    """Why `key` is no label key (an optional DNS-subdomain prefix and `/`, then a name), or None."""
-    prefix, slash, name = key.rpartition("/")
-    if slash:
-        if not prefix or len(prefix) > MAX_PREFIX or not all(_DNS_LABEL.fullmatch(p) for p in prefix.split(".")):
-            return "the key's prefix must be a DNS subdomain (lower-case labels joined by dots, at most 253 characters)"
-    if not name or len(name) > MAX_NAME or not _NAME.fullmatch(name):
-        return ("the key's name must be 1 to 63 characters of letters, digits, '-', '_' or '.', starting and "
-                "ending with a letter or digit")
-    return None
+    """Why `key` is no label key (an optional DNS-style prefix and `/`, then a name), or None."""
+    if _KEY.fullmatch(key):
+        return None
+    prefix, slash, _ = key.rpartition("/")
+    if slash and not re.fullmatch(PREFIX_PATTERN, prefix):
+        return "the key's prefix must be a DNS subdomain (lower-case letters, digits, '-' and '.', at most 253)"
+    return ("the key's name must be 1 to 63 characters of letters, digits, '-', '_' or '.', starting and "
+            "ending with a letter or digit")
 
 
 def value_problem(value: str) -> str | None:
     """Why `value` is no label value (empty, or up to 63 characters of the name's charset), or None."""
-    if value and (len(value) > MAX_NAME or not _NAME.fullmatch(value)):
+    if not _VALUE.fullmatch(value):
         return ("the value must be empty or 1 to 63 characters of letters, digits, '-', '_' or '.', starting and "
                 "ending with a letter or digit")
     return None

@@ -23,7 +23,7 @@ import psycopg
 from agentrun.worker.core import children as sub
 from agentrun.worker.core import context, waits
 from agentrun.worker.core.agents import Agent, with_agent
-from agentrun.worker.core.answer import FINAL_ANSWER, INSTRUCTION, MAX_CORRECTIONS, answer_of, definition, problem
+from agentrun.worker.core.answer import FINAL_ANSWER, MAX_CORRECTIONS, answer_of, problem, system_sent, tools_sent
 from agentrun.worker.core.children import MAX_CHILDREN_PER_TURN, MAX_DEPTH
 from agentrun.worker.core.decisions import Execute, Fail, Key, Park, Settle, key_of, next_call
 from agentrun.worker.core.errors import Refused
@@ -715,9 +715,8 @@ class RunDriver:
         return found
 
     async def _model_step(self, run: Run, conv: Conversation, notes: StepNotes = NO_NOTES) -> Progress:
-        system = run.system if run.output_schema is None else "\n\n".join(filter(None, [run.system, INSTRUCTION]))
-        tools = (self.tools.definitions(run.tools) + await self._agent_definitions(run)
-                 + ([definition(run.output_schema)] if run.output_schema else []))
+        system = system_sent(run.system, run.output_schema)
+        tools = tools_sent(self.tools.definitions(run.tools), await self._agent_definitions(run), run.output_schema)
         limits = self.prices.limits(run.model)
         max_tokens = min(self.settings.max_tokens, limits.max_output_tokens) if limits else self.settings.max_tokens
         policy = context.ContextPolicy.of(run.context_management)

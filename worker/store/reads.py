@@ -111,6 +111,13 @@ class Reads(Gateway):
         )
         return [_step(r) for r in rows]
 
+    async def steps_before(self, run_id: uuid.UUID, seq: int) -> list[Step]:
+        """The steps before `seq`, in order: what a replay rebuilds that step's request from."""
+        rows = await self._all(
+            f"SELECT {STEP_COLUMNS} FROM run_step WHERE run_id = %s AND seq < %s ORDER BY seq", (run_id, seq)
+        )
+        return [_step(r) for r in rows]
+
     async def step(self, run_id: uuid.UUID, seq: int) -> Step | None:
         row = await self._one(f"SELECT {STEP_COLUMNS} FROM run_step WHERE run_id = %s AND seq = %s", (run_id, seq))
         return _step(row) if row else None

@@ -9,8 +9,6 @@ import json
 import re
 from pathlib import Path
 
-import pytest
-
 from agentrun.worker.store import RunStore
 from tests.ui.test_ui import (  # noqa: F401  (fixtures: browser, page; skips without Chromium)
     GATE,
@@ -144,10 +142,7 @@ async def test_an_unpriced_model_says_unpriced_and_icons_need_no_font(
                 if line == "event: run":
                     streamed = json.loads((await anext(lines)).removeprefix("data: "))
                     break
-        assert streamed is not None
-        if streamed["costUsd"] is not None:
-            pytest.xfail("the events stream's run event still says costUsd 0.0 for an unpriced run "
-                         "(worker/api/events.py builds RunView.of(run) without the price table)")
+        assert streamed is not None and streamed["costUsd"] is None
         await expect(page.locator("#run-cost")).to_have_text("unpriced")
         await expect(page.locator("main")).not_to_contain_text("$0.0000")
 
@@ -166,10 +161,10 @@ async def test_the_step_inspector_shows_a_steps_request_and_response_raw_and_dow
         await expect(inspector).to_contain_text("Request")
         await expect(inspector.locator(".insp-facts")).to_contain_text("cost")
         detail = (await http.get(f"/api/runs/{run_id}/steps/1")).json()
-        if detail.get("sent") is not None:
-            await expect(inspector.locator(".part.tools")).to_contain_text("list_tickets")
-            await expect(inspector.locator(".part.messages")).to_contain_text("Which acme tickets are overdue?")
-            await expect(inspector.locator(".part.system")).to_be_visible()
+        assert detail["sent"] is not None
+        await expect(inspector.locator(".part.tools")).to_contain_text("list_tickets")
+        await expect(inspector.locator(".part.messages")).to_contain_text("Which acme tickets are overdue?")
+        await expect(inspector.locator(".part.system")).to_be_visible()
         await expect(inspector.locator(".part.response")).to_contain_text("tool_use")
         await page.screenshot(path=shot("ui-inspector.png", tmp_path), full_page=True)
 

@@ -55,7 +55,8 @@ dev: $(RUNTIME)
 
 ## screenshots: the UI's screenshots in docs/, taken by its browser test (needs chromium)
 screenshots: $(STAMP)
-	AGENTRUN_UI_SCREENSHOTS=1 $(BIN)/python -m pytest tests/ui -q -k list_shows
+	AGENTRUN_UI_SCREENSHOTS=1 $(BIN)/python -m pytest tests/ui -q \
+	  -k "list_shows or updates_live_and_cancel or continuation_draws or step_inspector or resume_after or cancelled_while or labels_and or workers_page"
 
 clean:
 	rm -rf $(VENV) build *.egg-info

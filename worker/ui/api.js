@@ -66,8 +66,17 @@ export async function call(method, path, body) {
   }
 }
 
+// The runs list's query: every filter of GET /api/runs (status, labelSelector, model, agent, createdBy,
+// parent, createdAfter, createdBefore, q), empty ones left out, and `after` for the page past `next`.
+function runsQuery(filters = {}, after = null) {
+  const q = new URLSearchParams({ limit: "100" });
+  for (const [k, v] of Object.entries(filters)) if (v !== undefined && v !== null && String(v).trim() !== "") q.set(k, String(v).trim());
+  if (after) q.set("after", after);
+  return q.toString();
+}
+
 export const api = {
-  list: (status) => call("GET", `/api/runs?limit=100${status ? `&status=${encodeURIComponent(status)}` : ""}`),
+  list: (filters, after) => call("GET", `/api/runs?${runsQuery(typeof filters === "string" ? { status: filters } : filters, after)}`),
   get: (id) => call("GET", `/api/runs/${id}`),
   timeline: (id) => call("GET", `/api/runs/${id}/timeline`),
   step: (id, seq) => call("GET", `/api/runs/${id}/steps/${seq}`),
@@ -78,7 +87,10 @@ export const api = {
   decide: (id, toolUseId, body) => call("POST", `/api/runs/${id}/pending/${encodeURIComponent(toolUseId)}`, body),
   whoami: () => call("GET", "/api/whoami"),
   children: (id) => call("GET", `/api/runs/${id}/children`),
+  descendants: (id) => call("GET", `/api/runs?${runsQuery({ parent: id })}`),
   schedules: () => call("GET", "/api/schedules"),
+  workers: () => call("GET", "/api/workers"),
+  tools: () => call("GET", "/api/tools"),
 };
 
 // Server-sent events read with fetch (EventSource cannot send an Authorization header). Resumes after a

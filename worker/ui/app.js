@@ -4,6 +4,8 @@
 import { api, ApiError, follow } from "./api.js";
 
 const TERMINAL = new Set(["SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"]);
+// What a person waits on was not decided before the run ended: the timeline reports such a call ABANDONED.
+const UNDECIDED = new Set(["WAITING", "ABANDONED"]);
 const STATUSES = ["QUEUED", "RUNNING", "WAITING", "SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"];
 const main = document.getElementById("main");
 let cleanup = () => {};
@@ -23,7 +25,7 @@ function h(tag, attrs = {}, ...children) {
     else if (k === "style") el.setAttribute("style", v);
     else el.setAttribute(k, v === true ? "" : v);
   }
-  for (const c of children.flat()) {
+  for (const c of children.flat(Infinity)) {
     if (c === null || c === undefined || c === false) continue;
     el.append(c instanceof Node ? c : document.createTextNode(String(c)));
   }
@@ -31,7 +33,8 @@ function h(tag, attrs = {}, ...children) {
 }
 
 const fmtInt = (n) => Number(n || 0).toLocaleString("en-US");
-const fmtUsd = (n) => `$${Number(n || 0).toFixed(4)}`;
+// A cost the price table cannot tell (an unpriced model) is null: it says so, never $0.0000.
+const fmtUsd = (n) => (n === null || n === undefined ? "unpriced" : `$${Number(n).toFixed(4)}`);
 const shortId = (id) => id.slice(0, 8);
 
 function age(iso) {
@@ -47,11 +50,13 @@ function ms(n) {
   return n < 1000 ? `${n} ms` : `${(n / 1000).toFixed(n < 10000 ? 2 : 1)} s`;
 }
 
-// Status is said in words and a symbol, colour only adds to it.
-const SYMBOL = { QUEUED: "○", RUNNING: "▶", WAITING: "⏸", SUCCEEDED: "✓", FAILED: "✗", CANCELLED: "⊘", TIMED_OUT: "⌛",
-  STARTED: "▶", DONE: "✓", ERROR: "✗" };
+// Status is said in words and an icon, colour only adds to it. The icons are drawn by CSS (style.css
+// `.ic-*`): glyphs such as ⏸ and ⌛ are missing from common fonts (Debian's) and showed as empty boxes.
+const ICON = { QUEUED: "queued", RUNNING: "play", WAITING: "pause", SUCCEEDED: "check", FAILED: "cross", CANCELLED: "stop",
+  TIMED_OUT: "hourglass", STARTED: "play", DONE: "check", ERROR: "cross", ABANDONED: "stop" };
+const icon = (name) => h("span", { class: `ic ic-${name}`, "aria-hidden": "true" });
 function badge(status) {
-  return h("span", { class: `badge s-${status.toLowerCase()}` }, `${SYMBOL[status] || "•"} ${status}`);
+  return h("span", { class: `badge s-${status.toLowerCase()}` }, icon(ICON[status] || "dot"), " ", status);
 }
 
 function notice(text, kind = "error") {
@@ -64,22 +69,162 @@ function connState(text) {
 
 // -- the runs list ----------------------------------------------------------------------------------
 
+// The list's filters are kept in the page's address (#/?status=…&labelSelector=…), so a filtered list can be
+// bookmarked and shared; their names are GET /api/runs's query parameters.
+const FILTERS = [
+  ["status", "Status", "running,waiting"], ["labelSelector", "Labels", "team=billing,env!=prod"], ["model", "Model", ""],
+  ["agent", "Agent", "name or name@version"], ["createdBy", "Created by", ""], ["createdAfter", "Created after", ""],
+  ["createdBefore", "Created before", ""], ["q", "Input contains", ""],
+];
+const isoOf = (local) => (local ? new Date(local).toISOString() : ""); // datetime-local (the browser's zone) → ISO 8601
+const localOf = (iso) => { // ISO 8601 → datetime-local's value, in the browser's zone
+  if (!iso) return "";
+  const d = new Date(iso);
+  if (Number.isNaN(d.getTime())) return "";
+  return new Date(d.getTime() - d.getTimezoneOffset() * 60000).toISOString().slice(0, 16);
+};
+
+function duration(run) {
+  if (!run.finishedAt) return null;
+  return new Date(run.finishedAt).getTime() - new Date(run.startedAt || run.createdAt).getTime();
+}
+
+const labelText = (labels) => Object.entries(labels || {}).map(([k, v]) => `${k}=${v}`);
+function labelTags(labels) {
+  return labelText(labels).map((t) => h("span", { class: "tag label mono" }, t));
+}
+
+// Sortable columns: each sorts the loaded rows by a value of its own (numbers and times as numbers).
+const COLUMNS = [
+  ["Run", (r) => r.id], ["Status", (r) => r.status], ["Input", (r) => r.inputPreview], ["Labels", (r) => labelText(r.labels).join(",")],
+  ["Model", (r) => r.model], ["Tokens", (r) => r.tokensUsed], ["Cost", (r) => (r.costUsd ?? -1)], ["Steps", (r) => r.steps],
+  ["Created", (r) => new Date(r.createdAt).getTime()], ["Ended", (r) => (r.finishedAt ? new Date(r.finishedAt).getTime() : Infinity)],
+  ["Duration", (r) => duration(r) ?? Infinity], ["Worker", (r) => r.lockedBy || ""],
+];
+const NUMERIC = new Set(["Tokens", "Cost", "Steps", "Duration"]);
+
 function listView(params) {
-  const status = params.get("status") || "";
-  const select = h("select", { id: "status-filter", name: "status", onchange: (e) => {
-    location.hash = e.target.value ? `#/?status=${e.target.value}` : "#/";
-  } }, h("option", { value: "" }, "all statuses"), STATUSES.map((s) => h("option", { value: s, selected: s === status }, s)));
+  const filters = Object.fromEntries(FILTERS.map(([k]) => [k, params.get(k) || ""]));
+  let sort = { col: params.get("sort") || "Created", desc: params.get("order") !== "asc" };
+  const selected = new Set();
+  let rows = []; // the first page, refreshed live
+  let older = []; // pages past it, loaded with "Load older runs"
+  let next = null;
+
+  const fields = FILTERS.map(([k, label, placeholder]) => {
+    const type = k.startsWith("created") && k !== "createdBy" ? "datetime-local" : "text";
+    const input = h("input", { id: `f-${k}`, name: k, type, placeholder: placeholder || null,
+      value: type === "datetime-local" ? localOf(filters[k]) : filters[k] });
+    const list = k === "status" ? h("datalist", { id: "status-values" }, STATUSES.map((st) => h("option", { value: st.toLowerCase() }))) : null;
+    if (list) input.setAttribute("list", "status-values");
+    return h("div", { class: "field" }, h("label", { for: `f-${k}` }, label), input, list);
+  });
+  const filterForm = h("form", { class: "filters card", id: "filters", "aria-label": "filter runs", onsubmit: (e) => {
+    e.preventDefault();
+    const q = new URLSearchParams();
+    for (const [k] of FILTERS) {
+      const el = document.getElementById(`f-${k}`);
+      const v = el.type === "datetime-local" ? isoOf(el.value) : el.value.trim();
+      if (v) q.set(k, v);
+    }
+    location.hash = q.toString() ? `#/?${q}` : "#/";
+  } }, fields, h("div", { class: "field buttons" }, h("button", { type: "submit", class: "primary", id: "apply-filters" }, "Filter"),
+    h("button", { type: "button", id: "clear-filters", onclick: () => { location.hash = "#/"; } }, "Clear")));
+
   const body = h("tbody");
-  const info = h("p", { class: "muted", role: "status" });
+  const head = h("tr");
+  const info = h("p", { class: "muted", role: "status", id: "list-info" });
+  const more = h("button", { type: "button", id: "load-more", hidden: true, onclick: () => loadOlder() }, "Load older runs");
+  const cancelSelected = h("button", { type: "button", class: "danger", id: "cancel-selected", disabled: true, onclick: async () => {
+    const ids = [...selected];
+    const results = await Promise.allSettled(ids.map((id) => api.cancel(id)));
+    const failed = results.map((r, i) => [r, ids[i]]).filter(([r]) => r.status === "rejected");
+    bulkInfo.textContent = failed.length
+      ? `Cancel asked for ${ids.length - failed.length} of ${ids.length}; ${failed.map(([r, id]) => `${shortId(id)}: ${r.reason.message}`).join("; ")}`
+      : `Cancel asked for ${ids.length} run${ids.length > 1 ? "s" : ""}.`;
+    bulkInfo.className = failed.length ? "error" : "ok";
+    selected.clear();
+    refresh(false);
+  } }, "Cancel selected");
+  const bulkInfo = h("span", { role: "status", id: "bulk-info" });
+  const allBox = h("input", { type: "checkbox", id: "select-all", "aria-label": "select every run shown that has not finished",
+    onchange: (e) => {
+      for (const r of [...rows, ...older]) if (!TERMINAL.has(r.status)) { if (e.target.checked) selected.add(r.id); else selected.delete(r.id); }
+      draw();
+    } });
+
+  function sorted() {
+    const all = [...rows, ...older.filter((r) => !rows.some((x) => x.id === r.id))];
+    const key = (COLUMNS.find(([c]) => c === sort.col) || COLUMNS[8])[1];
+    return all.map((r, i) => [r, i]).sort(([a, i], [b, j]) => {
+      const x = key(a); const y = key(b);
+      const c = x < y ? -1 : x > y ? 1 : i - j;
+      return sort.desc ? -c : c;
+    }).map(([r]) => r);
+  }
+
+  function draw() {
+    head.replaceChildren(h("th", { scope: "col", class: "pick" }, can("cancel") ? allBox : null), ...COLUMNS.map(([c]) => {
+      const on = sort.col === c;
+      return h("th", { scope: "col", class: NUMERIC.has(c) ? "num" : null, "aria-sort": on ? (sort.desc ? "descending" : "ascending") : "none" },
+        h("button", { type: "button", class: "sort", "data-col": c, onclick: () => {
+          sort = { col: c, desc: on ? !sort.desc : !["Run", "Status", "Input", "Labels", "Model", "Worker"].includes(c) };
+          draw();
+        } }, c, on ? h("span", { class: `ic ic-${sort.desc ? "down" : "up"}`, "aria-hidden": "true" }) : null));
+    }));
+    body.replaceChildren(...sorted().map((r) => h("tr", { "data-run": r.id },
+      h("td", { class: "pick" }, can("cancel") && !TERMINAL.has(r.status)
+        ? h("input", { type: "checkbox", class: "pick-run", "aria-label": `select run ${shortId(r.id)}`, checked: selected.has(r.id),
+          onchange: (e) => { if (e.target.checked) selected.add(r.id); else selected.delete(r.id); drawBulk(); } }) : null),
+      h("td", {}, h("a", { href: `#/runs/${r.id}`, class: "mono" }, shortId(r.id))),
+      h("td", {}, badge(r.status)),
+      h("td", { class: "input", title: r.inputPreview }, r.inputPreview),
+      h("td", { class: "labels" }, labelTags(r.labels)),
+      h("td", { class: "mono small" }, r.model),
+      h("td", { class: "num" }, fmtInt(r.tokensUsed)),
+      h("td", { class: "num cost" }, fmtUsd(r.costUsd)),
+      h("td", { class: "num" }, r.steps),
+      h("td", { title: r.createdAt }, age(r.createdAt)),
+      h("td", { class: "ended", title: r.finishedAt || "" }, r.finishedAt ? new Date(r.finishedAt).toLocaleTimeString() : "–"),
+      h("td", { class: "num duration" }, ms(duration(r))),
+      h("td", { class: "mono" }, r.lockedBy || "–"),
+    )));
+    drawBulk();
+  }
+
+  function drawBulk() {
+    for (const id of [...selected]) if (![...rows, ...older].some((r) => r.id === id && !TERMINAL.has(r.status))) selected.delete(id);
+    cancelSelected.disabled = selected.size === 0;
+    cancelSelected.textContent = selected.size ? `Cancel selected (${selected.size})` : "Cancel selected";
+  }
+
   const input = h("textarea", { id: "new-input", name: "input", rows: 2, required: true,
     placeholder: "Which acme tickets are overdue?" });
   const budget = h("input", { id: "new-budget", name: "tokenBudget", type: "number", min: 1, value: 50000 });
-  const formError = h("p", { class: "error", role: "alert" });
-  const form = h("form", { class: "new-run", onsubmit: async (e) => {
+  const model = h("input", { id: "new-model", name: "model", type: "text", placeholder: "the server's default" });
+  const timeout = h("input", { id: "new-timeout", name: "timeoutSeconds", type: "number", min: 1, value: 300 });
+  const cost = h("input", { id: "new-cost", name: "costBudgetUsd", type: "number", min: 0, step: "any", placeholder: "no limit" });
+  const tools = h("input", { id: "new-tools", name: "tools", type: "text", placeholder: "every tool", list: "tool-names" });
+  const approvals = h("input", { id: "new-approval", name: "requireApproval", type: "text", placeholder: "none (\"*\": every tool)", list: "tool-names" });
+  const labels = h("input", { id: "new-labels", name: "labels", type: "text", placeholder: "team=billing,env=dev" });
+  const schema = h("textarea", { id: "new-schema", name: "outputSchema", rows: 3, placeholder: '{"type": "object", "properties": {"overdue": {"type": "array"}}}' });
+  const toolNames = h("datalist", { id: "tool-names" });
+  const formError = h("p", { class: "error", role: "alert", id: "new-error" });
+  const names = (text) => text.split(",").map((t) => t.trim()).filter(Boolean);
+  const form = h("form", { class: "new-run", id: "new-run", onsubmit: async (e) => {
     e.preventDefault();
     formError.textContent = "";
+    const req = { input: input.value, tokenBudget: Number(budget.value), timeoutSeconds: Number(timeout.value) };
     try {
-      const made = await api.submit({ input: input.value, tokenBudget: Number(budget.value), timeoutSeconds: 300 });
+      if (model.value.trim()) req.model = model.value.trim();
+      if (cost.value !== "") req.costBudgetUsd = Number(cost.value);
+      if (tools.value.trim()) req.tools = names(tools.value);
+      if (approvals.value.trim()) req.requireApproval = names(approvals.value);
+      if (labels.value.trim()) req.labels = parseLabels(labels.value);
+      if (schema.value.trim()) {
+        try { req.outputSchema = JSON.parse(schema.value); } catch (err) { throw new Error(`outputSchema: not JSON (${err.message})`); }
+      }
+      const made = await api.submit(req);
       location.hash = `#/runs/${made.id}`;
     } catch (err) {
       formError.textContent = err.message;
@@ -87,45 +232,114 @@ function listView(params) {
   } },
   h("h2", {}, "New run"),
   h("label", { for: "new-input" }, "Request"), input,
-  h("div", { class: "row" }, h("label", { for: "new-budget" }, "Token budget"), budget,
-    h("button", { type: "submit", class: "primary" }, "Submit run")),
+  h("div", { class: "grid" },
+    h("div", { class: "field" }, h("label", { for: "new-model" }, "Model"), model),
+    h("div", { class: "field" }, h("label", { for: "new-budget" }, "Token budget"), budget),
+    h("div", { class: "field" }, h("label", { for: "new-cost" }, "Cost budget (USD)"), cost),
+    h("div", { class: "field" }, h("label", { for: "new-timeout" }, "Timeout (s)"), timeout),
+    h("div", { class: "field" }, h("label", { for: "new-tools" }, "Tools (a, b)"), tools),
+    h("div", { class: "field" }, h("label", { for: "new-approval" }, "Need approval"), approvals),
+    h("div", { class: "field" }, h("label", { for: "new-labels" }, "Labels"), labels)),
+  toolNames,
+  h("label", { for: "new-schema" }, "Output schema (JSON Schema, optional)"), schema,
+  h("div", { class: "row" }, h("button", { type: "submit", class: "primary" }, "Submit run")),
   formError);
 
   main.replaceChildren(
-    h("section", { class: "list-head" },
-      h("h1", {}, "Runs"),
-      h("div", { class: "filter" }, h("label", { for: "status-filter" }, "Status"), select)),
-    h("table", { class: "runs", "aria-label": "runs, newest first" },
-      h("thead", {}, h("tr", {}, ["Run", "Status", "Input", "Tokens", "Cost", "Steps", "Age", "Worker"]
-        .map((c) => h("th", { scope: "col", class: ["Tokens", "Cost", "Steps"].includes(c) ? "num" : null }, c)))),
-      body),
-    info,
+    h("section", { class: "list-head" }, h("h1", {}, "Runs")),
+    filterForm,
+    can("cancel") ? h("div", { class: "row bulk" }, cancelSelected, bulkInfo) : null,
+    h("div", { class: "table-wrap" }, h("table", { class: "runs list", "aria-label": "runs" }, h("thead", {}, head), body)),
+    h("div", { class: "row" }, info, more),
     can("submit") ? form : null,
   );
+  draw();
+  if (can("submit")) api.tools().then((t) => toolNames.replaceChildren(...(t.tools || []).map((x) => h("option", { value: x.name })))).catch(() => {});
 
+  let timer = null;
+  let alive = true;
+  function say() {
+    const n = rows.length + older.length;
+    const any = FILTERS.some(([k]) => filters[k]);
+    info.textContent = n ? `${n} run${n > 1 ? "s" : ""}${any ? " matching the filters" : ""}${next ? " (more below)" : ""}, newest updated live`
+      : any ? "No run matches these filters." : "No runs yet: submit one below, or with `agentrun runs submit`.";
+    more.hidden = !next;
+  }
+  async function loadOlder() {
+    if (!next) return;
+    try {
+      const page = await api.list(filters, next);
+      older = [...older, ...page.items];
+      next = page.next;
+      draw(); say();
+    } catch (err) {
+      info.textContent = `cannot load older runs: ${err.message}`;
+    }
+  }
+  async function refresh(again = true) {
+    try {
+      const page = await api.list(filters);
+      if (!alive) return;
+      rows = page.items;
+      if (!older.length) next = page.next;
+      info.className = "muted";
+      draw(); say();
+      connState("");
+    } catch (err) {
+      if (alive) {
+        connState("");
+        info.textContent = `cannot list runs: ${err.message}`;
+        info.className = "error";
+      }
+    }
+    if (alive && again) timer = setTimeout(refresh, 2000);
+  }
+  refresh();
+  return () => { alive = false; clearTimeout(timer); };
+}
+
+// `team=billing,env=dev` → {"team": "billing", "env": "dev"}; the API checks the syntax and names a bad key.
+function parseLabels(text) {
+  const out = {};
+  for (const part of text.split(",").map((t) => t.trim()).filter(Boolean)) {
+    const eq = part.indexOf("=");
+    if (eq <= 0) throw new Error(`labels: "${part}" is not key=value`);
+    out[part.slice(0, eq).trim()] = part.slice(eq + 1).trim();
+  }
+  return out;
+}
+
+// -- the workers page (GET /api/workers) ---------------------------------------------------------------
+
+function workersView() {
+  const body = h("tbody");
+  const info = h("p", { class: "muted", role: "status" });
+  main.replaceChildren(
+    h("section", { class: "list-head" }, h("h1", {}, "Workers")),
+    h("table", { class: "runs workers", "aria-label": "live workers" },
+      h("thead", {}, h("tr", {}, ["Worker", "Version", "Runs held", "Concurrency", "Last seen", "MCP servers"]
+        .map((c) => h("th", { scope: "col", class: ["Runs held", "Concurrency"].includes(c) ? "num" : null }, c)))),
+      body),
+    info);
   let timer = null;
   let alive = true;
   async function refresh() {
     try {
-      const page = await api.list(status);
+      const listed = await api.workers();
       if (!alive) return;
-      body.replaceChildren(...page.items.map((r) => h("tr", { "data-run": r.id },
-        h("td", {}, h("a", { href: `#/runs/${r.id}`, class: "mono" }, shortId(r.id))),
-        h("td", {}, badge(r.status)),
-        h("td", { class: "input", title: r.inputPreview }, r.inputPreview),
-        h("td", { class: "num" }, fmtInt(r.tokensUsed)),
-        h("td", { class: "num" }, fmtUsd(r.costUsd)),
-        h("td", { class: "num" }, r.steps),
-        h("td", { title: r.createdAt }, age(r.createdAt)),
-        h("td", { class: "mono" }, r.lockedBy || "–"),
-      )));
-      info.textContent = page.items.length ? `${page.items.length} runs${page.next ? " (newest 100)" : ""}, updated live`
-        : "No runs yet: submit one below, or with `agentrun runs submit`.";
-      connState("");
+      body.replaceChildren(...listed.items.map((w) => h("tr", { "data-worker": w.id },
+        h("td", { class: "mono" }, w.id),
+        h("td", { class: "mono" }, w.version || "–"),
+        h("td", { class: "num" }, w.runsHeld),
+        h("td", { class: "num" }, w.concurrency),
+        h("td", {}, w.lastSeen ? h("time", { datetime: w.lastSeen, title: w.lastSeen }, age(w.lastSeen)) : "–"),
+        h("td", { class: "mono small" }, (w.mcpServers || []).join(", ") || "–"))));
+      info.textContent = listed.items.length ? `${listed.items.length} live worker${listed.items.length > 1 ? "s" : ""}, updated every few seconds`
+        : "No live worker: runs stay QUEUED until one starts (`agentrun worker`).";
     } catch (err) {
-      if (alive) connState(`cannot list runs: ${err.message}`);
+      if (alive) info.textContent = `cannot list workers: ${err.message}`;
     }
-    if (alive) timer = setTimeout(refresh, 2000);
+    if (alive) timer = setTimeout(refresh, 3000);
   }
   refresh();
   return () => { alive = false; clearTimeout(timer); };
@@ -192,7 +406,7 @@ function budgets(run) {
   const tokens = run.tokensUsedTotal !== undefined && run.tokensUsedTotal > run.tokensUsed ? run.tokensUsedTotal : run.tokensUsed;
   const own = tokens !== run.tokensUsed ? ` (own ${fmtInt(run.tokensUsed)})` : "";
   const out = [bar("Tokens", tokens, run.tokenBudget, `${fmtInt(tokens)} of ${fmtInt(run.tokenBudget)}${own}`)];
-  const cost = run.costUsdTotal !== undefined && run.costUsdTotal > run.costUsd ? run.costUsdTotal : run.costUsd;
+  const cost = run.costUsdTotal !== undefined && run.costUsdTotal !== null && (run.costUsd === null || run.costUsdTotal > run.costUsd) ? run.costUsdTotal : run.costUsd;
   if (run.costBudgetUsd) out.push(bar("Cost", cost, run.costBudgetUsd, `${fmtUsd(cost)} of ${fmtUsd(run.costBudgetUsd)}`));
   else out.push(h("div", { class: "budget" }, h("div", { class: "budget-label" }, h("span", {}, "Cost"),
     h("span", { class: "mono" }, `${fmtUsd(cost)} (no limit)`))));
@@ -218,7 +432,33 @@ function providerCompacted(d) {
   try { const blocks = JSON.parse(d.response || "[]"); return Array.isArray(blocks) && blocks.some((b) => b && b.type === "compaction"); } catch (_) { return false; }
 }
 
-function waterfall(run, steps, onFork, inflight, details = new Map()) {
+// How long, in words: "45 s", "3m 20s", "2h 5m".
+function span(msTotal) {
+  const s = Math.max(0, Math.floor(msTotal / 1000));
+  if (s < 60) return `${s} s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${s % 60}s`;
+  if (s < 86400) return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+  return `${Math.floor(s / 86400)}d ${Math.floor((s % 86400) / 3600)}h`;
+}
+
+// The waits for a person a step's row shows: each decision asked about its call, from when it was asked to
+// when it was decided (to now while it waits, to the run's end when it was abandoned).
+function waitsOf(run, s, now) {
+  const end = run.finishedAt ? new Date(run.finishedAt).getTime() : now;
+  return (s.decisions || []).filter((d) => d.since).map((d) => ({
+    start: new Date(d.since).getTime(),
+    end: d.decidedAt ? new Date(d.decidedAt).getTime() : end,
+    open: !d.decidedAt,
+    kind: d.kind,
+  }));
+}
+
+// A worker change is a takeover (a crash, a lost lease) only when the step shows one: a tool call run again
+// (attempts > 1) or asked about as in doubt. After a wait (an approval, a timer, children) the run is
+// released and any worker may resume it: that is normal, and said plainly.
+const crashed = (s) => (s.attempts || 0) > 1 || (s.decisions || []).some((d) => d.kind === "in_doubt");
+
+function waterfall(run, steps, onFork, inflight, details = new Map(), onInspect = null, inspecting = null) {
   if (!steps.length && !inflight) return h("p", { class: "muted" }, run.status === "QUEUED" ? "Waiting for a worker…" : "No steps yet.");
   const now = Date.now();
   if (inflight && !TERMINAL.has(run.status)) {
@@ -230,41 +470,134 @@ function waterfall(run, steps, onFork, inflight, details = new Map()) {
       worker: run.lockedBy, stopReason: "streaming", inflight: true }];
   }
   const times = steps.map((s) => {
-    const end = s.finishedAt ? new Date(s.finishedAt).getTime() : now;
-    return { start: new Date(s.startedAt).getTime(), end };
+    const waits = waitsOf(run, s, now);
+    if (!s.startedAt) { // a call waiting for a person (no step yet): its wait is all there is
+      return { start: waits.length ? waits[0].start : now, end: waits.length ? waits[waits.length - 1].end : now, waits, none: true };
+    }
+    return { start: new Date(s.startedAt).getTime(), end: s.finishedAt ? new Date(s.finishedAt).getTime() : now, waits };
   });
-  const t0 = Math.min(...times.map((t) => t.start));
-  const t1 = Math.max(...times.map((t) => t.end), t0 + 1);
-  const span = t1 - t0;
+  // The axis is this run's own time: steps inherited from the run it continues or forks ran earlier (maybe
+  // days before) and would squash its own steps into a sliver; they are listed, marked, off the axis.
+  const own = times.filter((_, i) => !steps[i].inherited);
+  const scaled = own.length ? own : times;
+  const edges = scaled.flatMap((t) => [t.start, t.end, ...t.waits.flatMap((w) => [w.start, w.end])]);
+  const t0 = Math.min(...edges);
+  const t1 = Math.max(...edges, t0 + 1);
+  const total = t1 - t0;
+  const pos = (t) => Math.min(100, Math.max(0, ((t - t0) / total) * 100));
   let previous = null;
   const rows = steps.map((s, i) => {
-    const { start, end } = times[i];
-    const left = ((start - t0) / span) * 100;
-    const width = Math.max(0.6, ((end - start) / span) * 100);
-    const takeover = previous !== null && s.worker && previous !== s.worker;
+    const { start, end, waits, none } = times[i];
+    const changed = previous !== null && s.worker && previous !== s.worker;
+    const takeover = changed && crashed(s);
     previous = s.worker || previous;
     const kind = s.kind === "MODEL" ? "model" : s.kind === "USER" ? "user" : s.kind === "COMPACT" ? "compact" : "tool";
     const name = s.kind === "MODEL" ? `model${s.stopReason ? ` · ${s.stopReason}` : ""}`
-      : s.kind === "USER" ? `user${s.createdBy ? ` · ${s.createdBy}` : ""}`
-      : s.kind === "COMPACT" ? compactLabel(s) : `tool · ${s.toolName}`;
+      : s.kind === "USER" ? `user message${s.createdBy ? ` · ${s.createdBy}` : ""}`
+      : s.kind === "COMPACT" ? compactLabel(s) : `tool · ${s.toolName || "?"}`;
     const tokens = s.kind === "MODEL" || (s.kind === "COMPACT" && (s.inputTokens || s.outputTokens))
       ? `in ${fmtInt(s.inputTokens)} · out ${fmtInt(s.outputTokens)} · cache w ${fmtInt(s.cacheCreationInputTokens)} / r ${fmtInt(s.cacheReadInputTokens)}`
       : s.kind === "USER" ? "a user message" : s.kind === "COMPACT" ? "no model call" : `attempt ${s.attempts}`;
-    return h("li", { class: `wf-row ${kind}`, "data-seq": s.seq, "data-status": s.status },
+    const cost = s.kind === "MODEL" || s.kind === "COMPACT" ? ` · ${fmtUsd(s.costUsd)}` : "";
+    let track;
+    if (s.inherited) {
+      track = h("div", { class: "wf-track inherited" }, h("span", { class: "wf-note" },
+        `inherited · ran ${s.startedAt ? new Date(s.startedAt).toLocaleString() : "before"} · ${ms(s.latencyMs)}`));
+    } else {
+      const marks = waits.map((w) => h("div", { class: `wf-wait${w.open ? " open" : ""}`, style: `left:${pos(w.start).toFixed(2)}%;width:${Math.max(0.6, pos(w.end) - pos(w.start)).toFixed(2)}%`,
+        title: `waiting for a person (${w.kind === "approval" ? "approval" : "in doubt"}) · ${span(w.end - w.start)}` },
+        h("span", {}, `${UNDECIDED.has(s.status) && run.status !== "WAITING" && w.open ? "abandoned after" : "waited"} ${span(w.end - w.start)}`)));
+      const bar = none ? null : s.kind === "USER"
+        ? h("div", { class: "wf-mark user", style: `left:${pos(start).toFixed(2)}%`, title: "a user message" })
+        : h("div", { class: `wf-bar ${kind} ${s.status.toLowerCase()}`, style: `left:${pos(start).toFixed(2)}%;width:${Math.max(0.6, pos(end) - pos(start)).toFixed(2)}%` });
+      track = h("div", { class: "wf-track" }, marks, bar);
+    }
+    const waitingRow = s.seq === null;
+    const status = waitingRow && TERMINAL.has(run.status) ? "ABANDONED" : s.status;
+    return h("li", { class: `wf-row ${kind}${s.inherited ? " inherited" : ""}${inspecting === s.seq && s.seq !== null ? " inspecting" : ""}`,
+      "data-seq": s.seq ?? null, "data-status": status, "data-tool-use": waitingRow ? s.toolUseId : null },
       h("div", { class: "wf-label" },
-        h("span", { class: "seq mono" }, `#${s.seq}`), " ", h("strong", {}, name), " ", badge(s.status),
+        h("span", { class: "seq mono" }, waitingRow ? "#–" : `#${s.seq}`), " ", h("strong", {}, name), " ", badge(status),
         s.inherited ? h("span", { class: "tag" }, "inherited") : null,
         s.kind === "MODEL" && providerCompacted(details.get(s.seq)) ? h("span", { class: "tag compacted", title: "the provider compacted the conversation before this call" }, "compacted by the provider") : null,
-        takeover ? h("span", { class: "tag takeover", title: "another worker took the run over" }, `⇄ taken over by ${s.worker}`) : null),
-      h("div", { class: "wf-track", "aria-hidden": "true" },
-        h("div", { class: `wf-bar ${kind} ${s.status.toLowerCase()}`, style: `left:${left.toFixed(2)}%;width:${width.toFixed(2)}%` })),
-      s.inflight ? h("div", { class: "wf-meta mono" }, `in flight · ${s.worker || "–"}`) : h("div", { class: "wf-meta mono" }, `${ms(s.latencyMs)} · ${tokens} · ${s.worker || "–"}`,
-        " ", can("submit") ? h("button", { type: "button", class: "link", id: `fork-${s.seq}`, onclick: () => onFork(s.seq), "aria-label": `Fork from step ${s.seq}` }, "Fork here") : null));
+        takeover ? h("span", { class: "tag takeover", title: "the worker that held the run stopped mid-step (a crash or a lost lease); another went on" }, `taken over by ${s.worker}`) : null,
+        changed && !takeover ? h("span", { class: "tag resumed", title: "the run was released (it waited) and another worker resumed it" }, `resumed on ${s.worker}`) : null),
+      track,
+      s.inflight ? h("div", { class: "wf-meta mono" }, `in flight · ${s.worker || "–"}`)
+        : waitingRow ? h("div", { class: "wf-meta" }, status === "ABANDONED" ? "never decided: the run ended first" : "waiting for a person's decision")
+        : h("div", { class: "wf-meta mono" }, `${ms(s.latencyMs)} · ${tokens}${cost} · ${s.worker || "–"}`, " ",
+          onInspect ? h("button", { type: "button", class: "link", id: `inspect-${s.seq}`, onclick: () => onInspect(s.seq), "aria-label": `Inspect step ${s.seq}` }, "Inspect") : null,
+          can("submit") ? h("button", { type: "button", class: "link", id: `fork-${s.seq}`, onclick: () => onFork(s.seq), "aria-label": `Fork from step ${s.seq}` }, "Fork here") : null));
   });
-  return h("div", {}, h("div", { class: "wf-axis mono", "aria-hidden": "true" }, h("span", {}, "0 s"), h("span", {}, `${(span / 1000).toFixed(1)} s`)),
+  const inherited = steps.filter((s) => s.inherited).length;
+  return h("div", {}, h("div", { class: "wf-axis mono", "aria-hidden": "true" }, h("span", {}, "0 s"),
+    h("span", {}, `${(total / 1000).toFixed(1)} s${inherited ? ` (this run's own ${steps.length - inherited} step${steps.length - inherited === 1 ? "" : "s"})` : ""}`)),
     h("ol", { class: "waterfall", "aria-label": "steps on a time axis" }, rows),
     h("p", { class: "legend" }, h("span", { class: "key model" }), " model call ", h("span", { class: "key tool" }), " tool call",
-      steps.some((s) => s.kind === "COMPACT") ? [" ", h("span", { class: "key compact" }), " compaction"] : null));
+      steps.some((s) => s.kind === "USER") ? [" ", h("span", { class: "key user" }), " user message"] : null,
+      times.some((t) => t.waits.length) ? [" ", h("span", { class: "key wait" }), " waiting for a person"] : null,
+      steps.some((s) => s.kind === "COMPACT") ? [" ", h("span", { class: "key compact" }), " compaction"] : null,
+      inherited ? [" ", h("span", { class: "key inherited" }), ` inherited (${inherited}, off the axis)`] : null));
+}
+
+// -- the step inspector: what a step sent and got, formatted or as raw JSON, and a download --------------
+
+function jsonOf(text) {
+  if (typeof text !== "string") return text;
+  try { return JSON.parse(text); } catch (_) { return text; }
+}
+
+function download(name, value) {
+  const blob = new Blob([JSON.stringify(value, null, 2)], { type: "application/json" });
+  const url = URL.createObjectURL(blob);
+  const a = h("a", { href: url, download: name });
+  document.body.append(a);
+  a.click();
+  a.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 1000);
+}
+
+const block = (title, value, cls = "") => h("div", { class: `part ${cls}` }, h("h3", {}, title),
+  h("pre", {}, typeof value === "string" ? value : JSON.stringify(value, null, 2)));
+
+function inspector(run, seq, d, raw, setRaw, close) {
+  if (seq === null) return null;
+  const head = h("div", { class: "row insp-head" },
+    h("h2", { id: "inspector-title" }, `Step #${seq}`, d ? ` · ${d.kind}${d.toolName ? ` · ${d.toolName}` : ""}` : ""),
+    d ? badge(d.status) : null,
+    h("div", { class: "insp-tabs", role: "group", "aria-label": "view" },
+      h("button", { type: "button", id: "insp-formatted", "aria-pressed": String(!raw), onclick: () => setRaw(false) }, "Formatted"),
+      h("button", { type: "button", id: "insp-raw", "aria-pressed": String(raw), onclick: () => setRaw(true) }, "Raw JSON")),
+    d ? h("button", { type: "button", id: "insp-download", onclick: () => download(`run-${shortId(run.id)}-step-${seq}.json`, d) }, "Download JSON") : null,
+    h("button", { type: "button", class: "link", id: "insp-close", onclick: close }, "Close"));
+  if (!d) return h("section", { class: "card inspector", id: "inspector", "aria-labelledby": "inspector-title" }, head, h("p", { class: "muted" }, "loading…"));
+  const facts = h("p", { class: "mono small insp-facts" },
+    `cost ${fmtUsd(d.costUsd)} · ${ms(d.latencyMs)}`,
+    d.kind === "MODEL" ? ` · in ${fmtInt(d.inputTokens)} · out ${fmtInt(d.outputTokens)} · cache w ${fmtInt(d.cacheCreationInputTokens)} / r ${fmtInt(d.cacheReadInputTokens)}` : "",
+    d.worker ? ` · ${d.worker}` : "");
+  let parts;
+  if (raw) {
+    parts = [h("pre", { class: "raw", id: "insp-json" }, JSON.stringify(d, null, 2))];
+  } else if (d.kind === "MODEL") {
+    const sent = d.sent || null;
+    parts = [h("h3", { class: "side" }, "Request"),
+      sent ? [
+        block("System prompt", sent.system ?? "(none)", "system"),
+        h("div", { class: "part tools" }, h("h3", {}, `Tools (${(sent.tools || []).length})`),
+          (sent.tools || []).map((t) => h("details", {}, h("summary", { class: "mono" }, t.name || "?", t.description ? h("span", { class: "muted" }, ` · ${t.description}`) : null),
+            h("pre", {}, JSON.stringify(t, null, 2))))),
+        h("div", { class: "part messages" }, h("h3", {}, `Messages (${(sent.messages || []).length})`),
+          (sent.messages || []).map((m, i) => h("details", { open: i === (sent.messages || []).length - 1 },
+            h("summary", {}, h("strong", {}, m.role), " ", h("span", { class: "muted small" }, asText(m.content).slice(0, 120))),
+            h("pre", {}, typeof m.content === "string" ? m.content : JSON.stringify(m.content, null, 2))))),
+      ] : block("Request summary", jsonOf(d.request)),
+      h("h3", { class: "side" }, "Response"), block("Content blocks", jsonOf(d.response), "response")];
+  } else if (d.kind === "TOOL") {
+    parts = [block("Input", jsonOf(d.request), "tool-input"), block(d.status === "ERROR" ? "Output (an error)" : "Output", jsonOf(d.response), "tool-output")];
+  } else {
+    parts = [block("Request", jsonOf(d.request)), block("Response", jsonOf(d.response))];
+  }
+  return h("section", { class: "card inspector", id: "inspector", "aria-labelledby": "inspector-title", "data-seq": seq }, head, facts, parts);
 }
 
 function asText(content) {
@@ -314,9 +647,12 @@ function conversation(run, steps, details, live) {
       items.push(h("li", { class: "msg compact", "data-seq": s.seq },
         h("div", { class: "who" }, `${compactLabel(s)}${covers} · #${s.seq}`), body));
     } else if (s.seq === null) {
-      items.push(h("li", { class: "msg result waiting", "data-tool-use": s.toolUseId },
-        h("div", { class: "who" }, `tool call · ${s.toolName}`, " ", badge("WAITING")),
-        h("p", { class: "muted" }, "waiting for a person's decision (above)")));
+      // A run cancelled or timed out while it waited never got the decision: not "waiting" any more.
+      const abandoned = s.status === "ABANDONED" || TERMINAL.has(run.status);
+      items.push(h("li", { class: `msg result ${abandoned ? "abandoned" : "waiting"}`, "data-tool-use": s.toolUseId },
+        h("div", { class: "who" }, `tool call · ${s.toolName}`, " ", badge(abandoned ? "ABANDONED" : "WAITING")),
+        h("p", { class: "muted" }, abandoned ? `never decided: the run ended ${run.status === "TIMED_OUT" ? "(timed out)" : run.status === "CANCELLED" ? "(cancelled)" : ""} first`
+          : "waiting for a person's decision (above)")));
     } else {
       const error = s.status === "ERROR";
       const body = s.status === "STARTED" ? h("p", { class: "muted" }, "running…")
@@ -340,6 +676,7 @@ function conversation(run, steps, details, live) {
 
 function pendingSection(run, pending, decide) {
   if (pending === null) return null; // this server has no decisions API
+  if (TERMINAL.has(run.status)) return null; // nothing left to decide: the run ended (its calls are abandoned)
   // Sub-agent calls (treeSection) and timers and event waits (waitsSection) take no decision.
   pending = pending.filter((p) => !["children", "timer", "event"].includes(p.kind));
   if (!pending.length) return null;
@@ -361,6 +698,8 @@ function pendingSection(run, pending, decide) {
           " ", h("span", { class: "mono small" }, p.toolUseId),
           // A decision authorises one execution: the attempt says which question this is.
           p.kind === "in_doubt" && p.attempt ? h("span", { class: "muted small attempt" }, ` · interrupted at attempt ${p.attempt}`) : null),
+        p.since ? h("p", { class: "small waited", "data-since": p.since }, `waiting for ${span(Date.now() - new Date(p.since).getTime())}`,
+          h("span", { class: "muted" }, ` (since ${new Date(p.since).toLocaleString()})`)) : null,
         h("pre", {}, JSON.stringify(p.input, null, 2)),
         p.kind === "in_doubt" ? h("div", {}, output, h("label", { for: `err-${p.toolUseId}` }, isError, " the output is an error")) : null,
         can("decide") ? h("div", { class: "row" }, reason, ...buttons)
@@ -402,11 +741,19 @@ function waitsSection(run, pending) {
 const mayHaveChildren = (run) => Boolean((run.subAgents && run.subAgents.length) || run.childrenActive
   || (run.tokensUsedTotal || 0) > (run.tokensUsed || 0) || (run.costUsdTotal || 0) > (run.costUsd || 0));
 
-const agentOf = (run) => run.agent ? `${run.agent}${run.agentVersion ? `@${run.agentVersion}` : ""}` : "–";
+const agentOf = (run) => run.agent ? `${run.agent}${run.agentVersion && !String(run.agent).includes("@") ? `@${run.agentVersion}` : ""}` : "–";
 
 // Where the run came from: the parent whose sub-agent call started it, or the run it continues or forks.
-function lineage(run) {
-  if (!run.parentRunId) return null;
+function lineage(run, descendants, children) {
+  const subAgents = new Set((children || []).map((c) => c.id));
+  const made = (descendants || []).filter((r) => !subAgents.has(r.id));
+  const from = made.length ? h("p", { id: "descendants" }, "Continued or forked as: ",
+    made.map((r, i) => [i ? ", " : "", h("a", { href: `#/runs/${r.id}`, class: "mono", "data-run": r.id }, shortId(r.id)), " ", badge(r.status)])) : null;
+  if (!run.parentRunId) return from;
+  return h("div", { class: "lineage" }, parentLine(run), from);
+}
+
+function parentLine(run) {
   const link = h("a", { href: `#/runs/${run.parentRunId}`, class: "mono", id: "parent-link" }, shortId(run.parentRunId));
   if (run.parentToolUseId) {
     return h("p", { id: "started-by" }, "Started by run ", link, " for call ",
@@ -451,10 +798,37 @@ function runView(id) {
   let message = null;
   let alive = true;
   let children = null; // the runs its sub-agent calls started (null: none asked for yet)
+  let descendants = null; // the runs whose parent is this one: sub-agents', continuations, forks
+  let inspecting = null; // the seq of the step shown in the inspector
+  let raw = false;
   const root = h("div", { class: "run" });
   main.replaceChildren(root);
 
-  const source = () => ({ tokenBudget: run.tokenBudget, timeoutSeconds: run.timeoutSeconds });
+  // A fork or a continuation keeps this run's budgets and model unless the options say otherwise.
+  const source = () => {
+    const val = (key) => { const el = document.getElementById(`opt-${key}`); return el ? el.value.trim() : ""; };
+    const out = { tokenBudget: Number(val("tokenBudget") || run.tokenBudget), timeoutSeconds: Number(val("timeoutSeconds") || run.timeoutSeconds) };
+    if (val("model") && val("model") !== run.model) out.model = val("model");
+    if (val("costBudgetUsd")) out.costBudgetUsd = Number(val("costBudgetUsd"));
+    if (val("maxSteps")) out.maxSteps = Number(val("maxSteps"));
+    return out;
+  };
+
+  function inspect(seq) {
+    inspecting = seq;
+    const step = steps.get(seq);
+    if (step) loadDetail(step);
+    render();
+    const el = document.getElementById("inspector");
+    if (el) el.scrollIntoView({ block: "nearest" });
+  }
+
+  async function loadDescendants() {
+    try {
+      descendants = (await api.descendants(id)).items;
+    } catch (_) { /* kept as it was */ }
+    if (alive) render();
+  }
 
   async function act(what, fn) {
     message = null;
@@ -508,7 +882,9 @@ function runView(id) {
     const focused = document.activeElement && root.contains(document.activeElement) ? document.activeElement.id : null;
     const values = new Map([...root.querySelectorAll("input[id], textarea[id]")]
       .map((el) => [el.id, el.type === "checkbox" ? el.checked : el.value]));
+    const open = root.querySelector("#run-options") ? root.querySelector("#run-options").open : false;
     draw(ordered());
+    if (open && root.querySelector("#run-options")) root.querySelector("#run-options").open = true;
     for (const [key, value] of values) {
       const el = document.getElementById(key);
       if (el && root.contains(el)) { if (el.type === "checkbox") el.checked = value; else el.value = value; }
@@ -553,24 +929,42 @@ function runView(id) {
         waitingMessages > 0 ? h("span", { class: "muted small", id: "messages-waiting" },
           `${waitingMessages} message${waitingMessages > 1 ? "s" : ""} waiting for the next turn boundary`) : null))
       : null;
+    const opt = (key, label, attrs) => h("div", { class: "field" }, h("label", { for: `opt-${key}` }, label),
+      h("input", { id: `opt-${key}`, name: key, ...attrs }));
+    const options = h("details", { class: "card options", id: "run-options" },
+      h("summary", {}, "Fork and continue with other settings"),
+      h("p", { class: "muted small" }, "Left as they are, a fork (“Fork here” on a step) and a continuation keep this run's model and budgets."),
+      h("div", { class: "grid" },
+        opt("model", "Model", { type: "text", value: run.model }),
+        opt("tokenBudget", "Token budget", { type: "number", min: 1, value: run.tokenBudget }),
+        opt("costBudgetUsd", "Cost budget (USD)", { type: "number", min: 0, step: "any", value: run.costBudgetUsd ?? "", placeholder: "no limit" }),
+        opt("timeoutSeconds", "Timeout (s)", { type: "number", min: 1, value: run.timeoutSeconds }),
+        opt("maxSteps", "Max steps", { type: "number", min: 1, value: run.maxSteps })));
     root.replaceChildren(...[
       h("p", {}, h("a", { href: "#/" }, "← all runs")),
       h("section", { class: "run-head" },
         h("div", {}, h("h1", {}, "Run ", h("span", { class: "mono" }, shortId(run.id))), h("p", { class: "mono small muted" }, run.id)),
         h("div", { class: "head-status" }, badge(run.status), cancel)),
       message,
-      run.error ? notice(`Error: ${run.error}`) : null,
+      // A cancel that worked is no error: said plainly, who asked included; a failure or a timeout is red.
+      run.status === "CANCELLED" ? h("p", { class: "note", id: "cancelled", role: "status" },
+        `Cancelled${run.cancelledBy ? ` by ${run.cancelledBy}` : ""}${run.error && !/^cancel/i.test(run.error) ? `: ${run.error}` : "."}`)
+        : run.error ? notice(`${run.status === "TIMED_OUT" ? "Timed out" : "Error"}: ${run.error}`) : null,
       run.status === "QUEUED" && run.modelRetries > 0 && run.runAt
         ? h("p", { class: "muted", id: "handed-back" },
           `Handed back after ${run.modelRetries} failed model step${run.modelRetries > 1 ? "s" : ""}; claimable again from ${new Date(run.runAt).toLocaleTimeString()}.`)
         : null,
-      lineage(run),
+      lineage(run, descendants, children),
       h("section", { class: "card facts" },
         h("dl", {},
           h("dt", {}, "Model"), h("dd", { class: "mono" }, run.model),
+          run.agent ? [h("dt", {}, "Agent"), h("dd", { class: "mono" }, agentOf(run))] : null,
           h("dt", {}, "Steps"), h("dd", {}, `${run.steps} of at most ${run.maxSteps}`),
+          h("dt", {}, "Cost"), h("dd", { class: "mono", id: "run-cost" }, fmtUsd(run.costUsd)),
           h("dt", {}, "Worker"), h("dd", { class: "mono" }, run.lockedBy || "–"),
-          h("dt", {}, "Created"), h("dd", {}, `${new Date(run.createdAt).toLocaleString()} (${age(run.createdAt)})`)),
+          h("dt", {}, "Created"), h("dd", {}, `${new Date(run.createdAt).toLocaleString()} (${age(run.createdAt)})${run.createdBy ? ` by ${run.createdBy}` : ""}`),
+          run.finishedAt ? [h("dt", {}, "Ended"), h("dd", { id: "run-ended" }, `${new Date(run.finishedAt).toLocaleString()} · took ${ms(duration(run))}`)] : null,
+          Object.keys(run.labels || {}).length ? [h("dt", {}, "Labels"), h("dd", { id: "run-labels" }, labelTags(run.labels))] : null),
         h("div", { class: "budgets" }, budgets(run))),
       pendingSection(run, pending, (toolUseId, body) => act(`Decision on ${toolUseId}`, async () => {
         const r = await api.decide(id, toolUseId, body);
@@ -583,10 +977,12 @@ function runView(id) {
         ? h("section", { class: "card answer" }, h("h2", {}, "Answer"), h("div", { class: "text" },
           typeof run.output === "string" ? run.output : JSON.stringify(run.output, null, 2)))
         : null,
-      h("section", { class: "card" }, h("h2", {}, "Steps"), waterfall(run, ordered.filter((s) => s.seq !== null), fork, inflightSeq(ordered), details)),
+      h("section", { class: "card" }, h("h2", {}, "Steps"), waterfall(run, ordered, fork, inflightSeq(ordered), details, inspect, inspecting)),
+      inspector(run, inspecting, details.get(inspecting), raw, (v) => { raw = v; render(); }, () => { inspecting = null; render(); }),
       h("section", { class: "card" }, h("h2", {}, "Conversation"), conversation(run, ordered, details, live)),
       talk,
       cont,
+      can("submit") ? options : null,
     ].filter(Boolean));
   }
 
@@ -596,6 +992,7 @@ function runView(id) {
       run = data;
       if (run.status === "WAITING" || (run.pending !== undefined && run.pending !== before)) loadPending();
       loadChildren();
+      if (!descendants || TERMINAL.has(run.status)) loadDescendants();
     } else if (type === "step") {
       // A call waiting for a person has no seq yet: keyed by its tool_use id until its step appears.
       if (data.seq === null) steps.set(`w:${data.toolUseId}`, data);
@@ -613,7 +1010,15 @@ function runView(id) {
   });
   loadPending();
   // The deadline bar and running bars grow with the clock between events.
-  const tick = setInterval(() => { if (run && run.status === "RUNNING") render(); }, 1000);
+  // A wait for a person says how long it has waited, by the second.
+  const tick = setInterval(() => {
+    if (run && run.status === "RUNNING") render();
+    else if (run && run.status === "WAITING") {
+      for (const el of root.querySelectorAll(".waited[data-since]")) {
+        el.firstChild.textContent = `waiting for ${span(Date.now() - new Date(el.dataset.since).getTime())}`;
+      }
+    }
+  }, 1000);
   // Children at work change without their parent's row: their statuses and spending are asked for.
   const treeTick = setInterval(() => { if (run && run.childrenActive) loadChildren(); }, 2000);
   return () => { alive = false; stop(); clearInterval(tick); clearInterval(treeTick); connState(""); };
@@ -627,6 +1032,11 @@ function route() {
   const [path, query] = hash.slice(1).split("?");
   const params = new URLSearchParams(query || "");
   const m = path.match(/^\/runs\/([0-9a-fA-F-]{36})$/);
+  if (path === "/workers") {
+    cleanup = workersView();
+    document.title = "workers · agentrun";
+    return;
+  }
   if (path === "/schedules") {
     cleanup = schedulesView();
     document.title = "schedules · agentrun";

@@ -718,6 +718,23 @@ function whenText(iso) {
   return `${new Date(iso).toLocaleString()} (${rel})`;
 }
 
+// MCP tools' progress notifications (`progress` events), by tool_use id, while their calls run: live only,
+// like text deltas; a call's entry goes once its step ends.
+function progressSection(progress) {
+  if (!progress.size) return null;
+  return h("section", { class: "card", id: "progress", "aria-labelledby": "progress-title" },
+    h("h2", { id: "progress-title" }, "Tools at work"),
+    [...progress.values()].map((p) => {
+      const share = typeof p.total === "number" && p.total > 0 ? Math.min(1, p.progress / p.total) : null;
+      return h("div", { class: "budget tool-progress", "data-tool-use": p.toolUseId },
+        h("div", { class: "budget-label" },
+          h("span", { class: "mono" }, p.toolName),
+          h("span", {}, share === null ? `${p.progress}` : `${p.progress} of ${p.total}`)),
+        share === null ? null : h("div", { class: "meter" }, h("div", { class: "fill", style: `width:${(share * 100).toFixed(1)}%` })),
+        p.message ? h("div", { class: "muted small progress-message" }, p.message) : null);
+    }));
+}
+
 function waitsSection(run, pending) {
   if (run.status !== "WAITING" || !["timer", "event"].includes(run.waitingFor)) return null;
   const waits = (pending || []).filter((p) => p.kind === "timer" || p.kind === "event");
@@ -794,6 +811,7 @@ function runView(id) {
   let steps = new Map();
   const details = new Map();
   const live = new Map();
+  const progress = new Map(); // toolUseId -> its latest `progress` event
   let pending = [];
   let message = null;
   let alive = true;
@@ -972,6 +990,7 @@ function runView(id) {
         return r;
       })),
       waitsSection(run, pending),
+      progressSection(progress),
       treeSection(run, children),
       run.output !== undefined && run.output !== null
         ? h("section", { class: "card answer" }, h("h2", {}, "Answer"), h("div", { class: "text" },
@@ -990,6 +1009,7 @@ function runView(id) {
     if (type === "run") {
       const before = run ? run.pending : undefined;
       run = data;
+      if (TERMINAL.has(run.status)) progress.clear();
       if (run.status === "WAITING" || (run.pending !== undefined && run.pending !== before)) loadPending();
       loadChildren();
       if (!descendants || TERMINAL.has(run.status)) loadDescendants();
@@ -998,10 +1018,13 @@ function runView(id) {
       if (data.seq === null) steps.set(`w:${data.toolUseId}`, data);
       else { steps.delete(`w:${data.toolUseId}`); steps.set(data.seq, data); }
       if (data.kind === "MODEL") live.delete(data.seq);
+      if (data.kind === "TOOL" && data.status !== "STARTED") progress.delete(data.toolUseId);
       loadDetail(data);
       if (data.status !== "DONE" && data.status !== "ERROR" && data.status !== "STARTED") loadPending();
     } else if (type === "delta") {
       if (!steps.has(data.seq)) live.set(data.seq, (live.get(data.seq) || "") + data.text);
+    } else if (type === "progress") {
+      progress.set(data.toolUseId, data);
     }
     render();
   }, (state) => {

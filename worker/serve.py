@@ -151,9 +151,10 @@ def price_table(settings: WorkerSettings) -> PriceTable:
         raise SystemExit(f"agentrun: cannot read the price table (AGENTRUN_PRICES_FILE): {e}") from None
 
 
-def webhook_sender(settings: WorkerSettings, store: RunStore, metrics: Metrics) -> WebhookSender:
+def webhook_sender(settings: WorkerSettings, store: RunStore, metrics: Metrics,
+                   prices: PriceTable | None = None) -> WebhookSender:
     """The completion webhooks' sender of this worker: its secrets file, URL policy, backoff, and the run
-    JSON of `GET /api/runs/{id}` as the body."""
+    JSON of `GET /api/runs/{id}` as the body (an unknown cost null there too, given `prices`)."""
     import orjson
 
     from agentrun.worker.api.schemas import RunView
@@ -161,7 +162,7 @@ def webhook_sender(settings: WorkerSettings, store: RunStore, metrics: Metrics) 
     from agentrun.worker.runtime.webhooks import SenderSettings, WebhookSecrets, WebhookSender
 
     def render(run: Run) -> bytes:
-        return orjson.dumps(RunView.of(run).model_dump(mode="json", by_alias=True))
+        return orjson.dumps(RunView.of(run, prices).model_dump(mode="json", by_alias=True))
 
     sender_settings = SenderSettings(
         timeout=settings.webhook_timeout,
@@ -317,7 +318,8 @@ class Serving:
 
         await self.parts.mcp.settled(MCP_FIRST_CONNECT_WAIT)
         return Worker(self.settings, store, self.parts.llm, self.parts.tools, self.parts.prices,
-                      observer=self.parts.observer, webhooks=webhook_sender(self.settings, store, self.parts.metrics),
+                      observer=self.parts.observer, webhooks=webhook_sender(self.settings, store, self.parts.metrics,
+                                                             self.parts.prices),
                       mcp_servers=[s.config.name for s in self.parts.mcp.servers])
 
     def api(self, store: RunStore) -> FastAPI:

@@ -60,20 +60,19 @@ class DeltaPublisher:
         return True
 
 
-class DeltaSink:
-    """Called with each text fragment of one model call; `close()` sends the rest and waits for it."""
+class _Throttled:
+    """What a sink shares: it sends what gathered at most once per `publisher.interval`, from one flusher task
+    at a time. Subclasses keep what is to be sent, `_flush` it, and `_drop` it."""
 
     def __init__(self, publisher: DeltaPublisher, run_id: uuid.UUID, seq: int) -> None:
         self.publisher = publisher
         self.run_id = run_id
         self.seq = seq
-        self._buffer: list[str] = []
         self._last = 0.0
         self._flusher: asyncio.Task[None] | None = None
         self._sleeping = False
 
-    def __call__(self, text: str) -> None:
-        self._buffer.append(text)
+    def _schedule(self) -> None:
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush_later())
 
@@ -88,11 +87,10 @@ class DeltaSink:
         await self._flush()
 
     async def _flush(self) -> None:
-        if not self._buffer:
-            return
-        text, self._buffer = "".join(self._buffer), []
-        self._last = time.monotonic()
-        await self.publisher.publish(self.run_id, self.seq, text)
+        raise NotImplementedError
+
+    def _drop(self) -> None:
+        raise NotImplementedError
 
     async def close(self) -> None:
         """Sends what is left; after a failed or cancelled call, call `discard()` instead."""
@@ -104,9 +102,31 @@ class DeltaSink:
         await self._flush()
 
     def discard(self) -> None:
-        self._buffer.clear()
+        self._drop()
         if self._flusher is not None:
             self._flusher.cancel()
+
+
+class DeltaSink(_Throttled):
+    """Called with each text fragment of one model call; `close()` sends the rest and waits for it."""
+
+    def __init__(self, publisher: DeltaPublisher, run_id: uuid.UUID, seq: int) -> None:
+        super().__init__(publisher, run_id, seq)
+        self._buffer: list[str] = []
+
+    def __call__(self, text: str) -> None:
+        self._buffer.append(text)
+        self._schedule()
+
+    async def _flush(self) -> None:
+        if not self._buffer:
+            return
+        text, self._buffer = "".join(self._buffer), []
+        self._last = time.monotonic()
+        await self.publisher.publish(self.run_id, self.seq, text)
+
+    def _drop(self) -> None:
+        self._buffer.clear()
 
 
 def _parts(text: str) -> list[str]:
@@ -115,21 +135,16 @@ def _parts(text: str) -> list[str]:
     return [text[i : i + step] for i in range(0, len(text), step)] or [""]
 
 
-class ProgressSink:
+class ProgressSink(_Throttled):
     """Called with each progress report of one tool call; sends the latest at most `rate` times a second
     (a watcher wants where the call is now, not every step it took). `close()` sends what is left."""
 
     def __init__(self, publisher: DeltaPublisher, run_id: uuid.UUID, seq: int, tool_use_id: str,
                  tool_name: str) -> None:
-        self.publisher = publisher
-        self.run_id = run_id
-        self.seq = seq
+        super().__init__(publisher, run_id, seq)
         self.tool_use_id = tool_use_id
         self.tool_name = tool_name
         self._latest: dict[str, Any] | None = None
-        self._last = 0.0
-        self._flusher: asyncio.Task[None] | None = None
-        self._sleeping = False
         self._loop = asyncio.get_running_loop()
 
     def __call__(self, progress: float, total: float | None, message: str | None) -> None:
@@ -142,18 +157,7 @@ class ProgressSink:
             return
         self._latest = {"toolUseId": self.tool_use_id, "toolName": self.tool_name, "progress": progress,
                         "total": total, "message": message[:MAX_PROGRESS_MESSAGE] if message else message}
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_later())
-
-    async def _flush_later(self) -> None:
-        wait = self._last + self.publisher.interval - time.monotonic()
-        if wait > 0:
-            self._sleeping = True
-            try:
-                await asyncio.sleep(wait)
-            finally:
-                self._sleeping = False
-        await self._flush()
+        self._schedule()
 
     async def _flush(self) -> None:
         if self._latest is None:
@@ -162,15 +166,5 @@ class ProgressSink:
         self._last = time.monotonic()
         await self.publisher._notify(self.run_id, {"run": str(self.run_id), "seq": self.seq, "progress": latest})
 
-    async def close(self) -> None:
-        if self._flusher is not None and not self._flusher.done():
-            if self._sleeping:  # the latest goes now
-                self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
-        await self._flush()
-
-    def discard(self) -> None:
+    def _drop(self) -> None:
         self._latest = None
-        if self._flusher is not None:
-            self._flusher.cancel()

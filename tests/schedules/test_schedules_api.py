@@ -78,7 +78,7 @@ async def test_bad_bodies_are_4xx_naming_the_field(client: httpx.AsyncClient) ->
          "startingDeadlineSeconds"),
         ({"name": "a", "intervalSeconds": 5, "run": {**RUN, "tools": ["nosuch"]}}, 422, "run.tools[0]"),
         ({"name": "a", "intervalSeconds": 5, "run": {**RUN, "agent": "nobody"}}, 404, "run.agent"),
-        ({"name": "a", "intervalSeconds": 5, "run": {**RUN, "model": "nosuch/x"}}, 400, ""),
+        ({"name": "a", "intervalSeconds": 5, "run": {**RUN, "model": "nosuch/x"}}, 422, ""),
         ({"name": "a", "intervalSeconds": 5, "run": {**RUN, "delaySeconds": 5}}, 422, "run.delaySeconds"),
         ({"name": "a", "intervalSeconds": 5, "run": {"input": "no budgets"}}, 422, "run.tokenBudget"),
         ({"name": "a", "intervalSeconds": 5, "run": {**RUN, "input": "nul \x00 inside"}}, 422, "run"),

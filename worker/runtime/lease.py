@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from agentrun.worker.core.errors import CancelRequested as CancelRequested
+from agentrun.worker.runtime.tasks import honour_cancel
 from agentrun.worker.store import RunStore
 
 log = logging.getLogger(__name__)
@@ -230,6 +231,7 @@ class LeaseKeeper:
         them; stopping first keeps a tool from running on meanwhile."""
         interval = self.lease_seconds / 3
         while True:
+            honour_cancel()
             await self._pause(interval)
             if lapsed := self.lapsed():
                 log.warning(
@@ -242,5 +244,6 @@ class LeaseKeeper:
                 await self.renew()
                 interval = self.lease_seconds / 3
             except Exception as e:
+                honour_cancel(e)
                 interval = max(self.lease_seconds / 15, 0.05)
                 log.warning("%s could not renew its leases: %s", self.worker_id, str(e) or type(e).__name__)

@@ -21,6 +21,7 @@ from agentrun.worker.runtime.engine import DriverSettings, RunDriver
 from agentrun.worker.runtime.lease import LeaseKeeper
 from agentrun.worker.runtime.presence import Presence
 from agentrun.worker.runtime.schedules import Ticker
+from agentrun.worker.runtime.tasks import honour_cancel
 from agentrun.worker.runtime.webhooks import WebhookSender
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import Claim, LeaseLost, RunStore
@@ -221,6 +222,7 @@ class Worker:
             await self.store.announce(self.id, VERSION, self.settings.concurrency, self.settings.lease_seconds,
                                       self.mcp_servers)
         except Exception as e:  # presence in the list is no reason to stop working
+            honour_cancel(e)
             log.debug("%s could not announce itself: %s", self.id, str(e) or type(e).__name__)
 
     async def _announce(self) -> None:
@@ -229,6 +231,7 @@ class Worker:
         while True:
             await asyncio.sleep(self.settings.lease_seconds / 3)
             await self._announce_once()
+            honour_cancel()
 
     async def _housekeeping(self) -> None:
         """Every couple of seconds, end the waiting runs whose deadline has passed, and cancel the children
@@ -242,7 +245,9 @@ class Worker:
                 for run_id in await self.store.cancel_orphans():
                     log.info("%s run=%s cancelled: its parent run ended", self.id, run_id.hex[:8])
             except Exception as e:
+                honour_cancel(e)
                 log.debug("%s could not look for expired waiting runs: %s", self.id, e)
+            honour_cancel()
 
     async def _sweep(self) -> None:
         """Wake the runs whose timer is due or whose event wait timed out: ONE statement for all of them (the
@@ -262,7 +267,9 @@ class Worker:
                 if len(woke) >= SWEEP_BATCH:
                     sleep = 0.0
             except Exception as e:
+                honour_cancel(e)
                 log.debug("%s could not sweep the waiting runs: %s", self.id, e)
+            honour_cancel()
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(sleep):
                     await self.sweep_poke.wait()

@@ -16,6 +16,7 @@ from agentrun.worker.core.observer import NoObserver, Observer
 from agentrun.worker.core.records import NewRun
 from agentrun.worker.core.schedules import Schedule, run_id_for, spec_of
 from agentrun.worker.core.submission import Defaults, Offer, new_run
+from agentrun.worker.runtime.tasks import honour_cancel
 from agentrun.worker.store import RunStore
 from agentrun.worker.store.schedules import Tick
 
@@ -68,9 +69,11 @@ class Ticker:
                     wait = await self.store.next_due_in()
                 backoff = 0.5
             except Exception as e:  # an outage: the ticks wait in the table, nothing is lost
+                honour_cancel(e)
                 log.warning("%s schedules: %s; retrying in %.1fs", self.worker_id, str(e) or type(e).__name__, backoff)
                 await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
                 backoff = min(backoff * 2, 5.0)
                 continue
             sleep = self.max_sleep if wait is None else min(max(wait, 0.0) + 0.005, self.max_sleep)
+            honour_cancel()
             await asyncio.sleep(sleep)

@@ -29,6 +29,7 @@ from agentrun.worker.core.watched import Look, WatchedFile
 from agentrun.worker.core.webhooks import Allow, Backoff, Delivery, address_problem, literal_address, parse_url
 from agentrun.worker.runtime.errors import SecretsFileError as SecretsFileError
 from agentrun.worker.runtime.errors import WebhookRefused
+from agentrun.worker.runtime.tasks import honour_cancel
 from agentrun.worker.store import RunStore, channels
 from agentrun.worker.store.channels import WEBHOOK_CHANNEL
 
@@ -190,8 +191,10 @@ class WebhookSender:
                         if due is not None:
                             idle = min(idle, due + 0.01)
                     except Exception as e:
+                        honour_cancel(e)
                         log.warning("%s cannot look for webhook deliveries: %s", self.worker_id,
                                     str(e) or type(e).__name__)
+                    honour_cancel()
                     with contextlib.suppress(TimeoutError):
                         async with asyncio.timeout(idle):
                             await self.wake.wait()
@@ -213,6 +216,7 @@ class WebhookSender:
             except asyncio.CancelledError:
                 raise
             except Exception as e:
+                honour_cancel(e)
                 log.debug("%s webhook listener: %s; reconnecting", self.worker_id, e)
             finally:
                 if conn is not None:

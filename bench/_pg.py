@@ -62,10 +62,10 @@ def server(url: str | None) -> Iterator[str]:
     if url:
         yield url
         return
-    import pgserver
+    from agentrun.worker.testing import embedded_postgres
 
     with tempfile.TemporaryDirectory(prefix="agentrun-bench-pg-") as data:
-        found = pgserver.get_server(data, cleanup_mode="stop")
+        found = embedded_postgres.start(data, what="the benchmarks")
         try:
             yield found.get_uri()
         finally:

@@ -16,10 +16,10 @@ from typing import Any
 
 class LocalPostgres:
     def __init__(self) -> None:
-        import pgserver
+        from agentrun.worker.testing import embedded_postgres
 
         self._dir = Path(tempfile.mkdtemp(prefix="agentrun-localpg-"))
-        self._server: Any = pgserver.get_server(self._dir, cleanup_mode="stop")
+        self._server: Any = embedded_postgres.start(self._dir, what="LocalPostgres")
         self.url: str = self._server.get_uri()
         self.running = True
 

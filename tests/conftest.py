@@ -52,6 +52,21 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     test_static.stop_mypy(session.config)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: Any) -> bool | None:
+    """A test over its time limit fails with every thread's and task's stack (tests/support/hangs.py)."""
+    from tests.support import hangs
+
+    return hangs.set_timer(item, settings)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_cancel_timer(item: pytest.Item) -> bool | None:
+    from tests.support import hangs
+
+    return hangs.cancel_timer(item)
+
+
 def _docker_answers() -> bool:
     try:
         import docker
@@ -73,10 +88,10 @@ def postgres_url() -> Iterator[str]:
         with PostgresContainer("postgres:16", driver=None) as pg:
             yield pg.get_connection_url()
     else:
-        import pgserver
+        from agentrun.worker.testing import embedded_postgres
 
         with tempfile.TemporaryDirectory(prefix="agentrun-pg-") as data:
-            server = pgserver.get_server(data, cleanup_mode="stop")
+            server = embedded_postgres.start(data, what="the tests (without Docker or AGENTRUN_TEST_DATABASE_URL)")
             try:
                 _no_fsync(server.get_uri())
                 yield server.get_uri()

@@ -40,14 +40,11 @@ class DevOptions:
 
 @contextlib.asynccontextmanager
 async def _postgres(data: Path) -> AsyncIterator[str]:
-    try:
-        import pgserver
-    except ImportError:
-        raise RuntimeError("`agentrun dev` needs the embedded PostgreSQL: pip install 'agentrun[embedded]' "
-                           "(make dev does)") from None
+    from agentrun.worker.testing import embedded_postgres as embedded
+
     data.mkdir(parents=True, exist_ok=True)
     # cleanup_mode="stop": the server stops with us, its data stays for the next start.
-    server = await asyncio.to_thread(pgserver.get_server, str(data), cleanup_mode="stop")
+    server = await asyncio.to_thread(embedded.start, data, what="`agentrun dev` (make dev installs it)")
     try:
         yield str(server.get_uri())
     finally:

@@ -25,6 +25,7 @@ from agentrun.worker.core.records import StepKind, StepStatus
 from agentrun.worker.demo import tickets
 from agentrun.worker.store import RunStore, migrate
 from agentrun.worker.store.pool import open_pool
+from agentrun.worker.testing import embedded_postgres as embedded
 
 QUESTION = "Which acme tickets are overdue?"
 MODEL_LATENCY = 0.8  # seconds the local model takes to answer, so the timeline looks like real life
@@ -128,16 +129,9 @@ class WorkerProcess:
 
 @contextlib.asynccontextmanager
 async def embedded_postgres(say: Say) -> AsyncIterator[str]:
-    try:
-        import pgserver
-    except ImportError:
-        raise RuntimeError(
-            "the demo needs an embedded PostgreSQL: pip install 'agentrun[embedded]' (make demo does)"
-        ) from None
-
     say.step("database: starting an embedded PostgreSQL 16 in a temporary directory")
     data = tempfile.mkdtemp(prefix="agentrun-demo-")
-    server = await asyncio.to_thread(pgserver.get_server, data, cleanup_mode="stop")
+    server = await asyncio.to_thread(embedded.start, data, what="the demo (make demo installs it)")
     try:
         yield str(server.get_uri())
     finally:

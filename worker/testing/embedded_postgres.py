@@ -1,0 +1,61 @@
+"""The embedded PostgreSQL (pgserver) of the demo, `agentrun dev`, the benchmarks and the tests, started
+safely however many processes start one at once on a machine where none ever ran.
+
+Run as root, pgserver runs the server as an OS user `pgserver`, which it creates with `useradd` on first
+use, outside any lock: two processes starting at once (the suite's two xdist workers, a demo beside a test
+run) both create it, and one of them runs `initdb` as a user id the other's creation replaced. Here every
+start holds one machine-wide file lock, so the first creates the user and the rest find it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+# One lock for the machine: every process that starts an embedded server, whoever its OS user.
+LOCK_PATH = Path(tempfile.gettempdir()) / "agentrun-embedded-postgres.lock"
+
+
+@contextlib.contextmanager
+def machine_lock(path: Path = LOCK_PATH, timeout: float = 300.0) -> Iterator[None]:
+    """An exclusive lock shared by every process on the machine, released when the holder exits or dies
+    (an flock goes with its file descriptor). Waits up to `timeout` seconds, then raises TimeoutError."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    with contextlib.suppress(OSError):
+        os.fchmod(fd, 0o666)  # another OS user's process may need it too
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"another process has held {path} for {timeout:.0f} s") from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def start(data: str | Path, *, cleanup_mode: str | None = "stop", what: str = "this") -> Any:
+    """pgserver's server on `data` (created and initialised when new, started when stopped): its
+    `get_uri()` names it and `cleanup()` stops it. `what` names the caller (`the demo`, `make dev`) in
+    the error raised when pgserver is not installed."""
+    try:
+        import pgserver
+    except ImportError:
+        raise RuntimeError(
+            f"{what} needs an embedded PostgreSQL: pip install 'agentrun[embedded]'"
+        ) from None
+    with machine_lock():
+        return pgserver.get_server(str(data), cleanup_mode=cleanup_mode)

@@ -89,7 +89,7 @@ async def test_an_invalid_answer_gets_one_corrective_turn(
         run = await status_is(client, await submit(client, outputSchema=SCHEMA), "SUCCEEDED")
     assert run["output"] == {"overdue": 2}
     told = llm.seen[1].messages[-1]["content"][0]
-    assert told["is_error"] is True and "does not match the schema" in told["content"] and "integer" in told["content"]
+    assert told["is_error"] is True and "does not match the schema" in told["content"] and "(at /overdue)" in told["content"]
 
 
 async def test_a_second_invalid_answer_fails_the_run(

@@ -134,7 +134,7 @@ async def test_a_worker_whose_server_is_unreachable_at_start_is_ready_and_lists_
 
             await eventually(listed, 90, "the worker to be ready with the reachable server's tools")
             servers = {s["name"]: s for s in seen["servers"]}
-            assert servers["gone"]["connected"] is False and "ConnectError" in servers["gone"]["error"]
+            assert servers["gone"]["connected"] is False and servers["gone"]["error"]
             assert servers["shop"]["connected"] is True
             assert not any(t["name"].startswith("gone__") for t in seen["tools"])
             assert any(h.get("authorization") == "Bearer s3cret" for h in http_server.headers_seen)

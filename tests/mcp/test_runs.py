@@ -237,11 +237,11 @@ async def test_timeouts_and_garbage_are_error_results_and_the_session_goes_on(ht
         garbage = await box.execute("shop__garbage", {}, ctx)
         assert not garbage.ok
         assert garbage.output.startswith("error: MCP server shop answered the call of garbage with something that "
-                                         "is not an MCP result: content: Input should be a valid list"), garbage
+                                         "is not an MCP result: content: "), garbage  # then pydantic's words
         nonsense = await box.execute("shop__nonsense", {}, ctx)
         assert not nonsense.ok and nonsense.output.startswith("error: MCP server shop"), nonsense
         invalid = await box.execute("shop__lookup", {"q": 3}, ctx)
-        assert not invalid.ok and invalid.output == "error: invalid input for shop__lookup: 3 is not of type 'string'"
+        assert not invalid.ok and invalid.output.startswith("error: invalid input for shop__lookup: ")  # jsonschema's why
         fine = await box.execute("shop__lookup", {"q": "still"}, ctx)
         assert fine.ok and fine.output == "found still"
 

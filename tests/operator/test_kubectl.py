@@ -158,7 +158,7 @@ async def test_a_user_defines_an_agent_and_runs_it(
 
     code, _, err = await kubectl.run("patch", "ag", "researcher", "--type", "merge", "-p",
                                      '{"spec": {"maxSteps": 0}}', ok=False)
-    assert code != 0 and 'The Agent "researcher" is invalid' in err and "spec.maxSteps" in err, err
+    assert code != 0 and '"researcher"' in err and "spec.maxSteps" in err, err  # the rest is kubectl's framing
 
 
 @pytest.mark.usefixtures("operator")
@@ -175,7 +175,7 @@ async def test_kubectl_shows_the_api_servers_refusals(kubectl: Kubectl, cluster:
     bad.write_text("apiVersion: agentrun.dev/v1alpha1\nkind: AgentRun\nmetadata: {name: bad}\n"
                    "spec: {input: go, tokenBudget: 0, tools: ['no spaces allowed']}\n")
     code, _, err = await kubectl.run("apply", "-f", str(bad), ok=False)
-    assert code != 0 and 'The AgentRun "bad" is invalid' in err
+    assert code != 0 and '"bad"' in err
     assert "spec.tokenBudget" in err and "spec.tools[0]" in err
     assert await cluster.get("bad") is None
 

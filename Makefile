@@ -5,19 +5,24 @@ BIN    := $(VENV)/bin
 # What is installed, by stamp: the demo needs the package and the embedded PostgreSQL; the tests more.
 RUNTIME := $(VENV)/.installed-runtime
 STAMP   := $(VENV)/.installed
+# Every install takes its versions from this lock (constraints: the package itself still comes from the
+# tree), so a fresh clone gets what the suite was last green with; `make upgrade` renews it. uv writes it,
+# from its own virtualenv in tools/uv; installing from it needs only pip.
+LOCK    := requirements/dev.txt
+UV      := tools/uv/bin/uv
 
-.PHONY: test demo dev screenshots venv clean helm checkov lint
+.PHONY: test demo dev screenshots venv clean helm checkov lint upgrade
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 
-$(RUNTIME): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[embedded]'
+$(RUNTIME): pyproject.toml $(LOCK) | $(BIN)/python
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[embedded]'
 	touch $(RUNTIME)
 
-$(STAMP): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[test]'
+$(STAMP): pyproject.toml $(LOCK) | $(BIN)/python
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[test]'
 	touch $(STAMP) $(RUNTIME)
 
 venv: $(STAMP)
@@ -44,6 +49,19 @@ checkov: $(STAMP)
 	@$(BIN)/python scripts/get_checkov.py >/dev/null || { \
 	  if [ "$$CI" = true ]; then echo "checkov not available, and CI=true: failing" >&2; exit 1; fi; \
 	  echo "checkov not available: the chart security scan will be skipped"; }
+
+## upgrade: renew the lock (requirements/dev.txt) to the newest versions pyproject.toml allows, install a new
+## .venv from it and run the whole suite, which says whether they pass; commit the lock if it is green
+upgrade: $(UV)
+	tools/uv/bin/pip install --quiet --upgrade uv
+	$(UV) pip compile pyproject.toml --extra test --universal --python-version 3.11 --upgrade --quiet \
+	  --custom-compile-command 'make upgrade' -o $(LOCK)
+	rm -rf $(VENV)
+	$(MAKE) test
+
+$(UV):
+	$(PYTHON) -m venv tools/uv
+	tools/uv/bin/pip install --quiet uv
 
 ## demo: the crash-and-resume demo
 demo: $(RUNTIME)

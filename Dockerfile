@@ -11,11 +11,14 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY worker/ worker/
 COPY operator/ operator/
+# The versions the suite was last green with (`make upgrade` renews them), as constraints: the image runs what
+# was tested, while the package's own ranges stay open for those who install it into their environment.
+COPY requirements/dev.txt requirements/dev.txt
 # Every model provider's SDK (Bedrock, Vertex, OpenAI-compatible): the image serves whichever a run names.
 # The final stage installs nothing, so the virtualenv loses its installer.
 # With the `providers` extra (Bedrock, Vertex AI, OpenAI-compatible) and the `otel` one (traces over
 # OTLP/HTTP when OTEL_EXPORTER_OTLP_ENDPOINT is set, off otherwise).
-RUN /opt/agentrun/bin/pip install ".[providers,otel]" \
+RUN /opt/agentrun/bin/pip install -c requirements/dev.txt ".[providers,otel]" \
     && /opt/agentrun/bin/pip uninstall --yes pip
 
 # -- final: the virtualenv on the same slim base, run as an unprivileged user with a numeric UID

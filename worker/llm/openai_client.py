@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import openai
+from openai.types.chat import ChatCompletion
 
 from agentrun.worker.core.types import Block, LlmError, LlmRequest, LlmResponse, Message, Usage
 from agentrun.worker.llm.anthropic_client import Clock, _truncate, _utcnow, retry_after
@@ -70,7 +71,10 @@ class OpenAiClient:
         if request.tools:
             params["tools"] = [to_function(t) for t in request.tools]
         try:
-            completion = await self._sdk.chat.completions.create(**params)
+            # The SDK's `chat.completions.create` walks every message against its TypedDicts to transform
+            # them, which grows with the conversation (a 200-turn run spent most of its CPU there); ours
+            # are plain JSON already, so they go out as they are, through the same client and errors.
+            completion = await self._sdk.post("/chat/completions", body=params, cast_to=ChatCompletion)
         except openai.APIStatusError as e:
             raise LlmError(e.status_code, retry_after(e.response.headers, self._clock()), _status_message(e)) from e
         except openai.APIConnectionError as e:  # includes APITimeoutError

@@ -18,7 +18,7 @@ class LocalPostgres:
     def __init__(self) -> None:
         from agentrun.worker.testing import embedded_postgres
 
-        self._dir = Path(tempfile.mkdtemp(prefix="agentrun-localpg-"))
+        self._dir = Path(tempfile.mkdtemp(prefix="agentrun-localpg-", dir=embedded_postgres.scratch_root()))
         self._server: Any = embedded_postgres.start(self._dir, what="LocalPostgres")
         self.url: str = self._server.get_uri()
         self.running = True

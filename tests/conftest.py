@@ -90,7 +90,7 @@ def postgres_url() -> Iterator[str]:
     else:
         from agentrun.worker.testing import embedded_postgres
 
-        with tempfile.TemporaryDirectory(prefix="agentrun-pg-") as data:
+        with tempfile.TemporaryDirectory(prefix="agentrun-pg-", dir=embedded_postgres.scratch_root()) as data:
             server = embedded_postgres.start(data, what="the tests (without Docker or AGENTRUN_TEST_DATABASE_URL)")
             try:
                 _no_fsync(server.get_uri())

@@ -130,7 +130,7 @@ class WorkerProcess:
 @contextlib.asynccontextmanager
 async def embedded_postgres(say: Say) -> AsyncIterator[str]:
     say.step("database: starting an embedded PostgreSQL 16 in a temporary directory")
-    data = tempfile.mkdtemp(prefix="agentrun-demo-")
+    data = tempfile.mkdtemp(prefix="agentrun-demo-", dir=embedded.scratch_root())
     server = await asyncio.to_thread(embedded.start, data, what="the demo (make demo installs it)")
     try:
         yield str(server.get_uri())
@@ -207,81 +207,88 @@ async def tell(options: Options) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, task.cancel)
-    workers: list[WorkerProcess] = []
-    try:
-        async with (
-            embedded_postgres(say) as db_url,
-            local_model(options, say) as (model_url, model),
-            run_store(db_url) as store,
-        ):
-            await migrate.migrate(db_url)
-            await tickets.create_schema(db_url)
-            env = {
-                **os.environ,
-                "AGENTRUN_DATABASE_URL": db_url,
-                "AGENTRUN_TOOLS": "agentrun.worker.demo.tickets",
-                tickets.DELAY_ENV: f"{options.tool_delay:g}",
-                "AGENTRUN_LOG_FORMAT": "console",
-            }
-            if model_url:
-                env["ANTHROPIC_BASE_URL"] = model_url
-                env["ANTHROPIC_API_KEY"] = "local-demo-key"  # the SDK wants one; the local server ignores it
-            a = WorkerProcess("worker-A", _free_port(), env, options, say)
-            b = WorkerProcess("worker-B", _free_port(), env, options, say)
-            workers += [a, b]
-            await a.start()
-            await a.ready()
-            say.step(f"worker-A is up (lease {options.lease_seconds:g}s)")
+    async with (
+        embedded_postgres(say) as db_url,
+        local_model(options, say) as (model_url, model),
+        run_store(db_url) as store,
+    ):
+        await migrate.migrate(db_url)
+        await tickets.create_schema(db_url)
+        env = {
+            **os.environ,
+            "AGENTRUN_DATABASE_URL": db_url,
+            "AGENTRUN_TOOLS": "agentrun.worker.demo.tickets",
+            tickets.DELAY_ENV: f"{options.tool_delay:g}",
+            "AGENTRUN_LOG_FORMAT": "console",
+        }
+        if model_url:
+            env["ANTHROPIC_BASE_URL"] = model_url
+            env["ANTHROPIC_API_KEY"] = "local-demo-key"  # the SDK wants one; the local server ignores it
+        workers = [WorkerProcess("worker-A", _free_port(), env, options, say),
+                   WorkerProcess("worker-B", _free_port(), env, options, say)]
+        try:
+            return await _story(options, say, store, db_url, (model_url, model), *workers)
+        finally:
+            # The workers stop while the database and the model they talk to still answer: stopped
+            # after them, a worker spent its shutdown grace reconnecting to a database that was gone.
+            for w in workers:
+                await w.stop()
 
-            async with httpx.AsyncClient(base_url=a.url, timeout=10) as api:
-                r = await api.post("/api/runs", json={"input": QUESTION, "tokenBudget": 50_000, "timeoutSeconds": 300})
-                r.raise_for_status()
-                run_id = r.json()["id"]
-            say.step(f"POST /api/runs {QUESTION!r} → run {run_id} QUEUED")
 
-            # Worker B starts only once A holds the run, so the story is the same every time.
-            await _wait_for(
-                "waiting for worker-A to claim the run…",
-                lambda: _held_by(store, run_id, "worker-A"), say,
-            )
-            await b.start()
-            await _wait_for(
-                "waiting for worker-A to start the tool step…",
-                lambda: _tool_started(store, run_id),
-                say,
-            )
-            a.kill()
-            say.step(f"{say.style('worker-A killed with kill -9', '1')} in the middle of the tool call")
-            await b.ready()
-            say.step("worker-B is up; it will take the run over from its last checkpoint")
+async def _story(options: Options, say: Say, store: RunStore, db_url: str, local: tuple[str | None, Any],
+                 a: WorkerProcess, b: WorkerProcess) -> int:
+    """Worker A claims the run and is killed mid-tool; worker B takes it over; what happened is told."""
+    model_url, model = local
+    await a.start()
+    await a.ready()
+    say.step(f"worker-A is up (lease {options.lease_seconds:g}s)")
 
-            status = await _wait_for("waiting for the run to finish…", lambda: _finished(store, run_id), say,
-                                     timeout=120)
-            print()
-            async with httpx.AsyncClient(base_url=b.url, timeout=10) as api:
-                run = (await api.get(f"/api/runs/{run_id}")).json()
-                timeline = (await api.get(f"/api/runs/{run_id}/timeline")).json()
-            attempts = {s.seq: s.attempts for s in await store.steps(uuid.UUID(run_id))}
-            effects = await tickets.queries_recorded(db_url, run_id)
-            first_calls = None
-            if model is not None:
-                first_calls = sum(1 for body in model.requests if len(body.get("messages", [])) == 1)
-            _print_timeline(timeline, attempts)
-            print()
-            _explain(status, run, timeline, attempts, effects, first_calls, options)
-            if run.get("output") is not None:
-                answer = run["output"] if isinstance(run["output"], str) else json.dumps(run["output"])
-                print()
-                print(say.style("The answer (GET /api/runs/{id} → output):", "1"))
-                print(_wrap(answer))
-            if options.keep:
-                _print_keep(a, b, db_url, model_url)
-                await asyncio.Event().wait()  # until Ctrl-C
-            ok = status == "SUCCEEDED" and (first_calls is None or first_calls == 1)
-            return 0 if ok else 1
-    finally:
-        for w in workers:
-            await w.stop()
+    async with httpx.AsyncClient(base_url=a.url, timeout=10) as api:
+        r = await api.post("/api/runs", json={"input": QUESTION, "tokenBudget": 50_000, "timeoutSeconds": 300})
+        r.raise_for_status()
+        run_id = r.json()["id"]
+    say.step(f"POST /api/runs {QUESTION!r} → run {run_id} QUEUED")
+
+    # Worker B starts only once A holds the run, so the story is the same every time.
+    await _wait_for(
+        "waiting for worker-A to claim the run…",
+        lambda: _held_by(store, run_id, "worker-A"), say,
+    )
+    await b.start()
+    await _wait_for(
+        "waiting for worker-A to start the tool step…",
+        lambda: _tool_started(store, run_id),
+        say,
+    )
+    a.kill()
+    say.step(f"{say.style('worker-A killed with kill -9', '1')} in the middle of the tool call")
+    await b.ready()
+    say.step("worker-B is up; it will take the run over from its last checkpoint")
+
+    status = await _wait_for("waiting for the run to finish…", lambda: _finished(store, run_id), say,
+                             timeout=120)
+    print()
+    async with httpx.AsyncClient(base_url=b.url, timeout=10) as api:
+        run = (await api.get(f"/api/runs/{run_id}")).json()
+        timeline = (await api.get(f"/api/runs/{run_id}/timeline")).json()
+    attempts = {s.seq: s.attempts for s in await store.steps(uuid.UUID(run_id))}
+    effects = await tickets.queries_recorded(db_url, run_id)
+    first_calls = None
+    if model is not None:
+        first_calls = sum(1 for body in model.requests if len(body.get("messages", [])) == 1)
+    _print_timeline(timeline, attempts)
+    print()
+    _explain(status, run, timeline, attempts, effects, first_calls, options)
+    if run.get("output") is not None:
+        answer = run["output"] if isinstance(run["output"], str) else json.dumps(run["output"])
+        print()
+        print(say.style("The answer (GET /api/runs/{id} → output):", "1"))
+        print(_wrap(answer))
+    if options.keep:
+        _print_keep(a, b, db_url, model_url)
+        await asyncio.Event().wait()  # until Ctrl-C
+    ok = status == "SUCCEEDED" and (first_calls is None or first_calls == 1)
+    return 0 if ok else 1
 
 
 def _print_timeline(timeline: list[dict[str, Any]], attempts: dict[int, int]) -> None:

@@ -20,6 +20,22 @@ from typing import Any
 
 # One lock for the machine: every process that starts an embedded server, whoever its OS user.
 LOCK_PATH = Path(tempfile.gettempdir()) / "agentrun-embedded-postgres.lock"
+# Memory-backed storage for a throwaway server's data, when the machine has room in it.
+RAM_DIR = Path("/dev/shm")
+RAM_NEEDED = 2 << 30  # bytes free in RAM_DIR: a busy test server's data and WAL stay well under this
+
+
+def scratch_root() -> str:
+    """Where a throwaway server keeps its data: memory-backed /dev/shm when it has room (a container's
+    is often 64 MB), else the temporary directory. On disk, the writes and the deletes of every database
+    a test clones and drops cost about a third of a database-bound test's time here, and deleting a data
+    directory that was just written took seconds; a crash loses nothing a throwaway server needs."""
+    with contextlib.suppress(OSError):
+        if os.access(RAM_DIR, os.W_OK | os.X_OK):
+            st = os.statvfs(RAM_DIR)
+            if st.f_bavail * st.f_frsize >= RAM_NEEDED:
+                return str(RAM_DIR)
+    return tempfile.gettempdir()
 
 
 @contextlib.contextmanager

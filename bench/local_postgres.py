@@ -1,8 +1,8 @@
 """A private PostgreSQL that can be stopped and started again, for fault tests and the chaos run.
 
-pgserver's embedded server, in a temporary directory of its own; `stop()` is an immediate shutdown (no
-checkpoint, every connection dropped: as close to a database crash as a test can get), `start()` brings
-it back on the same socket, with crash recovery.
+pgserver's embedded server, in a temporary directory of its own (in memory when there is room); `stop()`
+is an immediate shutdown (no checkpoint, every connection dropped: as close to a database crash as a test
+can get), `start()` brings it back on the same socket, with crash recovery.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A private PostgreSQL that can be stopped and started again, for fault tests and the chaos run.
 
-pgserver's embedded server, in a temporary directory of its own; `stop()` is an immediate shutdown (no
-checkpoint, every connection dropped: as close to a database crash as a test can get), `start()` brings
-it back on the same socket, with crash recovery.
+pgserver's embedded server, in a temporary directory of its own (in memory when there is room); `stop()`
+is an immediate shutdown (no checkpoint, every connection dropped: as close to a database crash as a test
+can get), `start()` brings it back on the same socket, with crash recovery.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ class LocalPostgres:
         self._server: Any = embedded_postgres.start(self._dir, what="LocalPostgres")
         self.url: str = self._server.get_uri()
         self.running = True
+        # Without fsync, a restart after `stop()` skips the sync of the whole data directory that crash
+        # recovery otherwise begins with (4.4 s -> 0.1 s measured here); an immediate stop loses nothing.
+        embedded_postgres.skip_fsync(self.url)
 
     def _pg_ctl(self, *args: str) -> None:
         from pgserver._commands import POSTGRES_BIN_PATH  # the binaries pgserver ships

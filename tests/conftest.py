@@ -93,21 +93,10 @@ def postgres_url() -> Iterator[str]:
         with tempfile.TemporaryDirectory(prefix="agentrun-pg-", dir=embedded_postgres.scratch_root()) as data:
             server = embedded_postgres.start(data, what="the tests (without Docker or AGENTRUN_TEST_DATABASE_URL)")
             try:
-                _no_fsync(server.get_uri())
+                embedded_postgres.skip_fsync(server.get_uri())
                 yield server.get_uri()
             finally:
                 server.cleanup()
-
-
-def _no_fsync(url: str) -> None:
-    """The throwaway embedded server skips fsync (and full-page images): every commit, and the database
-    each test clones, costs less (about half the ~0.2 s clone-and-drop here). A commit still reaches the
-    kernel before it returns (synchronous_commit stays on), so a killed or restarted PostgreSQL loses
-    nothing a test relies on; only a crash of the machine itself could, and that ends the session anyway."""
-    with _admin(url) as conn:
-        conn.execute("ALTER SYSTEM SET fsync = off")
-        conn.execute("ALTER SYSTEM SET full_page_writes = off")
-        conn.execute("SELECT pg_reload_conf()")
 
 
 def _admin(url: str) -> psycopg.Connection[Any]:

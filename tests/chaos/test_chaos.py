@@ -12,7 +12,7 @@ from bench.chaos import Options, chaos
 
 @pytest.mark.slow
 async def test_invariants_hold_under_kill_9_connection_faults_and_a_database_restart() -> None:
-    options = Options(runs=16, workers=3, concurrency=3, lease_seconds=3.0, kill_every=1.0, pg_down_seconds=1.5,
+    options = Options(runs=16, workers=3, concurrency=3, lease_seconds=3.0, kill_every=1.0, pg_down_seconds=2.5,
                       cuts=3, cut_every=1.0, slow_seconds=1.0, timeout=180, seed=3)
     report = await chaos(options)
     print(report.text())

@@ -132,8 +132,10 @@ async def test_an_unpriced_model_says_unpriced_and_icons_need_no_font(
         text = await page.locator("body").inner_text()
         assert not set(text) & set("⏸⌛⇄⊘"), text
         await expect(page.locator(".badge .ic").first).to_be_visible()
-        box = await page.locator(".badge .ic").first.bounding_box()
-        assert box is not None and box["width"] > 3 and box["height"] > 3
+        # Found and measured in one task of the page: its late loads (a step's detail, decisions, forks) redraw
+        # the page, and a handle found before a redraw measures as None (no box) once it is detached.
+        box = await page.evaluate("() => document.querySelector('.badge .ic').getBoundingClientRect().toJSON()")
+        assert box["width"] > 3 and box["height"] > 3, box
         # The run's own cost comes from the events stream's `run` event (RunView there too).
         async with http.stream("GET", f"/api/runs/{run_id}/events") as events:
             streamed = None

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import os
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +101,13 @@ def responder(body: dict[str, Any]) -> Reply:
     reply = AgentResponder("list_tickets", {"status": "overdue"})(body)
     if reply.body.get("stop_reason") == "end_turn":
         reply = Reply.text(ANSWER, reply.body["usage"])
-    return reply.streamed_slowly(0.12)
+    return reply
+
+
+def slowly(body: dict[str, Any]) -> Reply:
+    """The same replies with the answer's words 0.12 s apart (about 4 s): long enough for a page to show it
+    streaming. Only the test that watches text stream in needs it; the others would wait it out per run."""
+    return responder(body).streamed_slowly(0.12)
 
 
 @pytest.fixture
@@ -136,12 +142,13 @@ def app_for(store: RunStore, token: str | None = None, tokens_file: str | None =
 
 @contextlib.asynccontextmanager
 async def stack(
-    store: RunStore, token: str | None = None, tokens_file: str | None = None
+    store: RunStore, token: str | None = None, tokens_file: str | None = None,
+    replies: Callable[[dict[str, Any]], Reply] = responder,
 ) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
     """The API and UI served over real HTTP, a worker driving runs with the real SDK against the local
-    Messages API server (streaming), and an HTTP client for the test's own requests."""
+    Messages API server (streaming `replies`), and an HTTP client for the test's own requests."""
     GATE.clear()
-    async with FakeAnthropic(responder) as model:
+    async with FakeAnthropic(replies) as model:
         llm = AnthropicClient(api_key="test-key", base_url=model.base_url, http_timeout=60)
         w = worker(store, llm, [list_tickets], name="worker-A", poll=0.05)
         task = asyncio.create_task(w.run())
@@ -220,7 +227,7 @@ async def test_the_list_shows_runs_and_a_run_page_its_steps_and_conversation(
 
 
 async def test_a_running_runs_page_updates_live_and_cancel_works(store: RunStore, page: Page, tmp_path: Path) -> None:
-    async with stack(store) as (url, http):
+    async with stack(store, replies=slowly) as (url, http):
         run_id = await submit(http)
         await page.goto(f"{url}/ui/#/runs/{run_id}")
         # The tool is held: its step shows as running, live, without a reload.

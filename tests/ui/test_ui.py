@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -29,33 +28,17 @@ from agentrun.worker.testing.fake_server import AgentResponder, FakeAnthropic, R
 from agentrun.worker.tools import ToolBox, ToolContext, tool
 from tests.support.builders import MODEL, worker
 from tests.support.serving import serving
+from tests.ui import chromium
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
-def _chromium() -> str | None:
-    for candidate in (os.environ.get("AGENTRUN_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
-        if candidate and (found := shutil.which(candidate)):
-            return found
-    return None
-
-
-def _missing() -> str | None:
-    try:
-        import playwright.async_api  # noqa: F401
-    except ImportError:
-        return "Playwright for Python is not installed (pip install -e '.[test]')"
-    if _chromium() is None:
-        return "no Chromium found (apt-get install chromium, or set AGENTRUN_CHROMIUM); .ci/run installs it"
-    return None
-
-
-if (why := _missing()) is not None:
+if (why := chromium.missing()) is not None:
     if os.environ.get("CI") == "true":
         raise RuntimeError(f"the browser tests cannot run in CI: {why}")
     pytest.skip(why, allow_module_level=True)
 
-from playwright.async_api import Browser, Page, async_playwright, expect  # noqa: E402
+from playwright.async_api import Page, expect  # noqa: E402
 
 
 class Gate:
@@ -110,34 +93,22 @@ def slowly(body: dict[str, Any]) -> Reply:
     return responder(body).streamed_slowly(0.12)
 
 
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as p:
-        b = await p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox", "--disable-gpu"])
-        try:
-            yield b
-        finally:
-            await b.close()
-
-
-@pytest.fixture
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    context = await browser.new_context(viewport={"width": 1280, "height": 900})
-    p = await context.new_page()
-    p.set_default_timeout(30_000)
-    errors: list[str] = []
-    p.on("pageerror", lambda e: errors.append(str(e)))
-    try:
-        yield p
-    finally:
-        await context.close()
-    assert not errors, f"the page raised: {errors}"
-
-
 def app_for(store: RunStore, token: str | None = None, tokens_file: str | None = None) -> FastAPI:
     settings = WorkerSettings(database_url="unused", worker_id="ui-test", default_model=MODEL, api_token=token,
                               api_tokens_file=tokens_file)
     return create_app(store, ToolBox([list_tickets]), settings, Metrics())
+
+
+@contextlib.asynccontextmanager
+async def served(app: FastAPI) -> AsyncIterator[str]:
+    """`app` over real HTTP (tests/support/serving.py). Its events hub is closed before the server stops,
+    which ends the page's streams (else uvicorn waits for them), and so that it does not go on listening
+    to a dropped database on the event loop that the tests share."""
+    async with serving(app) as url:
+        try:
+            yield url
+        finally:
+            await app.state.events.close()
 
 
 @contextlib.asynccontextmanager
@@ -155,9 +126,8 @@ async def stack(
         app = app_for(store, token, tokens_file)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
-            async with serving(app) as url, httpx.AsyncClient(base_url=url, headers=headers) as http:
+            async with served(app) as url, httpx.AsyncClient(base_url=url, headers=headers) as http:
                 yield url, http
-                await app.state.events.close()
         finally:
             GATE.set()
             w.stop()

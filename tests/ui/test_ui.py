@@ -42,8 +42,9 @@ from playwright.async_api import Page, expect  # noqa: E402
 
 
 class Gate:
-    """An asyncio.Event of whichever event loop runs now: each test has a loop of its own, and an Event is
-    bound to the first loop that waits on it (the next test's wait would raise inside the tool)."""
+    """An asyncio.Event of whichever event loop runs now: an Event is bound to the first loop that waits on
+    it, and the browser tests share the session's loop (tests/ui/conftest.py) while any other test that
+    drives this tool has a loop of its own (a wait on another loop's Event would raise inside the tool)."""
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None

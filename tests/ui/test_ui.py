@@ -11,8 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,38 +28,23 @@ from agentrun.worker.testing.fake_server import AgentResponder, FakeAnthropic, R
 from agentrun.worker.tools import ToolBox, ToolContext, tool
 from tests.support.builders import MODEL, worker
 from tests.support.serving import serving
+from tests.ui import chromium
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 
 
-def _chromium() -> str | None:
-    for candidate in (os.environ.get("AGENTRUN_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):
-        if candidate and (found := shutil.which(candidate)):
-            return found
-    return None
-
-
-def _missing() -> str | None:
-    try:
-        import playwright.async_api  # noqa: F401
-    except ImportError:
-        return "Playwright for Python is not installed (pip install -e '.[test]')"
-    if _chromium() is None:
-        return "no Chromium found (apt-get install chromium, or set AGENTRUN_CHROMIUM); .ci/run installs it"
-    return None
-
-
-if (why := _missing()) is not None:
+if (why := chromium.missing()) is not None:
     if os.environ.get("CI") == "true":
         raise RuntimeError(f"the browser tests cannot run in CI: {why}")
     pytest.skip(why, allow_module_level=True)
 
-from playwright.async_api import Browser, Page, async_playwright, expect  # noqa: E402
+from playwright.async_api import Page, expect  # noqa: E402
 
 
 class Gate:
-    """An asyncio.Event of whichever event loop runs now: each test has a loop of its own, and an Event is
-    bound to the first loop that waits on it (the next test's wait would raise inside the tool)."""
+    """An asyncio.Event of whichever event loop runs now: an Event is bound to the first loop that waits on
+    it, and the browser tests share the session's loop (tests/ui/conftest.py) while any other test that
+    drives this tool has a loop of its own (a wait on another loop's Event would raise inside the tool)."""
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -101,31 +85,13 @@ def responder(body: dict[str, Any]) -> Reply:
     reply = AgentResponder("list_tickets", {"status": "overdue"})(body)
     if reply.body.get("stop_reason") == "end_turn":
         reply = Reply.text(ANSWER, reply.body["usage"])
-    return reply.streamed_slowly(0.12)
+    return reply
 
 
-@pytest.fixture
-async def browser() -> AsyncIterator[Browser]:
-    async with async_playwright() as p:
-        b = await p.chromium.launch(executable_path=_chromium(), args=["--no-sandbox", "--disable-gpu"])
-        try:
-            yield b
-        finally:
-            await b.close()
-
-
-@pytest.fixture
-async def page(browser: Browser) -> AsyncIterator[Page]:
-    context = await browser.new_context(viewport={"width": 1280, "height": 900})
-    p = await context.new_page()
-    p.set_default_timeout(30_000)
-    errors: list[str] = []
-    p.on("pageerror", lambda e: errors.append(str(e)))
-    try:
-        yield p
-    finally:
-        await context.close()
-    assert not errors, f"the page raised: {errors}"
+def slowly(body: dict[str, Any]) -> Reply:
+    """The same replies with the answer's words 0.12 s apart (about 4 s): long enough for a page to show it
+    streaming. Only the test that watches text stream in needs it; the others would wait it out per run."""
+    return responder(body).streamed_slowly(0.12)
 
 
 def app_for(store: RunStore, token: str | None = None, tokens_file: str | None = None) -> FastAPI:
@@ -135,22 +101,34 @@ def app_for(store: RunStore, token: str | None = None, tokens_file: str | None =
 
 
 @contextlib.asynccontextmanager
+async def served(app: FastAPI) -> AsyncIterator[str]:
+    """`app` over real HTTP (tests/support/serving.py). Its events hub is closed before the server stops,
+    which ends the page's streams (else uvicorn waits for them), and so that it does not go on listening
+    to a dropped database on the event loop that the tests share."""
+    async with serving(app) as url:
+        try:
+            yield url
+        finally:
+            await app.state.events.close()
+
+
+@contextlib.asynccontextmanager
 async def stack(
-    store: RunStore, token: str | None = None, tokens_file: str | None = None
+    store: RunStore, token: str | None = None, tokens_file: str | None = None,
+    replies: Callable[[dict[str, Any]], Reply] = responder,
 ) -> AsyncIterator[tuple[str, httpx.AsyncClient]]:
     """The API and UI served over real HTTP, a worker driving runs with the real SDK against the local
-    Messages API server (streaming), and an HTTP client for the test's own requests."""
+    Messages API server (streaming `replies`), and an HTTP client for the test's own requests."""
     GATE.clear()
-    async with FakeAnthropic(responder) as model:
+    async with FakeAnthropic(replies) as model:
         llm = AnthropicClient(api_key="test-key", base_url=model.base_url, http_timeout=60)
         w = worker(store, llm, [list_tickets], name="worker-A", poll=0.05)
         task = asyncio.create_task(w.run())
         app = app_for(store, token, tokens_file)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
-            async with serving(app) as url, httpx.AsyncClient(base_url=url, headers=headers) as http:
+            async with served(app) as url, httpx.AsyncClient(base_url=url, headers=headers) as http:
                 yield url, http
-                await app.state.events.close()
         finally:
             GATE.set()
             w.stop()
@@ -220,7 +198,7 @@ async def test_the_list_shows_runs_and_a_run_page_its_steps_and_conversation(
 
 
 async def test_a_running_runs_page_updates_live_and_cancel_works(store: RunStore, page: Page, tmp_path: Path) -> None:
-    async with stack(store) as (url, http):
+    async with stack(store, replies=slowly) as (url, http):
         run_id = await submit(http)
         await page.goto(f"{url}/ui/#/runs/{run_id}")
         # The tool is held: its step shows as running, live, without a reload.

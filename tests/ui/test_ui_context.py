@@ -16,8 +16,7 @@ from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
 from tests.support.builders import MODEL
-from tests.support.serving import serving
-from tests.ui.test_ui import browser, page  # noqa: F401  (fixtures: browser, page; skips without Chromium)
+from tests.ui.test_ui import served  # skips this module without Chromium or Playwright
 
 from playwright.async_api import Page, expect  # isort: skip  (after test_ui's check that Playwright is there)
 
@@ -26,10 +25,10 @@ SUMMARY = {"strategy": "summarize", "keepFromSeq": 7, "coversSeqs": [1, 6], "est
 
 
 async def test_compact_steps_are_drawn_as_their_own_kind(
-    store: RunStore, db: psycopg.AsyncConnection[Any], page: Page  # noqa: F811
+    store: RunStore, db: psycopg.AsyncConnection[Any], page: Page
 ) -> None:
     app = create_app(store, ToolBox(), WorkerSettings(database_url="unused", default_model=MODEL), Metrics())
-    async with serving(app) as url, httpx.AsyncClient(base_url=url) as http:
+    async with served(app) as url, httpx.AsyncClient(base_url=url) as http:
         r = await http.post("/api/runs", json={"input": "read the logs", "tokenBudget": 1000, "timeoutSeconds": 60})
         run_id = r.json()["id"]
         rows = [
@@ -55,4 +54,3 @@ async def test_compact_steps_are_drawn_as_their_own_kind(
         await expect(conversation).to_contain_text("The user asked to read the logs.")
         await expect(conversation.locator(".msg.compact[data-seq='1']")).to_contain_text("compacted by the provider")
         await page.screenshot(path="/tmp/ui-context.png", full_page=True)
-        await app.state.events.close()

@@ -5,18 +5,17 @@ settings; a source linking to its forks; the workers page."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from agentrun.worker.store import RunStore
 from tests.support.builders import new_run
-from tests.support.serving import serving
-from tests.ui.test_ui import (  # noqa: F401  (fixtures: browser, page; skips without Chromium)
+from tests.ui.test_ui import (  # skips this module without Chromium or Playwright
     GATE,
     Page,
     app_for,
-    browser,
     expect,
-    page,
+    served,
     shot,
     stack,
     submit,
@@ -25,10 +24,10 @@ from tests.ui.test_ui import (  # noqa: F401  (fixtures: browser, page; skips wi
 
 
 async def test_the_list_pages_past_the_newest_100_sorts_and_cancels_several(
-    store: RunStore, page: Page  # noqa: F811
+    store: RunStore, page: Page
 ) -> None:
     made = [(await store.create(new_run(f"run {i:03}")))[0].id for i in range(105)]
-    async with serving(app_for(store)) as url:  # no worker: they stay QUEUED
+    async with served(app_for(store)) as url:  # no worker: they stay QUEUED
         await page.goto(f"{url}/ui/")
         rows = page.locator("tbody tr")
         await expect(rows).to_have_count(100)
@@ -48,7 +47,8 @@ async def test_the_list_pages_past_the_newest_100_sorts_and_cancels_several(
         # The status filter (kept in the address), then several runs cancelled at once.
         await page.fill("#f-status", "QUEUED")
         await page.get_by_role("button", name="Filter", exact=True).click()
-        assert "status=QUEUED" in page.url
+        # The address changes on the page's hashchange, which reaches Playwright after the click returns.
+        await expect(page).to_have_url(re.compile(r"[?&]status=QUEUED\b"))
         await expect(rows).to_have_count(100)
         await page.get_by_role("checkbox", name=f"select run {str(made[-1])[:8]}").check()
         await page.get_by_role("checkbox", name=f"select run {str(made[-2])[:8]}").check()
@@ -61,7 +61,7 @@ async def test_the_list_pages_past_the_newest_100_sorts_and_cancels_several(
 
 
 async def test_the_new_run_form_sends_model_tools_approvals_schema_and_timeout(
-    store: RunStore, page: Page  # noqa: F811
+    store: RunStore, page: Page
 ) -> None:
     async with stack(store) as (url, http):
         await page.goto(f"{url}/ui/")
@@ -88,7 +88,7 @@ async def test_the_new_run_form_sends_model_tools_approvals_schema_and_timeout(
 
 
 async def test_fork_with_other_settings_and_the_source_links_to_its_fork(
-    store: RunStore, page: Page  # noqa: F811
+    store: RunStore, page: Page
 ) -> None:
     async with stack(store) as (url, http):
         GATE.set()
@@ -114,7 +114,7 @@ async def test_fork_with_other_settings_and_the_source_links_to_its_fork(
         await expect(page.locator("#parent-link")).to_be_visible()
 
 
-async def test_the_list_shows_end_time_and_duration(store: RunStore, page: Page) -> None:  # noqa: F811
+async def test_the_list_shows_end_time_and_duration(store: RunStore, page: Page) -> None:
     async with stack(store) as (url, http):
         GATE.set()
         run_id = await submit(http)
@@ -125,7 +125,7 @@ async def test_the_list_shows_end_time_and_duration(store: RunStore, page: Page)
         await expect(row.locator(".ended")).not_to_have_text("–")
 
 
-async def test_labels_and_the_other_filters_narrow_the_list(store: RunStore, page: Page, tmp_path: Path) -> None:  # noqa: F811
+async def test_labels_and_the_other_filters_narrow_the_list(store: RunStore, page: Page, tmp_path: Path) -> None:
     async with stack(store) as (url, http):
         GATE.set()
         billing = await submit(http, "Which billing tickets are overdue?", labels={"team": "billing", "env": "dev"})
@@ -160,7 +160,7 @@ async def test_labels_and_the_other_filters_narrow_the_list(store: RunStore, pag
         await expect(page.locator("#run-labels")).to_contain_text("team=billing")
 
 
-async def test_the_workers_page_lists_the_live_workers(store: RunStore, page: Page, tmp_path: Path) -> None:  # noqa: F811
+async def test_the_workers_page_lists_the_live_workers(store: RunStore, page: Page, tmp_path: Path) -> None:
     async with stack(store) as (url, http):
         GATE.set()
         await wait_status(http, await submit(http), "SUCCEEDED")  # the worker is at work, so present

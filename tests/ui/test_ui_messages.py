@@ -6,13 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentrun.worker.store import RunStore
-from tests.ui.test_ui import GATE, browser, page, shot, stack, submit  # noqa: F401  (fixtures: browser, page)
+from tests.ui.test_ui import GATE, shot, stack, submit  # skips this module without Chromium or Playwright
 
 from playwright.async_api import Page, expect  # isort: skip  (after test_ui's check that Playwright is there)
 
 
 async def test_a_message_typed_on_a_running_runs_page_arrives_as_a_user_step(
-    store: RunStore, page: Page, tmp_path: Path  # noqa: F811
+    store: RunStore, page: Page, tmp_path: Path
 ) -> None:
     async with stack(store) as (url, http):
         run_id = await submit(http)

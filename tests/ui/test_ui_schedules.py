@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentrun.worker.store import RunStore
-from tests.ui.test_ui import browser, page, shot, stack  # noqa: F401  (fixtures: browser, page)
+from tests.ui.test_ui import shot, stack  # skips this module without Chromium or Playwright
 
 from playwright.async_api import Page, expect  # isort: skip  (after test_ui's check that Playwright is there)
 
@@ -14,7 +14,7 @@ RUN = {"input": "<img src=x onerror=alert(1)>", "tokenBudget": 1000, "timeoutSec
 
 
 async def test_the_schedules_list_is_reachable_from_the_nav(
-    store: RunStore, page: Page, tmp_path: Path  # noqa: F811
+    store: RunStore, page: Page, tmp_path: Path
 ) -> None:
     async with stack(store) as (url, http):
         for body in ({"name": "nightly", "cron": "0 3 * * *", "timezone": "Europe/Berlin", "run": RUN},

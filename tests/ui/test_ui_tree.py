@@ -9,19 +9,18 @@ from pathlib import Path
 
 from agentrun.worker.store import RunStore
 from tests.support.running import finished
-from tests.support.serving import serving
 from tests.support.trees import child_ids, tree_at_work
 
-# Its fixtures and Playwright's names, through the module that skips itself without Chromium or Playwright.
-from tests.ui.test_ui import Page, app_for, browser, expect, page  # noqa: F401
+# Playwright's names, through the module that skips itself without Chromium or Playwright.
+from tests.ui.test_ui import Page, app_for, expect, served
 
 SHOTS = Path(os.environ.get("AGENTRUN_UI_TREE_SHOTS", "/tmp"))
 
 
 async def test_a_parent_lists_its_children_and_a_child_links_to_its_parent(
-    store: RunStore, page: Page  # noqa: F811
+    store: RunStore, page: Page
 ) -> None:
-    async with serving(app_for(store)) as url, tree_at_work(store, "researcher", "writer") as (parent, hold):
+    async with served(app_for(store)) as url, tree_at_work(store, "researcher", "writer") as (parent, hold):
         ids = await child_ids(store, parent.id)
         await page.goto(f"{url}/ui/#/runs/{parent.id}")
         tree = page.locator("#children")

@@ -19,8 +19,7 @@ from agentrun.worker.store import RunStore
 from agentrun.worker.testing.fake_server import AgentResponder, FakeAnthropic, Reply
 from agentrun.worker.tools import ToolBox
 from tests.support.builders import MODEL, worker
-from tests.support.serving import serving
-from tests.ui.test_ui import browser, page  # noqa: F401  (fixtures: browser, page; skips without Chromium)
+from tests.ui.test_ui import served  # skips this module without Chromium or Playwright
 
 from playwright.async_api import Page, expect  # isort: skip  (after test_ui's check that Playwright is there)
 
@@ -40,9 +39,8 @@ async def stack(store: RunStore) -> AsyncIterator[tuple[str, httpx.AsyncClient]]
         task = asyncio.create_task(w.run())
         app = create_app(store, ToolBox(), WorkerSettings(database_url="unused", default_model=MODEL), Metrics())
         try:
-            async with serving(app) as url, httpx.AsyncClient(base_url=url) as http:
+            async with served(app) as url, httpx.AsyncClient(base_url=url) as http:
                 yield url, http
-                await app.state.events.close()
         finally:
             w.stop()
             await asyncio.wait_for(task, 60)
@@ -57,7 +55,7 @@ async def _submit(http: httpx.AsyncClient, tools: list[str]) -> str:
 
 
 async def test_the_run_page_shows_a_timers_wake_time_and_an_events_key_and_timeout(
-    store: RunStore, page: Page  # noqa: F811
+    store: RunStore, page: Page
 ) -> None:
     async with stack(store) as (url, http):
         sleeper = await _submit(http, ["wait"])

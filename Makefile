@@ -28,8 +28,10 @@ $(STAMP): pyproject.toml $(LOCK) | $(BIN)/python
 venv: $(STAMP)
 
 ## test: the whole test suite (PostgreSQL from AGENTRUN_TEST_DATABASE_URL, Docker, or embedded)
+## The suite starts about a hundred Python processes (workers, CLIs, the demo): they load this package's
+## modules, and pytest its rewritten tests, from cached bytecode even where PYTHONDONTWRITEBYTECODE is set.
 test: $(STAMP) helm checkov
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 ## lint: mypy --strict on both packages and ruff on the repo (the suite runs both too, in tests/test_static.py)
 lint: $(STAMP)

@@ -93,7 +93,7 @@ def postgres_url() -> Iterator[str]:
         with tempfile.TemporaryDirectory(prefix="agentrun-pg-", dir=embedded_postgres.scratch_root()) as data:
             server = embedded_postgres.start(data, what="the tests (without Docker or AGENTRUN_TEST_DATABASE_URL)")
             try:
-                embedded_postgres.skip_fsync(server.get_uri())
+                embedded_postgres.skip_fsync(server)
                 yield server.get_uri()
             finally:
                 server.cleanup()

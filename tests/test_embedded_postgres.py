@@ -94,3 +94,23 @@ def test_a_lock_held_too_long_is_a_timeout_error(tmp_path: Path) -> None:
         holder.communicate()
     with machine_lock(tmp_path / "lock", timeout=5):  # a dead holder's lock is free again
         pass
+
+
+def test_a_throwaway_server_skips_fsync_after_its_reload(tmp_path: Path) -> None:
+    import time
+
+    import psycopg
+
+    from agentrun.worker.testing import embedded_postgres
+
+    server = embedded_postgres.start(tmp_path / "pg")
+    try:
+        embedded_postgres.skip_fsync(server)
+        deadline = time.monotonic() + 30
+        with psycopg.connect(server.get_uri(), autocommit=True) as conn:
+            while (settings := conn.execute("SELECT current_setting('fsync'), current_setting('full_page_writes')")
+                   .fetchone()) != ("off", "off"):
+                assert time.monotonic() < deadline, f"still {settings} 30 s after the reload"
+                time.sleep(0.02)
+    finally:
+        server.cleanup()

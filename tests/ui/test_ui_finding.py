@@ -50,6 +50,12 @@ async def test_the_list_pages_past_the_newest_100_sorts_and_cancels_several(
         # The address changes on the page's hashchange, which reaches Playwright after the click returns.
         await expect(page).to_have_url(re.compile(r"[?&]status=QUEUED\b"))
         await expect(rows).to_have_count(100)
+        # The live refresh leaves unchanged rows in place (a redraw under a click would lose it).
+        box = await page.get_by_role("checkbox", name=f"select run {str(made[-1])[:8]}").element_handle()
+        for _ in range(2):  # the second is wholly after the first was drawn
+            async with page.expect_response(lambda r: "/api/runs?" in r.url and r.request.method == "GET"):
+                pass
+        assert await box.evaluate("e => e.isConnected")
         await page.get_by_role("checkbox", name=f"select run {str(made[-1])[:8]}").check()
         await page.get_by_role("checkbox", name=f"select run {str(made[-2])[:8]}").check()
         await page.get_by_role("button", name="Cancel selected (2)").click()

@@ -132,7 +132,7 @@ async def embedded_postgres(say: Say) -> AsyncIterator[str]:
     say.step("database: starting an embedded PostgreSQL 16 in a temporary directory")
     data = tempfile.mkdtemp(prefix="agentrun-demo-", dir=embedded.scratch_root())
     server = await asyncio.to_thread(embedded.start, data, what="the demo (make demo installs it)")
-    await asyncio.to_thread(embedded.skip_fsync, server.get_uri())  # the demo's data is thrown away after
+    embedded.skip_fsync(server)  # the demo's data is thrown away after
     try:
         yield str(server.get_uri())
     finally:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import signal
 import tempfile
 import time
 from collections.abc import Iterator
@@ -63,17 +64,16 @@ def machine_lock(path: Path = LOCK_PATH, timeout: float = 300.0) -> Iterator[Non
         os.close(fd)
 
 
-def skip_fsync(url: str) -> None:
-    """A throwaway server skips fsync (and full-page images): every commit, every database created and
-    every restart after an immediate stop costs less. A commit still reaches the kernel before it returns
-    (synchronous_commit stays on), so a killed or restarted PostgreSQL loses nothing; only a crash of the
-    machine itself could, and that ends whatever used the server anyway."""
-    import psycopg
-
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("ALTER SYSTEM SET fsync = off")
-        conn.execute("ALTER SYSTEM SET full_page_writes = off")
-        conn.execute("SELECT pg_reload_conf()")
+def skip_fsync(server: Any) -> None:
+    """A throwaway server (pgserver's, from `start`) skips fsync and full-page images: every commit, every
+    database created and every restart after an immediate stop costs less. A commit still reaches the
+    kernel before it returns (synchronous_commit stays on), so a killed or restarted PostgreSQL loses
+    nothing; only a crash of the machine itself could, and that ends whatever used the server anyway.
+    Both settings take effect on a reload, which the signal asks for."""
+    with open(Path(server.pgdata) / "postgresql.conf", "a") as conf:
+        conf.write("\n# a throwaway server (agentrun.worker.testing.embedded_postgres)\n"
+                   "fsync = off\nfull_page_writes = off\n")
+    os.kill(server.get_pid(), signal.SIGHUP)
 
 
 def start(data: str | Path, *, cleanup_mode: str | None = "stop", what: str = "this") -> Any:

@@ -184,7 +184,7 @@ function listView(params) {
       h("td", { class: "num" }, fmtInt(r.tokensUsed)),
       h("td", { class: "num cost" }, fmtUsd(r.costUsd)),
       h("td", { class: "num" }, r.steps),
-      h("td", { title: r.createdAt }, age(r.createdAt)),
+      h("td", { class: "age", title: r.createdAt }, age(r.createdAt)),
       h("td", { class: "ended", title: r.finishedAt || "" }, r.finishedAt ? new Date(r.finishedAt).toLocaleTimeString() : "–"),
       h("td", { class: "num duration" }, ms(duration(r))),
       h("td", { class: "mono" }, r.lockedBy || "–"),
@@ -276,6 +276,7 @@ function listView(params) {
       info.textContent = `cannot load older runs: ${err.message}`;
     }
   }
+  let drawn = null; // the first page as last drawn, to leave the rows alone when nothing changed
   async function refresh(again = true) {
     try {
       const page = await api.list(filters);
@@ -283,7 +284,13 @@ function listView(params) {
       rows = page.items;
       if (!older.length) next = page.next;
       info.className = "muted";
-      draw(); say();
+      // Redrawing replaces every row: a click that straddles it (pressed on the old checkbox, released on
+      // the new) is lost. The list refreshes every 2 s, so it redraws only when the page has changed, and
+      // otherwise moves the ages on in place.
+      const fresh = JSON.stringify(page.items);
+      if (fresh !== drawn) { drawn = fresh; draw(); }
+      else for (const td of body.querySelectorAll("td.age")) td.textContent = age(td.title);
+      say();
       connState("");
     } catch (err) {
       if (alive) {

@@ -15,15 +15,16 @@ from typing import Any
 
 import psycopg
 import pytest
+import pytest_asyncio
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
 from agentrun.worker.store import RunStore, migrate
-from agentrun.worker.store.pool import open_pool
 
 # The shared helpers' asserts fail with the values compared, as a test's own do.
 pytest.register_assert_rewrite("tests.support")
+from tests.support import databases  # noqa: E402  (after the line above, so it is rewritten too)
 
 # Under pytest-xdist every worker has a session of its own: its own embedded server, or its own template
 # in a server they share (AGENTRUN_TEST_DATABASE_URL).
@@ -128,25 +129,19 @@ def database_url(postgres_url: str, template_url: str) -> Iterator[str]:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-@pytest.fixture
+# Each a function of its own: pytest-asyncio marks the function it is given with its loop scope.
+@pytest_asyncio.fixture
 async def pool(database_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
-    p = await open_pool(database_url, max_size=20)
-    try:
+    async for p in databases.pool(database_url):
         yield p
-    finally:
-        await p.close()
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def store(pool: AsyncConnectionPool[Any]) -> RunStore:
     return RunStore(pool)
 
 
-@pytest.fixture
+@pytest_asyncio.fixture
 async def db(database_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-    """A plain connection for a test to look at (or tamper with) the tables directly."""
-    conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
-    try:
+    async for conn in databases.db(database_url):
         yield conn
-    finally:
-        await conn.close()

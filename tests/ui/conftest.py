@@ -19,7 +19,7 @@ import pytest_asyncio
 from psycopg_pool import AsyncConnectionPool
 
 from agentrun.worker.store import RunStore
-from agentrun.worker.store.pool import open_pool
+from tests.support import databases
 from tests.ui import chromium
 
 if TYPE_CHECKING:
@@ -35,13 +35,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(session_loop, append=False)
 
 
+# Each a function of its own: pytest-asyncio marks the function it is given with its loop scope.
 @pytest_asyncio.fixture(loop_scope="session")
 async def pool(database_url: str) -> AsyncIterator[AsyncConnectionPool[Any]]:
-    p = await open_pool(database_url, max_size=20)
-    try:
+    async for p in databases.pool(database_url):
         yield p
-    finally:
-        await p.close()
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -51,11 +49,8 @@ async def store(pool: AsyncConnectionPool[Any]) -> RunStore:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def db(database_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
-    conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
-    try:
+    async for conn in databases.db(database_url):
         yield conn
-    finally:
-        await conn.close()
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")

@@ -64,7 +64,7 @@ def server(url: str | None) -> Iterator[str]:
         return
     from agentrun.worker.testing import embedded_postgres
 
-    with tempfile.TemporaryDirectory(prefix="agentrun-bench-pg-", dir=embedded_postgres.scratch_root()) as data:
+    with tempfile.TemporaryDirectory(prefix="agentrun-bench-pg-") as data:  # on disk: what is measured
         found = embedded_postgres.start(data, what="the benchmarks")
         try:
             yield found.get_uri()

@@ -44,6 +44,10 @@ async def serving(app: FastAPI) -> AsyncIterator[str]:
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
+        # As the worker's own server does (worker/api/server.py): the events hub closes first, which ends
+        # the open streams (else uvicorn waits for them) and its LISTEN on a database about to be dropped.
+        if (events := getattr(app.state, "events", None)) is not None:
+            await events.close()
         server.should_exit = True
         await task
         sock.close()

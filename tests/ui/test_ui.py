@@ -101,18 +101,6 @@ def app_for(store: RunStore, token: str | None = None, tokens_file: str | None =
 
 
 @contextlib.asynccontextmanager
-async def served(app: FastAPI) -> AsyncIterator[str]:
-    """`app` over real HTTP (tests/support/serving.py). Its events hub is closed before the server stops,
-    which ends the page's streams (else uvicorn waits for them), and so that it does not go on listening
-    to a dropped database on the event loop that the tests share."""
-    async with serving(app) as url:
-        try:
-            yield url
-        finally:
-            await app.state.events.close()
-
-
-@contextlib.asynccontextmanager
 async def stack(
     store: RunStore, token: str | None = None, tokens_file: str | None = None,
     replies: Callable[[dict[str, Any]], Reply] = responder,
@@ -127,7 +115,7 @@ async def stack(
         app = app_for(store, token, tokens_file)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         try:
-            async with served(app) as url, httpx.AsyncClient(base_url=url, headers=headers) as http:
+            async with serving(app) as url, httpx.AsyncClient(base_url=url, headers=headers) as http:
                 yield url, http
         finally:
             GATE.set()

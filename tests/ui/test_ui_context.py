@@ -16,7 +16,7 @@ from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
 from tests.support.builders import MODEL
-from tests.ui.test_ui import served  # skips this module without Chromium or Playwright
+from tests.ui.test_ui import serving  # skips this module without Chromium or Playwright
 
 from playwright.async_api import Page, expect  # isort: skip  (after test_ui's check that Playwright is there)
 
@@ -28,7 +28,7 @@ async def test_compact_steps_are_drawn_as_their_own_kind(
     store: RunStore, db: psycopg.AsyncConnection[Any], page: Page
 ) -> None:
     app = create_app(store, ToolBox(), WorkerSettings(database_url="unused", default_model=MODEL), Metrics())
-    async with served(app) as url, httpx.AsyncClient(base_url=url) as http:
+    async with serving(app) as url, httpx.AsyncClient(base_url=url) as http:
         r = await http.post("/api/runs", json={"input": "read the logs", "tokenBudget": 1000, "timeoutSeconds": 60})
         run_id = r.json()["id"]
         rows = [

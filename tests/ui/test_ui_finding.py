@@ -15,7 +15,7 @@ from tests.ui.test_ui import (  # skips this module without Chromium or Playwrig
     Page,
     app_for,
     expect,
-    served,
+    serving,
     shot,
     stack,
     submit,
@@ -27,7 +27,7 @@ async def test_the_list_pages_past_the_newest_100_sorts_and_cancels_several(
     store: RunStore, page: Page
 ) -> None:
     made = [(await store.create(new_run(f"run {i:03}")))[0].id for i in range(105)]
-    async with served(app_for(store)) as url:  # no worker: they stay QUEUED
+    async with serving(app_for(store)) as url:  # no worker: they stay QUEUED
         await page.goto(f"{url}/ui/")
         rows = page.locator("tbody tr")
         await expect(rows).to_have_count(100)

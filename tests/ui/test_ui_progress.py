@@ -19,7 +19,7 @@ from tests.mcp.server import HttpServer
 from tests.support.api import make_app
 from tests.support.builders import MODEL, new_run, worker
 from tests.support.mcp import sessions
-from tests.ui.test_ui import served  # skips this module without Chromium or Playwright
+from tests.ui.test_ui import serving  # skips this module without Chromium or Playwright
 
 from playwright.async_api import Page, expect  # isort: skip  (after test_ui's check that Playwright is there)
 
@@ -41,7 +41,7 @@ async def test_a_long_mcp_call_shows_its_progress_until_its_result(
         llm = (ScriptedLlm().then_tool_uses([("toolu_slow", "shop__slow", {"seconds": 12, "every": 0.3})])
                .then_text("worked"))
         app = make_app(store, box, WorkerSettings(database_url="unused", default_model=MODEL), Metrics(cache_seconds=0))
-        async with served(app) as url:
+        async with serving(app) as url:
             await page.goto(f"{url}/ui/#/runs/{run.id}")
             await expect(page.locator(".run-head")).to_contain_text("QUEUED")
             driving = asyncio.create_task(worker(store, llm, box).run_once())

@@ -12,7 +12,7 @@ from tests.support.running import finished
 from tests.support.trees import child_ids, tree_at_work
 
 # Playwright's names, through the module that skips itself without Chromium or Playwright.
-from tests.ui.test_ui import Page, app_for, expect, served
+from tests.ui.test_ui import Page, app_for, expect, serving
 
 SHOTS = Path(os.environ.get("AGENTRUN_UI_TREE_SHOTS", "/tmp"))
 
@@ -20,7 +20,7 @@ SHOTS = Path(os.environ.get("AGENTRUN_UI_TREE_SHOTS", "/tmp"))
 async def test_a_parent_lists_its_children_and_a_child_links_to_its_parent(
     store: RunStore, page: Page
 ) -> None:
-    async with served(app_for(store)) as url, tree_at_work(store, "researcher", "writer") as (parent, hold):
+    async with serving(app_for(store)) as url, tree_at_work(store, "researcher", "writer") as (parent, hold):
         ids = await child_ids(store, parent.id)
         await page.goto(f"{url}/ui/#/runs/{parent.id}")
         tree = page.locator("#children")

@@ -19,7 +19,7 @@ from agentrun.worker.store import RunStore
 from agentrun.worker.testing.fake_server import AgentResponder, FakeAnthropic, Reply
 from agentrun.worker.tools import ToolBox
 from tests.support.builders import MODEL, worker
-from tests.ui.test_ui import served  # skips this module without Chromium or Playwright
+from tests.ui.test_ui import serving  # skips this module without Chromium or Playwright
 
 from playwright.async_api import Page, expect  # isort: skip  (after test_ui's check that Playwright is there)
 
@@ -39,7 +39,7 @@ async def stack(store: RunStore) -> AsyncIterator[tuple[str, httpx.AsyncClient]]
         task = asyncio.create_task(w.run())
         app = create_app(store, ToolBox(), WorkerSettings(database_url="unused", default_model=MODEL), Metrics())
         try:
-            async with served(app) as url, httpx.AsyncClient(base_url=url) as http:
+            async with serving(app) as url, httpx.AsyncClient(base_url=url) as http:
                 yield url, http
         finally:
             w.stop()

@@ -203,3 +203,32 @@ async def test_decisions_are_pruned_with_their_runs(store: RunStore, db: psycopg
                                                          "run_webhook_attempt": 0, "run_webhook": 0, "run": 1}
     cur = await db.execute("SELECT run_id FROM run_decision")
     assert [r[0] for r in await cur.fetchall()] == [waiting]
+
+
+async def test_a_finished_sub_agent_is_kept_while_its_parent_is_active(
+    store: RunStore, db: psycopg.AsyncConnection[Any],
+) -> None:
+    """A parent that waits for its sub-agents reads each child's row for the call's result: a child pruned
+    first (finished long ago, its parent still at work) would make the parent start a second child for the
+    same call, and pay for its model calls and its tools' side effects twice. So a child goes only once
+    its parent has finished, and the dry run counts it the same way."""
+    parent = await _run(store, db, "QUEUED", None)  # woken by its child's end, not yet claimed
+    child = await _run(store, db, "SUCCEEDED", 40)
+    await db.execute("UPDATE run SET parent_run_id = %s, parent_tool_use_id = 'toolu_a', root_run_id = %s, depth = 1 "
+                     "WHERE id = %s", (parent, parent, child))
+    grandchild = await _run(store, db, "SUCCEEDED", 40)
+    await db.execute("UPDATE run SET parent_run_id = %s, parent_tool_use_id = 'toolu_b', root_run_id = %s, depth = 2 "
+                     "WHERE id = %s", (child, parent, grandchild))
+    forked = await _run(store, db, "SUCCEEDED", 40)  # a fork or a continuation copied its steps: no need to wait
+    other = await _run(store, db, "RUNNING", None)
+    await db.execute("UPDATE run SET parent_run_id = %s WHERE id = %s", (other, forked))
+    # The grandchild's parent has finished: it may go; the child, whose parent is active, may not.
+    assert (await retention.prune(db, 30 * DAY, dry_run=True)).runs == 2
+    assert (await retention.prune(db, 30 * DAY)).runs == 2
+    assert await _ids(db) == {parent, child, other}
+    # The parent ends: then it goes, and its child before it.
+    await db.execute("UPDATE run SET status = 'SUCCEEDED', finished_at = now() - interval '40 days' WHERE id = %s",
+                     (parent,))
+    assert (await retention.prune(db, 30 * DAY, dry_run=True)).runs == 2
+    assert (await retention.prune(db, 30 * DAY)).runs == 2
+    assert await _ids(db) == {other}

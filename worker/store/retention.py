@@ -29,6 +29,14 @@ CHILD_TABLES: tuple[str, ...] = ("run_step", "run_lease", "run_decision", "run_m
 PARENT_COLUMNS: tuple[str, ...] = ("parent_run_id",)
 
 FINISHED = ("SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT")
+
+# Old enough to go by itself: finished before the cutoff, and not a sub-agent whose parent is still at work.
+# Such a parent reads its children's rows for the calls' results (once each is recorded, its steps hold
+# it): a child pruned first would be made again for the same call, its model calls and its tools' side
+# effects paid twice. Once its parent has finished, a child goes as any run does.
+OLD_ENOUGH = """r.status = ANY(%(finished)s) AND r.finished_at < %(cutoff)s
+    AND NOT (r.parent_tool_use_id IS NOT NULL AND EXISTS (
+        SELECT 1 FROM run p WHERE p.id = r.parent_run_id AND NOT (p.status = ANY(%(finished)s))))"""
 DEFAULT_BATCH = 100
 REST = 2.0
 """After each batch the prune rests twice as long as the batch took: it takes at most a third of one
@@ -66,12 +74,12 @@ async def _existing(conn: psycopg.AsyncConnection[Any]) -> tuple[list[str], list
 
 
 def _eligible(parents: list[str]) -> sql.Composed:
-    """Finished before the cutoff, and no run (kept or not yet pruned) points at it as its parent."""
+    """Old enough, and no run (kept or not yet pruned) points at it as its parent."""
     no_child = sql.SQL("").join(
         sql.SQL(" AND NOT EXISTS (SELECT 1 FROM run c WHERE c.{} = r.id)").format(sql.Identifier(p))
         for p in parents
     )
-    return sql.SQL("r.status = ANY(%(finished)s) AND r.finished_at < %(cutoff)s{}").format(no_child)
+    return sql.SQL(OLD_ENOUGH + "{}").format(no_child)
 
 
 async def prune_batch(
@@ -120,19 +128,17 @@ async def count_prunable(
         doomed = sql.SQL(
             """WITH RECURSIVE kept(id) AS (
                    SELECT r.id FROM run r
-                   WHERE NOT (r.status = ANY(%(finished)s) AND r.finished_at < %(cutoff)s)
-                     AND ({any_parent})
+                   WHERE NOT ({old_enough}) AND ({any_parent})
                    UNION {links}),
-               doomed AS (SELECT r.id FROM run r WHERE r.status = ANY(%(finished)s) AND r.finished_at < %(cutoff)s
+               doomed AS (SELECT r.id FROM run r WHERE {old_enough}
                           AND r.id NOT IN (SELECT id FROM kept WHERE id IS NOT NULL))"""
         ).format(
+            old_enough=sql.SQL(OLD_ENOUGH),
             any_parent=sql.SQL(" OR ").join(sql.SQL("r.{} IS NOT NULL").format(sql.Identifier(p)) for p in parents),
             links=links,
         )
     else:
-        doomed = sql.SQL(
-            "WITH doomed AS (SELECT r.id FROM run r WHERE r.status = ANY(%(finished)s) AND r.finished_at < %(cutoff)s)"
-        )
+        doomed = sql.SQL("WITH doomed AS (SELECT r.id FROM run r WHERE {})").format(sql.SQL(OLD_ENOUGH))
     counts = sql.SQL(", ").join(
         sql.SQL("(SELECT count(*) FROM {} WHERE run_id IN (SELECT id FROM doomed)) AS {}").format(
             sql.Identifier(t), sql.Identifier(t))

@@ -79,6 +79,24 @@ async def test_a_crash_of_the_parents_worker_at_the_call_starts_no_second_child(
     assert sorted(results) == ["toolu_0_agent__researcher", "toolu_1_agent__writer"]
 
 
+class CancelBeforeSpawn(RunStore):
+    """Someone cancels the parent after its sub-agent turn's checkpoint, just before the spawn."""
+
+    async def spawn(self, run_id: uuid.UUID, worker: str, children: Any, **kw: Any) -> bool:
+        await self.cancel(run_id, by="alice")
+        return await super().spawn(run_id, worker, children, **kw)
+
+
+async def test_a_cancel_between_the_turn_and_the_spawn_starts_no_child(store: RunStore) -> None:
+    parent = await planner(store, "researcher", "writer")
+    llm = TreeLlm()
+    async with running(worker(CancelBeforeSpawn(store.pool), llm)):
+        done = await finished(store, parent.id, 60)
+    assert (done.status, done.cancelled_by) == (RunStatus.CANCELLED, "alice")
+    assert await store.children(parent.id) == []
+    assert [r.system for r in llm.seen] == ["planner"]  # no child's model call was paid for
+
+
 async def test_a_child_never_gets_more_than_what_the_parent_has_left(store: RunStore) -> None:
     """The parent's 100 tokens, 10 spent on its first turn: each of two children gets 45, though the
     agent would allow 1000; its deadline is within the parent's."""

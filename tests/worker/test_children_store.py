@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from agentrun.worker.core.errors import CancelRequested
 from agentrun.worker.core.records import NewRun, Run, RunStatus
 from agentrun.worker.store import RunStore
 from tests.support.builders import new_run
@@ -114,12 +115,12 @@ async def test_a_child_that_ends_while_the_parent_parks_is_not_missed(database_u
     assert after is not None and (after.status, after.children_active) == (RunStatus.RUNNING, 0)
 
 
-async def _waiting_on_a_lock(database_url: str) -> bool:
+async def _waiting_on_a_lock(database_url: str, at_least: int = 1) -> bool:
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
         cur = await conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                                  "AND wait_event_type = 'Lock'")
         row = await cur.fetchone()
-        return bool(row and row[0])
+        return bool(row and row[0] >= at_least)
 
 
 async def test_cancel_cascades_to_every_descendant(store: RunStore) -> None:
@@ -139,6 +140,49 @@ async def test_cancel_cascades_to_every_descendant(store: RunStore) -> None:
     for child in (a, b, c):
         got = await store.get(child.id)
         assert got is not None and got.status is RunStatus.CANCELLED and got.cancelled_by == "alice", child.id
+
+
+async def test_a_cancel_before_the_spawn_starts_no_child(store: RunStore) -> None:
+    """A cancel that lands between the sub-agent turn's checkpoint and the spawn: the parent is held, so the
+    cancel only asks it to stop; the spawn, fenced on that ask too, makes no child and parks nothing."""
+    parent, _ = await store.create(new_run())
+    parent = await held(store, parent.id)
+    asked = await store.cancel(parent.id, by="alice")
+    assert asked is not None and asked.status is RunStatus.RUNNING and asked.cancel_requested
+    with pytest.raises(CancelRequested):
+        await store.spawn(parent.id, "w-parent", [child_of(parent, "toolu_a")], epoch=parent.lease_epoch)
+    assert await store.children(parent.id) == []
+    after = await store.get(parent.id)
+    assert after is not None and (after.status, after.children_active, after.locked_by) == (
+        RunStatus.RUNNING, 0, "w-parent")  # still held: the engine ends it CANCELLED
+
+
+async def test_a_cancel_racing_the_spawn_reaches_every_child(database_url: str, store: RunStore) -> None:
+    """The spawn and the cancel both wait for the parent's row, the spawn first. The cancel's statement
+    began before the spawn committed, so its snapshot shows no child: it must still reach the children."""
+    for round_ in range(3):
+        parent, _ = await store.create(new_run(f"round {round_}"))
+        parent = await held(store, parent.id)
+        async with await psycopg.AsyncConnection.connect(database_url) as conn:
+            await conn.execute("SELECT 1 FROM run WHERE id = %s FOR UPDATE", (parent.id,))
+            spawn = asyncio.create_task(store.spawn(
+                parent.id, "w-parent", [child_of(parent, "toolu_a"), child_of(parent, "toolu_b")],
+                epoch=parent.lease_epoch))
+            await eventually(lambda: _waiting_on_a_lock(database_url, 1), 30, "the spawn to wait for the row")
+            cancel = asyncio.create_task(store.cancel(parent.id, by="alice"))
+            await eventually(lambda: _waiting_on_a_lock(database_url, 2), 30, "the cancel to wait for the row")
+            await conn.rollback()
+        try:
+            parked = await spawn
+        except CancelRequested:
+            parked = False  # the cancel came first: no child was made
+        await cancel
+        children = await store.children(parent.id)
+        assert len(children) == (2 if parked else 0), round_
+        for child in children:
+            assert child.status is RunStatus.CANCELLED and child.cancelled_by == "alice", (round_, child.id)
+        after = await store.get(parent.id)
+        assert after is not None and after.cancel_requested
 
 
 async def test_children_of_an_ended_parent_are_cancelled_by_the_sweep(store: RunStore, db: Any) -> None:

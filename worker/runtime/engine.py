@@ -445,9 +445,13 @@ class RunDriver:
         if not made and len(known) == 0:
             return progress  # nothing to wait for: the model hears of the errors
         held = self.keeper.set_aside(run.id)
-        parked = await self._durably(lambda again: self.store.spawn(
-            run.id, self.me, made, epoch=run.lease_epoch, again=again
-        ))
+        try:
+            parked = await self._durably(lambda again: self.store.spawn(
+                run.id, self.me, made, epoch=run.lease_epoch, again=again
+            ))
+        except CancelRequested:  # asked to stop before the spawn: no child made, the run still held
+            self.keeper.take_back(run.id, held)
+            raise
         if not parked:  # every child had ended by then: their results are next
             self.keeper.take_back(run.id, held)
             if not made and not any(c.status.terminal for c in await self.store.children(run.id)):

@@ -14,10 +14,11 @@ from typing import Any
 
 from psycopg.types.json import Jsonb
 
+from agentrun.worker.core.errors import CancelRequested
 from agentrun.worker.core.records import NewRun, Run
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.store.gateway import Gateway
-from agentrun.worker.store.rows import FENCE, RUN_COLUMNS, LeaseLost, _run
+from agentrun.worker.store.rows import FENCE_ASKED, RUN_COLUMNS, LeaseLost, _run
 
 ACTIVE = "('QUEUED', 'RUNNING', 'WAITING')"
 
@@ -50,7 +51,8 @@ class Children(Gateway):
         """Make the children the parent's calls start (each NewRun's `spawned_by` names the call; one
         already made for its call is left as it is) and park the parent WAITING for every child it has
         not seen end, with no lease. Returns False if none is left to wait for (each has ended already):
-        the parent is still held, and goes on with their results.
+        the parent is still held, and goes on with their results. Raises CancelRequested, making no
+        child and parking nothing, if the parent was asked to stop (it is still held: it ends CANCELLED).
 
         A copy sent again (`again`) finds the parent parked under the same epoch and counts as done."""
         for new in children:
@@ -60,7 +62,7 @@ class Children(Gateway):
         rows = [_child_row(new) for new in children]
         row = await self._fenced(
             run_id,
-            f"""WITH {FENCE},
+            f"""WITH {FENCE_ASKED},
                 made AS (
                     INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd, max_steps,
                                      timeout_seconds, deadline_at, require_approval, output_schema, created_by,
@@ -71,11 +73,12 @@ class Children(Gateway):
                            c.output_schema, c.created_by, c.traceparent, c.priority, now(), c.agent, c.agent_version,
                            c.sub_agents, fence.id, c.tool_use_id, c.root_run_id, c.depth,
                            clock_timestamp()  -- in the calls' order: children list in the order they were asked for
-                    FROM fence, jsonb_to_recordset(%(children)s::jsonb) AS c (
+                    FROM fence CROSS JOIN jsonb_to_recordset(%(children)s::jsonb) AS c (
                         id uuid, input text, model text, system text, tools text[], token_budget bigint,
                         cost_budget_usd numeric, max_steps int, timeout_seconds int, require_approval text[],
                         output_schema jsonb, created_by text, traceparent text, priority int, agent text,
                         agent_version int, sub_agents text[], tool_use_id text, root_run_id uuid, depth int)
+                    WHERE NOT fence.cancel_requested
                     ON CONFLICT DO NOTHING
                     RETURNING id),
                 parked AS (
@@ -89,14 +92,16 @@ class Children(Gateway):
                                          ELSE run.locked_by END,
                         locked_until = CASE WHEN run.children_active + (SELECT count(*) FROM made) > 0 THEN NULL
                                             ELSE run.locked_until END
-                    FROM fence WHERE run.id = fence.id RETURNING run.status)
-                SELECT (SELECT status FROM parked) AS status,
+                    FROM fence WHERE run.id = fence.id AND NOT fence.cancel_requested RETURNING run.status)
+                SELECT (SELECT status FROM parked) AS status, (SELECT cancel_requested FROM fence) AS asked,
                        (SELECT status FROM run WHERE id = %(id)s AND %(again)s AND %(epoch)s::bigint IS NOT NULL
                             AND lease_epoch = %(epoch)s::bigint AND status <> 'RUNNING' AND locked_by IS NULL
                             AND NOT handed_back) AS found""",
             {"id": run_id, "worker": worker, "epoch": epoch, "again": again, "children": Jsonb(rows)},
             again=again,
         )
+        if row is not None and row["asked"]:
+            raise CancelRequested(run_id)
         if row is not None and row["status"] is not None:
             return bool(row["status"] == "WAITING")
         if row is not None and row["found"] is not None:  # the first copy parked it

@@ -72,6 +72,10 @@ FENCE = f"""fence AS (
     SELECT id FROM run WHERE id = %(id)s AND locked_by = %(worker)s AND status = 'RUNNING' AND {EPOCH}
     FOR UPDATE)"""
 
+# The fence, with whether the run was asked to stop, read under the row lock: a cancel that committed while
+# the write waited for the lock is seen here (every other read of a statement sees its older snapshot).
+FENCE_ASKED = FENCE.replace("SELECT id FROM run", "SELECT id, cancel_requested FROM run")
+
 OWNED = """owned AS (
     UPDATE run SET locked_until = now() + make_interval(secs => %(lease)s) {extra}
     FROM fence WHERE run.id = fence.id

@@ -157,15 +157,19 @@ _CANCEL = b"""WITH asked AS (
                         ELSE error END
        WHERE id = %(id)s AND status IN ('QUEUED', 'RUNNING', 'WAITING')
        RETURNING id)
-SELECT children_active FROM run WHERE id = %(id)s"""
+SELECT count(*) AS asked FROM asked"""
 
 
 async def cancel_in(cur: psycopg.AsyncCursor[dict[str, Any]], run_id: uuid.UUID, by: str | None) -> None:
-    """Ask a run to stop (Submissions.cancel), in the cursor's transaction: the run, and when it waits for
-    sub-agents their whole tree, in one commit with whatever else the transaction does."""
+    """Ask a run to stop (Submissions.cancel), in the cursor's transaction: the run and its unfinished
+    sub-agents, their whole tree, in one commit with whatever else the transaction does.
+
+    The tree is read in a statement of its own, after the run's row is locked: a spawn that committed while
+    the cancel waited for that lock made children this statement's snapshot shows (a spawn after it sees
+    the ask, and makes none). Not only when the run waits for its children: a held run may be spawning."""
     await cur.execute(_CANCEL, {"id": run_id, "by": by})
     row = await cur.fetchone()
-    if row is not None and row["children_active"] > 0:  # it waited for its sub-agents: they stop too
+    if row is not None and row["asked"] > 0:
         await cur.execute(CANCEL_DESCENDANTS.encode(),
                           {"id": run_id, "by": by, "reason": "cancelled with its parent run"})
 

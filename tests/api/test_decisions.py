@@ -14,13 +14,14 @@ import psycopg
 import pytest
 from fastapi import FastAPI
 
-from agentrun.worker.core.records import RunStatus
+from agentrun.worker.core.errors import CancelRequested
+from agentrun.worker.core.records import DecisionKind, RunStatus
 from agentrun.worker.runtime.runner import Worker
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import Tool, ToolBox, ToolContext, tool
 from tests.support.api import make_app, status_is, submit
-from tests.support.builders import SimulatedCrash, worker
+from tests.support.builders import SimulatedCrash, new_run, worker
 from tests.support.running import running
 from tests.support.serving import serving
 
@@ -200,6 +201,41 @@ async def test_cancel_ends_a_waiting_run_at_once(store: RunStore, toolbox: ToolB
         assert (await client.get(f"/api/runs/{run_id}/pending")).json() == []
         late = await client.post(f"/api/runs/{run_id}/pending/t_charge", json={"decision": "approve"})
         assert late.status_code == 409
+
+
+class CancelBeforePark(RunStore):
+    """Someone cancels the run while it is still held, just before it parks for people."""
+
+    async def park(self, run_id: uuid.UUID, worker: str, calls: Any, **kw: Any) -> None:
+        await self.cancel(run_id, by="alice")
+        await super().park(run_id, worker, calls, **kw)
+
+
+async def test_a_cancel_just_before_the_park_ends_the_run_cancelled(
+    store: RunStore, toolbox: ToolBox, settings: Any, metrics: Any
+) -> None:
+    """Not WAITING until someone decides or the deadline passes (then TIMED_OUT): nothing wakes a run
+    parked for a decision, so the park itself must see the cancel."""
+    async with api(store, toolbox, settings, metrics) as client, \
+            running(worker(CancelBeforePark(store.pool), parallel_turn(), toolbox)):
+        run_id = await submit(client)
+        run = await status_is(client, run_id, "CANCELLED", "WAITING", "TIMED_OUT")
+        assert (run["status"], run["cancelledBy"]) == ("CANCELLED", "alice"), run
+        assert (await client.get(f"/api/runs/{run_id}/pending")).json() == []
+    assert sorted(executed) == ["noop:t_noop", "refund:t_refund"]  # charge, which needs a person, never ran
+
+
+@pytest.mark.parametrize("kind", [DecisionKind.APPROVAL, DecisionKind.IN_DOUBT])
+async def test_a_park_after_a_cancel_asks_nobody_and_raises(store: RunStore, kind: DecisionKind) -> None:
+    run, _ = await store.create(new_run())
+    claimed = await store.claim("w", 30)
+    assert claimed is not None and claimed.run.id == run.id
+    await store.cancel(run.id, by="alice")
+    with pytest.raises(CancelRequested):
+        await store.park(run.id, "w", [("t_pay", kind, "pay", "{}", int(kind is DecisionKind.IN_DOUBT))], epoch=claimed.run.lease_epoch)
+    after = await store.get(run.id)
+    assert after is not None and (after.status, after.locked_by, after.pending) == (RunStatus.RUNNING, "w", 0)
+    assert await store.decisions(run.id) == []
 
 
 async def test_a_waiting_run_holds_no_lease_and_spends_nothing(

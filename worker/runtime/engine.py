@@ -386,9 +386,14 @@ class RunDriver:
         if isinstance(step, Fail):
             return Stop(RunStatus.FAILED, step.reason)
         assert isinstance(step, Park)
-        self.keeper.drop(run.id)
+        held = self.keeper.set_aside(run.id)
         calls = [(use["id"], kind, use["name"], _json(use.get("input")), attempt) for use, kind, attempt in step.calls]
-        await self._durably(lambda again: self.store.park(run.id, self.me, calls, epoch=run.lease_epoch, again=again))
+        try:
+            await self._durably(lambda again: self.store.park(run.id, self.me, calls, epoch=run.lease_epoch,
+                                                              again=again))
+        except CancelRequested:  # asked to stop while still held: it ends CANCELLED, no one asked
+            self.keeper.take_back(run.id, held)
+            return Stop(RunStatus.CANCELLED, "cancel requested")
         self.observer.parked(run, [(tool_use_id, kind, name) for tool_use_id, kind, name, _, _ in calls])
         log.info(
             "%s run=%s waiting for %d decisions: %s", self.me, run.id.hex[:8], len(calls),

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from psycopg.rows import dict_row
 
+from agentrun.worker.core.errors import CancelRequested
 from agentrun.worker.core.records import (
     Decision,
     DecisionKind,
@@ -19,6 +20,7 @@ from agentrun.worker.store.gateway import Gateway
 from agentrun.worker.store.rows import (
     DECISION_COLUMNS,
     FENCE,
+    FENCE_ASKED,
     OWNED,
     DecideOutcome,
     LeaseLost,
@@ -37,21 +39,24 @@ class Decisions(Gateway):
         and the run WAITING with no lease, so no worker holds it and nothing is spent while it waits.
 
         A copy sent again (`again`) finds the run parked under the same epoch (waiting, or past it:
-        decided, cancelled, timed out) and counts as done."""
+        decided, cancelled, timed out) and counts as done. Raises CancelRequested, asking nobody and parking
+        nothing, if the run was asked to stop (it is still held: it ends CANCELLED). Nothing would wake
+        a run parked for people, so the park itself must see a cancel that came while it was held."""
         row = await self._fenced(
             run_id,
-            f"""WITH {FENCE},
+            f"""WITH {FENCE_ASKED},
                 asked AS (
                     INSERT INTO run_decision (run_id, tool_use_id, kind, tool_name, input, attempt, position)
                     SELECT fence.id, c.tuid, c.kind, c.name, c.input, c.attempt, c.position
                     FROM fence, unnest(%(tuids)s::text[], %(kinds)s::text[], %(names)s::text[], %(inputs)s::text[],
                                        %(attempts)s::int[])
                          WITH ORDINALITY AS c (tuid, kind, name, input, attempt, position)
+                    WHERE NOT fence.cancel_requested
                     ON CONFLICT (run_id, tool_use_id, kind, attempt) DO NOTHING),
                 parked AS (
                     UPDATE run SET status = 'WAITING', locked_by = NULL, locked_until = NULL
-                    FROM fence WHERE run.id = fence.id RETURNING run.id)
-                SELECT coalesce(
+                    FROM fence WHERE run.id = fence.id AND NOT fence.cancel_requested RETURNING run.id)
+                SELECT (SELECT cancel_requested FROM fence) AS asked, coalesce(
                     (SELECT id FROM parked),
                     (SELECT id FROM run WHERE id = %(id)s AND %(epoch)s::bigint IS NOT NULL
                         AND lease_epoch = %(epoch)s::bigint AND status <> 'RUNNING' AND locked_by IS NULL
@@ -61,6 +66,8 @@ class Decisions(Gateway):
              "epoch": epoch},
             again=again,
         )
+        if row is not None and row["asked"]:
+            raise CancelRequested(run_id)
         if row is None or row["id"] is None:
             raise LeaseLost(run_id, worker)
 

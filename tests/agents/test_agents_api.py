@@ -90,6 +90,28 @@ async def test_sub_agents_must_exist_and_not_be_the_agent(client: httpx.AsyncCli
     assert r.status_code == 422 and "itself" in problems(r)["subAgents[1]"]
 
 
+async def test_require_approval_may_name_a_sub_agents_tool(client: httpx.AsyncClient) -> None:
+    """A sub-agent call can need a person's approval like any call: its tool, `agent__<name>`, may be named
+    in requireApproval wherever the sub-agent is, and only there."""
+    await client.post("/api/agents", json={"name": "helper"})
+    ok = await client.post("/api/agents", json={"name": "lead", "subAgents": ["helper"],
+                                                "requireApproval": ["agent__helper"]})
+    assert ok.status_code == 201, ok.text
+    r = await client.post("/api/agents", json={"name": "lone", "requireApproval": ["agent__helper"]})
+    assert r.status_code == 422 and "unknown tool 'agent__helper'" in problems(r)["requireApproval[0]"]
+    run = await client.post("/api/runs", json={"input": "q", "subAgents": ["helper"], "tokenBudget": 1000,
+                                                "timeoutSeconds": 60, "requireApproval": ["agent__helper"]})
+    assert run.status_code == 201, run.text
+    assert (await client.get(f"/api/runs/{run.json()['id']}")).json()["requireApproval"] == ["agent__helper"]
+    run = await client.post("/api/runs", json={"input": "q", "agent": "lead", "tokenBudget": 1000,
+                                                "timeoutSeconds": 60})
+    assert run.status_code == 201, run.text
+    r = await client.post("/api/runs", json={"input": "q", "subAgents": ["helper"], "tokenBudget": 1000,
+                                             "timeoutSeconds": 60, "requireApproval": ["agent__ghost"]})
+    assert r.status_code == 422, r.text
+    assert "agent__ghost" in problems(r)["requireApproval[0]"] and "agent__helper" in problems(r)["requireApproval[0]"]
+
+
 BAD: list[tuple[Any, int, str]] = [
     ({"name": "Researcher"}, 422, "name"),
     ({"name": "a_b"}, 422, "name"),

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agentrun.worker.core.records import RunStatus, StepKind, StepStatus
+from agentrun.worker.core.records import Decision, DecisionKind, RunStatus, StepKind, StepStatus
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import TreeLlm
 from tests.support.builders import SimulatedCrash, new_run, worker
@@ -95,6 +95,36 @@ async def test_a_cancel_between_the_turn_and_the_spawn_starts_no_child(store: Ru
     assert (done.status, done.cancelled_by) == (RunStatus.CANCELLED, "alice")
     assert await store.children(parent.id) == []
     assert [r.system for r in llm.seen] == ["planner"]  # no child's model call was paid for
+
+
+@pytest.mark.parametrize("names", [("*",), ("agent__researcher", "agent__writer")], ids=["star", "named"])
+async def test_a_sub_agent_call_that_needs_approval_starts_no_child_until_approved(
+    store: RunStore, names: tuple[str, ...],
+) -> None:
+    """`requireApproval: ["*"]` covers every call, a sub-agent's too; a sub-agent's tool can be named. No
+    child (and none of its spending) before a person approves; a denied call is an error result."""
+    parent = await planner(store, "researcher", "writer", require_approval=names)
+    llm = TreeLlm()
+    async with running(worker(store, llm, concurrency=3)):
+        async def asked() -> bool:
+            run = await store.get(parent.id)
+            return run is not None and run.status is RunStatus.WAITING and run.pending == 2
+
+        await eventually(asked, 60, "the parent to wait for two approvals")
+        assert await store.children(parent.id) == []
+        assert [r.system for r in llm.seen] == ["planner"]
+        pending = await store.decisions(parent.id)
+        assert sorted((p.tool_use_id, p.kind) for p in pending) == [
+            ("toolu_0_agent__researcher", DecisionKind.APPROVAL), ("toolu_1_agent__writer", DecisionKind.APPROVAL)]
+        await store.decide(parent.id, "toolu_0_agent__researcher", Decision.APPROVE, by="alice")
+        await store.decide(parent.id, "toolu_1_agent__writer", Decision.DENY, reason="not today", by="alice")
+        done = await finished(store, parent.id, 60)
+    assert done.status is RunStatus.SUCCEEDED, done.error
+    assert [(c.agent, c.status) for c in await store.children(parent.id)] == [("researcher", RunStatus.SUCCEEDED)], await tool_results(store, parent.id)
+    results = await tool_results(store, parent.id)
+    assert results["toolu_0_agent__researcher"][0] is StepStatus.DONE
+    status, why = results["toolu_1_agent__writer"]
+    assert status is StepStatus.ERROR and why is not None and "denied" in why and "not today" in why
 
 
 async def test_a_child_never_gets_more_than_what_the_parent_has_left(store: RunStore) -> None:

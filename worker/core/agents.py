@@ -129,7 +129,8 @@ def check_definition(agent: Agent, offer: Offer) -> None:
     fault: unknown tools (the same check as a run's) or a sub-agent naming the agent itself (INVALID,
     every such field at once); then a bad output schema, a model no provider serves, a cost budget on a
     model without a price (UNFIT). Malformed sub-agent references raise INVALID too (parse_ref)."""
-    problems = unknown_tools(RunSpec(tools=agent.tools, require_approval=agent.require_approval), offer)
+    problems = unknown_tools(RunSpec(tools=agent.tools, require_approval=agent.require_approval), offer,
+                             agent.sub_agents)
     for i, ref in enumerate(agent.sub_agents or ()):
         if parse_ref(ref, f"subAgents[{i}]")[0] == agent.name:
             problems.append(Problem(f"subAgents[{i}]", "names the agent itself: an agent is not its own sub-agent"))

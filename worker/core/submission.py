@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from decimal import Decimal
 from typing import Any
 
+from agentrun.worker.core import children
 from agentrun.worker.core.answer import schema_problem
 from agentrun.worker.core.errors import Problem as Problem
 from agentrun.worker.core.errors import Refusal as Refusal
@@ -86,7 +87,8 @@ def new_run(spec: RunSpec, source: Run | None, defaults: Defaults = Defaults(), 
     contradictory request at once; then the first of a bad output schema, a model no provider serves,
     a cost budget on a model without a price."""
     check_source(spec, source)
-    problems = [*unknown_tools(spec, offer), *_missing(spec, source, defaults), *_contradictions(spec),
+    inherited = source.sub_agents if source is not None and spec.sub_agents is None else None
+    problems = [*unknown_tools(spec, offer, inherited), *_missing(spec, source, defaults), *_contradictions(spec),
                 *(Problem(field, why) for field, why in labels_problems(spec.labels or {}))]
     if problems:
         raise Refused.of(Refusal.INVALID, problems)
@@ -129,15 +131,20 @@ def _inherited(spec: RunSpec, source: Run | None, attr: str) -> Any:
     return value
 
 
-def unknown_tools(spec: RunSpec, offer: Offer) -> list[Problem]:
+def unknown_tools(spec: RunSpec, offer: Offer, sub_agents: tuple[str, ...] | None = None) -> list[Problem]:
+    """The names in `tools` and `requireApproval` that name no tool. `requireApproval` may also name `*` and
+    the tools of the run's sub-agents (`agent__<name>`; `sub_agents` when not the spec's own)."""
     if offer.has_tool is None:
         return []
+    agents = [children.tool_name(ref) for ref in (sub_agents if sub_agents is not None else spec.sub_agents) or ()]
     offered = ", ".join(offer.tool_names) or "no tools"
+    if agents:
+        offered += f" (and this run's sub-agents: {', '.join(agents)})"
     return [
         Problem(f"{field}[{i}]", f"unknown tool {name!r}; this server offers: {offered}", unknown_tool=name)
         for field, names in (("tools", spec.tools), ("requireApproval", spec.require_approval))
         for i, name in enumerate(names or ())
-        if not offer.has_tool(name) and not (field == "requireApproval" and name == "*")
+        if not offer.has_tool(name) and not (field == "requireApproval" and (name == "*" or name in agents))
     ]
 
 

@@ -346,7 +346,11 @@ class RunDriver:
         if answer is not None and run.output_schema is not None:
             return await self._final_answer(run, conv, answer)
         agents = sub.refs_by_tool(run.sub_agents)
-        others = [u for u in conv.pending.values() if u.get("name") not in agents]
+        decided = self._decisions.get(run.id)
+        # A sub-agent call that needs a person's approval ("*", or its tool named) is owed like a tool call
+        # until one approved it: asked for, or denied (an error result); no child is made before.
+        others = [u for u in conv.pending.values()
+                  if u.get("name") not in agents or not self._approved(run, u, decided)]
         if not others:
             try:
                 return await self._children(run, progress, conv, list(conv.pending.values()))
@@ -355,7 +359,6 @@ class RunDriver:
         waited = await self._wait_ended(run, conv, others)
         if waited is not False:
             return waited
-        decided = self._decisions.get(run.id)
         step = next_call(
             others, {u: conv.attempts[u] for u in conv.started},
             in_doubt_if_started=self._not_idempotent,
@@ -544,8 +547,11 @@ class RunDriver:
         ), agent)
         if spec.model is None:
             spec = dataclasses.replace(spec, model=run.model)
-        if spec.require_approval is None:
-            spec = dataclasses.replace(spec, require_approval=run.require_approval)
+        if spec.require_approval is None and run.require_approval is not None:
+            # The parent's names of its own sub-agents' tools mean nothing to the child unless it has them too.
+            own = {sub.tool_name(ref) for ref in spec.sub_agents or ()}
+            spec = dataclasses.replace(spec, require_approval=tuple(
+                name for name in run.require_approval if not name.startswith(sub.TOOL_PREFIX) or name in own))
         made = new_run(spec, None, Defaults(), Offer(has_tool=lambda name: self.tools.get(name) is not None,
                                                     tool_names=self.tools.names))
         pinned = await self.store.resolve_sub_agents(agent.sub_agents) if agent.sub_agents else None
@@ -604,6 +610,13 @@ class RunDriver:
     def _not_idempotent(self, name: str) -> bool:
         tool = self.tools.get(name)
         return tool is not None and not tool.idempotent
+
+    def _approved(self, run: Run, use: dict[str, Any], decided: dict[Key, PendingCall] | None) -> bool:
+        """Whether a call may go ahead as far as people are concerned: it needs no approval, or has it."""
+        if not self._needs_approval(run, use["name"]):
+            return True
+        found = (decided or {}).get((use["id"], DecisionKind.APPROVAL, 0))
+        return found is not None and found.decision is Decision.APPROVE
 
     def _needs_approval(self, run: Run, name: str) -> bool:
         tool = self.tools.get(name)

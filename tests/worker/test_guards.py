@@ -55,6 +55,35 @@ async def test_cost_budget(store: RunStore) -> None:
     assert after is not None and after.cost_usd == Decimal("0.003")
 
 
+async def test_a_run_at_exactly_its_token_budget_stops(store: RunStore) -> None:
+    """The budget is the most a run may use: at it, no further model call (`>=`, not `>`)."""
+    run, _ = await store.create(new_run(token_budget=120))
+    llm = TurnBasedLlm(turns=10, in_=40, out=20)
+    await worker(store, llm, [noop]).run_once()
+    status, error = await finished(store, run.id)
+    assert status is RunStatus.FAILED and error == "token budget exhausted: used 120 of 120 tokens"
+    assert llm.calls == 2
+    below, _ = await store.create(new_run(token_budget=121))  # one token left: one more model call
+    llm = TurnBasedLlm(turns=10, in_=40, out=20)
+    await worker(store, llm, [noop]).run_once()
+    assert await finished(store, below.id) == (RunStatus.FAILED, "token budget exhausted: used 180 of 121 tokens")
+    assert llm.calls == 3
+
+
+async def test_a_run_at_exactly_its_cost_budget_stops(store: RunStore) -> None:
+    # claude-sonnet-4-5: $3/M input → 1000 input tokens cost exactly $0.003 a step.
+    run, _ = await store.create(new_run(cost_budget_usd=Decimal("0.006")))
+    llm = TurnBasedLlm(turns=10, in_=1000, out=0)
+    await worker(store, llm, [noop]).run_once()
+    status, error = await finished(store, run.id)
+    assert status is RunStatus.FAILED and error == "cost budget exhausted: spent $0.0060 of $0.0060"
+    assert llm.calls == 2
+    below, _ = await store.create(new_run(cost_budget_usd=Decimal("0.006001")))
+    llm = TurnBasedLlm(turns=10, in_=1000, out=0)
+    await worker(store, llm, [noop]).run_once()
+    assert (await finished(store, below.id))[0] is RunStatus.FAILED and llm.calls == 3
+
+
 async def test_step_cap(store: RunStore) -> None:
     run, _ = await store.create(new_run(max_steps=4))
     await worker(store, TurnBasedLlm(turns=100), [noop]).run_once()

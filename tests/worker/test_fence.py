@@ -239,6 +239,35 @@ async def test_every_write_of_an_earlier_claim_is_refused_and_changes_nothing(
     assert set(await store.renew([run_id], "W", 30, {run_id: second.run.lease_epoch})) == {run_id}
 
 
+@pytest.mark.parametrize("kind", ["checkpoint", "start_tool", "finish_tool"])
+async def test_an_earlier_claims_write_is_refused_in_a_batch_too(
+    store: RunStore, db: psycopg.AsyncConnection[Any], kind: str
+) -> None:
+    """The writes every step makes share one statement per kind across runs (group commit): that statement
+    fences each run on its own claim's epoch too, not on the worker's name alone."""
+    for _ in range(3):
+        await store.create(new_run())
+    claims = await store.claim_many("W", 30, limit=3)
+    (run_id, old), *others = [(c.run.id, c.run.lease_epoch) for c in claims]
+    await db.execute("UPDATE run SET locked_until = now() - interval '1 second' WHERE id = %s", (run_id,))
+    again = await store.claim("W", 30)  # the same worker claims it again: a new epoch
+    assert again is not None and again.run.id == run_id and again.run.lease_epoch == old + 1
+    if kind == "finish_tool":  # a call started under each run's current claim
+        for i, e in [(run_id, old + 1), *others]:
+            await WRITES["start_tool"](store, i, e, uuid.uuid4(), False)
+    before = await db.execute("SELECT row_to_json(r)::text FROM run r WHERE id = %s", (run_id,))
+    snapshot = await before.fetchone()
+    steps = await store.steps(run_id)
+    batched = RunStore(store.pool, GroupCommit(store.pool, senders=1))
+    answers = await asyncio.gather(WRITES[kind](batched, run_id, old, uuid.uuid4(), False),
+                                   *(WRITES[kind](batched, i, e, uuid.uuid4(), False) for i, e in others),
+                                   return_exceptions=True)
+    assert batched.writes.stats.largest == 3  # one shared statement
+    assert isinstance(answers[0], LeaseLost) and not any(isinstance(a, BaseException) for a in answers[1:]), answers
+    after = await db.execute("SELECT row_to_json(r)::text FROM run r WHERE id = %s", (run_id,))
+    assert await after.fetchone() == snapshot and await store.steps(run_id) == steps
+
+
 async def test_a_copy_sent_again_in_a_batch_finds_its_first_copy_through_the_shared_statement(
     store: RunStore, db: psycopg.AsyncConnection[Any], database_url: str
 ) -> None:

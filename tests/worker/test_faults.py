@@ -15,13 +15,15 @@ import httpx
 import psycopg
 import pytest
 
-from agentrun.worker.core.records import RunStatus, StepStatus
+from agentrun.worker.core.records import ModelTurn, RunStatus, StepStatus
+from agentrun.worker.core.types import Usage
 from agentrun.worker.llm.anthropic_client import AnthropicClient
 from agentrun.worker.llm.factory import LlmSettings, build_llm
 from agentrun.worker.llm.retry import Retrying
 from agentrun.worker.llm.timeout import TimeLimited
 from agentrun.worker.runtime.runner import Worker
 from agentrun.worker.store import LIVENESS_LOCK_CLASS, RunStore, migrate
+from agentrun.worker.store.groupcommit import GroupCommit
 from agentrun.worker.store.pool import open_pool
 from agentrun.worker.testing.fake_server import FakeAnthropic, Reply
 from agentrun.worker.testing.scripted import ScriptedLlm
@@ -43,6 +45,51 @@ async def assert_whole(store: RunStore, run_id: uuid.UUID) -> None:
     assert run.tokens_used == sum(
         s.input_tokens + s.output_tokens + s.cache_creation_input_tokens + s.cache_read_input_tokens for s in steps
     )
+
+
+# -- a checkpoint is all or nothing ----------------------------------------------------------------
+
+ARM = """
+CREATE TABLE IF NOT EXISTS test_fault (run_id uuid PRIMARY KEY);
+CREATE OR REPLACE FUNCTION test_fault_counters() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM test_fault WHERE run_id = NEW.id) THEN
+        RAISE EXCEPTION 'injected fault: the run''s counters cannot be written';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER test_fault_counters BEFORE UPDATE OF tokens_used, cost_usd ON run
+    FOR EACH ROW WHEN (NEW.tokens_used IS DISTINCT FROM OLD.tokens_used) EXECUTE FUNCTION test_fault_counters();
+"""
+
+
+@pytest.mark.parametrize("batched", [False, True], ids=["alone", "in-a-batch"])
+async def test_a_fault_writing_the_counters_leaves_no_step_row(
+    store: RunStore, db: psycopg.AsyncConnection[Any], batched: bool
+) -> None:
+    """The step row and the run's counters are one write: a fault on the counters (here a trigger that
+    raises) leaves no step row behind either, so the counters stay the sums of the steps. Written as two
+    statements, the step row would commit and the counters lag it for good."""
+    await db.execute(ARM)
+    for _ in range(3):
+        await store.create(new_run())
+    claims = await store.claim_many("w", 30, limit=3)
+    faulty, *fine = [c.run.id for c in claims]
+    await db.execute("INSERT INTO test_fault VALUES (%s)", (faulty,))
+    writer = RunStore(store.pool, GroupCommit(store.pool, senders=1)) if batched else store
+    turn = ModelTurn("{}", '[{"type":"text","text":"x"}]', "end_turn", Usage(10, 5, 0, 0), None, 0)
+    answers = await asyncio.gather(*(writer.checkpoint_model(i, "w", 30, turn) for i in (faulty, *(fine if batched else []))),
+                                   return_exceptions=True)
+    assert isinstance(answers[0], psycopg.Error) and "injected fault" in str(answers[0]), answers
+    assert await store.steps(faulty) == []
+    after = await store.get(faulty)
+    assert after is not None and (after.tokens_used, after.cost_usd) == (0, 0)
+    await db.execute("DELETE FROM test_fault")
+    seq, progress = await store.checkpoint_model(faulty, "w", 30, turn)  # the same step, written whole
+    assert (seq, progress.tokens_used) == (1, 15)
+    for run_id in (faulty, *(fine if batched else [])):
+        await assert_whole(store, run_id)
+        assert len(await store.steps(run_id)) == 1
 
 
 # -- the database goes away ----------------------------------------------------------------------

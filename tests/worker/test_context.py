@@ -276,3 +276,58 @@ async def test_each_model_step_says_which_compact_step_it_was_sent_after(store: 
     after = {s.seq: json.loads(s.request or "{}")["context"].get("compactedAt") for s in steps if s.kind is StepKind.MODEL}
     assert after[min(after)] is None and after[compact[0] + 1] == compact[0]
     assert after[max(after)] == compact[-1]
+
+
+def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    content = message["content"]
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def _summaries(request: LlmRequest) -> list[int]:
+    """The indexes of the messages of `request` that are a summary."""
+    return [i for i, m in enumerate(request.messages)
+            if any(b.get("type") == "text" and "was summarised" in b.get("text", "") for b in _blocks(m))]
+
+
+def assert_sendable(request: LlmRequest) -> None:
+    """`request` as the Messages API takes it: a user message first, the roles alternating, every tool_result
+    in the user message right after the assistant message with its tool_use (and every tool_use answered
+    there), and at most one summary, the first message."""
+    messages = request.messages
+    roles = [m["role"] for m in messages]
+    assert roles[:1] == ["user"] and all(a != b for a, b in zip(roles, roles[1:], strict=False)), roles
+    assert _summaries(request) in ([], [0]), f"summaries at {_summaries(request)}"
+    for i, m in enumerate(messages):
+        uses = {b["id"] for b in _blocks(m) if b.get("type") == "tool_use"}
+        results = {b["tool_use_id"] for b in _blocks(m) if b.get("type") == "tool_result"}
+        if uses:
+            assert i + 1 < len(messages), "a tool_use with no tool_result after it"
+            assert {b.get("tool_use_id") for b in _blocks(messages[i + 1])} >= uses, f"unanswered tool_use at {i}"
+        if results:
+            before = {b["id"] for b in _blocks(messages[i - 1]) if b.get("type") == "tool_use"} if i else set()
+            assert results <= before, f"tool_result(s) {sorted(results - before)} at {i} with no tool_use before"
+
+
+async def test_a_second_summary_soon_after_the_first_replaces_it_and_the_turns_it_covers(store: RunStore) -> None:
+    # Under this trigger the conversation passes it again two turns after a summary, while the newest
+    # three turns still reach back before that summary: the second must cover the first, not sit beside it.
+    llm = LongLlm(turns=40)
+    run_id = await long_run(store, "summarize", 40, keepRecentTurns=3, triggerTokens=3000)
+    await drive(store, llm)
+    run = await store.get(run_id)
+    assert run is not None and run.status is RunStatus.SUCCEEDED, run.error
+    sent = [r for r in llm.seen if r.tools]
+    for request in sent:
+        assert_sendable(request)
+    steps = await store.steps(run_id)
+    compact = [s.seq for s in steps if s.kind is StepKind.COMPACT]
+    assert len(compact) >= 2 and llm.summaries == len(compact)
+    for seq in compact:  # each leaves its summary and the newest three turns, and the model is called on them
+        after = json.loads(steps[seq].request or "{}")
+        assert steps[seq].kind is StepKind.MODEL and after["message_count"] == 1 + 2 * 3
+    # A summary and its three turns are under the trigger, and so is one more turn: the conversation passes
+    # it again two turns later. So one summarising call every two model turns, not one before every call.
+    kinds = [s.kind for s in steps]
+    between = [kinds[a:b].count(StepKind.MODEL) for a, b in zip(compact, compact[1:], strict=False)]
+    assert between and set(between) == {2}, between
+

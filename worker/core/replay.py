@@ -339,8 +339,10 @@ class Conversation:
         request = request if isinstance(request, dict) else {}
         after = request.get("estimatedAfter")
         keep_from = request.get("keepFromSeq")
-        at = next((i for i, seq in enumerate(self.origins) if isinstance(keep_from, int) and seq >= keep_from),
-                  len(self.messages))
+        # The kept turns begin at the first message at or past keepFromSeq, after an earlier summary: that one
+        # begins with its own COMPACT step, later than the turns it kept, which a later summary covers too.
+        at = next((i for i, seq in enumerate(self.origins)
+                   if i >= self.stable and isinstance(keep_from, int) and seq >= keep_from), len(self.messages))
         if request.get("strategy") == "clear_tool_results":
             try:
                 listed = orjson.loads(step.response or "[]")

@@ -339,10 +339,13 @@ class Conversation:
         request = request if isinstance(request, dict) else {}
         after = request.get("estimatedAfter")
         keep_from = request.get("keepFromSeq")
-        # The kept turns begin at the first message at or past keepFromSeq, after an earlier summary: that one
-        # begins with its own COMPACT step, later than the turns it kept, which a later summary covers too.
-        at = next((i for i, seq in enumerate(self.origins)
-                   if i >= self.stable and isinstance(keep_from, int) and seq >= keep_from), len(self.messages))
+        # The kept turns begin with an assistant message (`cut`): the first one at or past keepFromSeq. Not an
+        # earlier summary, a user message whose origin is its own COMPACT step, later than the turns it kept
+        # (a later summary covers them too). Nor the tool results before the kept turns in a continuation
+        # copied before the copy moved the seqs its steps name (store/submit.py): there keepFromSeq, one
+        # short, names those results.
+        at = next((i for i, seq in enumerate(self.origins) if self.messages[i]["role"] == "assistant"
+                   and isinstance(keep_from, int) and seq >= keep_from), len(self.messages))
         if request.get("strategy") == "clear_tool_results":
             try:
                 listed = orjson.loads(step.response or "[]")

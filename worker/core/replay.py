@@ -184,6 +184,13 @@ class Conversation:
         return ""
 
     @property
+    def at_boundary(self) -> bool:
+        """Between two turns, where a message posted to the run may go: nothing owed for the model's turn,
+        and the turn not paused (after a `pause_turn` or a `compaction` stop the next call sends it back for
+        the model to go on with, and a user message there would end it half done)."""
+        return not self.pending and self.last_stop not in PAUSES
+
+    @property
     def next_tool_use(self) -> Block | None:
         return next(iter(self.pending.values()), None)
 

@@ -276,3 +276,201 @@ async def test_each_model_step_says_which_compact_step_it_was_sent_after(store: 
     after = {s.seq: json.loads(s.request or "{}")["context"].get("compactedAt") for s in steps if s.kind is StepKind.MODEL}
     assert after[min(after)] is None and after[compact[0] + 1] == compact[0]
     assert after[max(after)] == compact[-1]
+
+
+def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    content = message["content"]
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
+def _summaries(request: LlmRequest) -> list[int]:
+    """The indexes of the messages of `request` that are a summary."""
+    return [i for i, m in enumerate(request.messages)
+            if any(b.get("type") == "text" and "was summarised" in b.get("text", "") for b in _blocks(m))]
+
+
+def assert_sendable(request: LlmRequest) -> None:
+    """`request` as the Messages API takes it: a user message first, the roles alternating, every tool_result
+    in the user message right after the assistant message with its tool_use (and every tool_use answered
+    there), and at most one summary, the first message."""
+    messages = request.messages
+    roles = [m["role"] for m in messages]
+    assert roles[:1] == ["user"] and all(a != b for a, b in zip(roles, roles[1:], strict=False)), roles
+    assert _summaries(request) in ([], [0]), f"summaries at {_summaries(request)}"
+    for i, m in enumerate(messages):
+        uses = {b["id"] for b in _blocks(m) if b.get("type") == "tool_use"}
+        results = {b["tool_use_id"] for b in _blocks(m) if b.get("type") == "tool_result"}
+        if uses:
+            assert i + 1 < len(messages), "a tool_use with no tool_result after it"
+            assert {b.get("tool_use_id") for b in _blocks(messages[i + 1])} >= uses, f"unanswered tool_use at {i}"
+        if results:
+            before = {b["id"] for b in _blocks(messages[i - 1]) if b.get("type") == "tool_use"} if i else set()
+            assert results <= before, f"tool_result(s) {sorted(results - before)} at {i} with no tool_use before"
+
+
+async def test_a_second_summary_soon_after_the_first_replaces_it_and_the_turns_it_covers(store: RunStore) -> None:
+    # Under this trigger the conversation passes it again two turns after a summary, while the newest
+    # three turns still reach back before that summary: the second must cover the first, not sit beside it.
+    llm = LongLlm(turns=40)
+    run_id = await long_run(store, "summarize", 40, keepRecentTurns=3, triggerTokens=3000)
+    await drive(store, llm)
+    run = await store.get(run_id)
+    assert run is not None and run.status is RunStatus.SUCCEEDED, run.error
+    sent = [r for r in llm.seen if r.tools]
+    for request in sent:
+        assert_sendable(request)
+    steps = await store.steps(run_id)
+    compact = [s.seq for s in steps if s.kind is StepKind.COMPACT]
+    assert len(compact) >= 2 and llm.summaries == len(compact)
+    for seq in compact:  # each leaves its summary and the newest three turns, and the model is called on them
+        after = json.loads(steps[seq].request or "{}")
+        assert steps[seq].kind is StepKind.MODEL and after["message_count"] == 1 + 2 * 3
+    # A summary and its three turns are under the trigger, and so is one more turn: the conversation passes
+    # it again two turns later. So one summarising call every two model turns, not one before every call.
+    kinds = [s.kind for s in steps]
+    between = [kinds[a:b].count(StepKind.MODEL) for a, b in zip(compact, compact[1:], strict=False)]
+    assert between and set(between) == {2}, between
+
+
+CONTINUED = 12  # tool turns of a compacted parent: compacted once, near its end, its last request well under
+PARENT_POLICY = {"keepRecentTurns": 2, "triggerTokens": 5000}
+
+
+async def compacted_and_continued(store: RunStore, strategy: str, llm: LongLlm) -> tuple[uuid.UUID, uuid.UUID]:
+    """A run that compacted its conversation and succeeded, and a continuation of it (not run yet)."""
+    parent = await long_run(store, strategy, CONTINUED, **PARENT_POLICY)
+    await drive(store, llm)
+    run = await store.get(parent)
+    assert run is not None and run.status is RunStatus.SUCCEEDED, run.error
+    assert any(s.kind is StepKind.COMPACT for s in await store.steps(parent))
+    child, _ = await store.create(new_run(
+        "go on", model=MODEL, max_steps=100, token_budget=100_000_000, tools=("fetch",), continue_from=parent,
+        context_management={"strategy": strategy, **PARENT_POLICY}))
+    return parent, child.id
+
+
+async def assert_seqs_name_the_same_steps(store: RunStore, parent: uuid.UUID, child: uuid.UUID) -> None:
+    """Every seq an inherited step names (a COMPACT step's keepFromSeq, coversSeqs and cleared results, a
+    MODEL step's compactedAt) is the seq, in the child, of the step it named in the parent."""
+    theirs, ours = await store.steps(parent), await store.steps(child)
+    shift = ours[0].kind is StepKind.USER and theirs[0].kind is not StepKind.USER  # the parent's input, copied in
+    mine = {s.seq - shift: s for s in ours if s.inherited and s.seq > shift}
+
+    def same(seq: int) -> None:
+        assert (ours[seq + shift - 1].kind, ours[seq + shift - 1].response) == (
+            theirs[seq - 1].kind, theirs[seq - 1].response)
+
+    for step in theirs:
+        if step.seq not in mine:
+            continue  # past a fork's last step
+        copy = mine[step.seq]
+        if step.kind is StepKind.COMPACT:
+            was, now = json.loads(step.request or "{}"), json.loads(copy.request or "{}")
+            if was["keepFromSeq"] is not None:
+                assert now["keepFromSeq"] == was["keepFromSeq"] + shift
+                same(was["keepFromSeq"])
+            assert now["coversSeqs"] == [s + shift for s in was["coversSeqs"]]
+            if was["strategy"] == "clear_tool_results":
+                cleared = json.loads(copy.response or "[]")
+                assert [c["seq"] for c in cleared] == [c["seq"] + shift for c in json.loads(step.response or "[]")]
+                for c in cleared:
+                    assert ours[c["seq"] - 1].tool_use_id == c["toolUseId"]
+        elif step.kind is StepKind.MODEL:
+            was = json.loads(step.request or "{}")["context"].get("compactedAt")
+            now = json.loads(copy.request or "{}")["context"].get("compactedAt")
+            assert now == (was + shift if was is not None else None)
+
+
+async def test_a_continuation_of_a_summarised_run_sends_the_summary_and_the_turns_it_kept(store: RunStore) -> None:
+    llm = LongLlm(turns=CONTINUED)
+    parent, child = await compacted_and_continued(store, "summarize", llm)
+    last, summaries = llm.seen[-1], llm.summaries
+    await drive(store, llm, "worker-B")
+    run = await store.get(child)
+    assert run is not None and run.status is RunStatus.SUCCEEDED, run.error
+    first = llm.seen[-1]
+    assert_sendable(first)
+    # What the parent's last call was sent, then its answer and the new input: no tool_result without its
+    # tool_use, and no second summary (no summarising call either).
+    answer = {"role": "assistant", "content": [{"type": "text", "text": f"done after {CONTINUED} tool turns"}]}
+    assert first.messages == [*last.messages, answer, {"role": "user", "content": "go on"}]
+    assert llm.summaries == summaries and first.stable_messages == 1
+    await assert_seqs_name_the_same_steps(store, parent, child)
+    # A fork of the continuation copies its steps as they are (no input is put in front): it sends the same.
+    steps = await store.steps(child)
+    fork, _ = await store.create(new_run("work through the pages", model=MODEL, max_steps=100,
+                                         token_budget=100_000_000, tools=("fetch",), fork_from=(child, len(steps) - 1),
+                                         context_management={"strategy": "summarize", **PARENT_POLICY}))
+    await drive(store, llm, "worker-C")
+    assert llm.seen[-1].messages == first.messages and llm.summaries == summaries
+    await assert_seqs_name_the_same_steps(store, child, fork.id)
+
+
+async def test_a_continuation_of_a_run_that_cleared_tool_results_clears_them_all(store: RunStore) -> None:
+    llm = LongLlm(turns=CONTINUED)
+    parent, child = await compacted_and_continued(store, "clear_tool_results", llm)
+    last = llm.seen[-1]
+    await drive(store, llm, "worker-B")
+    run = await store.get(child)
+    assert run is not None and run.status is RunStatus.SUCCEEDED, run.error
+    first = llm.seen[-1]
+    assert_sendable(first)
+
+    def results(request: LlmRequest) -> list[tuple[str, bool]]:  # each tool result: (its id, cleared)
+        return [(b["tool_use_id"], "cleared; kept in step" in str(b["content"]))
+                for m in request.messages for b in _blocks(m) if b.get("type") == "tool_result"]
+
+    assert results(first) == results(last)  # the same results cleared as in the parent's last call, every one
+    listed = [c for s in await store.steps(parent) if s.kind is StepKind.COMPACT for c in json.loads(s.response or "")]
+    assert sum(cleared for _, cleared in results(first)) == len(listed) > 0
+    await assert_seqs_name_the_same_steps(store, parent, child)
+    steps = {s.seq: s for s in await store.steps(child)}
+    for block in (b for m in first.messages for b in _blocks(m) if b.get("type") == "tool_result"):
+        kept = TURN_ID.sub("", str(block["content"]))
+        if "cleared" in kept:  # the placeholder names the continuation's step that keeps the result
+            seq = int(re.findall(r"kept in step (\d+)", kept)[0])
+            assert steps[seq].tool_use_id == block["tool_use_id"]
+
+
+@pytest.mark.parametrize("strategy", ["summarize", "clear_tool_results"])
+async def test_a_continuation_copied_with_its_parents_seqs_still_sends_a_valid_request(
+    store: RunStore, db: psycopg.AsyncConnection[Any], strategy: str
+) -> None:
+    """A continuation made before copying moved the seqs its steps name holds the parent's: replay still
+    keeps the turns the parent kept (no tool_result without its tool_use, every listed result cleared)."""
+    llm = LongLlm(turns=CONTINUED)
+    parent, child = await compacted_and_continued(store, strategy, llm)
+    last = llm.seen[-1]
+    await db.execute(
+        """UPDATE run_step c SET request = p.request, response = p.response FROM run_step p
+           WHERE c.run_id = %s AND p.run_id = %s AND c.seq = p.seq + 1 AND c.kind IN ('COMPACT', 'MODEL')""",
+        (child, parent))
+    await drive(store, llm, "worker-B")
+    run = await store.get(child)
+    assert run is not None and run.status is RunStatus.SUCCEEDED, run.error
+    first = llm.seen[-1]
+    assert_sendable(first)
+    assert len(first.messages) == len(last.messages) + 2
+    for sent, before in zip(first.messages, last.messages, strict=False):
+        assert sent["role"] == before["role"]
+        assert [b.get("type") for b in _blocks(sent)] == [b.get("type") for b in _blocks(before)]
+        assert ["cleared; kept in step" in str(b.get("content")) for b in _blocks(sent)] == [
+            "cleared; kept in step" in str(b.get("content")) for b in _blocks(before)]
+
+
+async def test_a_fork_of_a_compacted_run_sends_what_its_parent_sent_there(store: RunStore) -> None:
+    """A fork copies its parent's first steps with their seqs (nothing put in front): the seqs they name
+    stay as they are, and the fork's first call is the parent's at that point."""
+    llm = LongLlm(turns=CONTINUED)
+    parent = await long_run(store, "summarize", CONTINUED, **PARENT_POLICY)
+    await drive(store, llm)
+    steps = await store.steps(parent)
+    assert any(s.kind is StepKind.COMPACT for s in steps)
+    last = llm.seen[-1]
+    fork, _ = await store.create(new_run("work through the pages", model=MODEL, max_steps=100,
+                                         token_budget=100_000_000, tools=("fetch",), fork_from=(parent, len(steps) - 1),
+                                         context_management={"strategy": "summarize", **PARENT_POLICY}))
+    await drive(store, llm, "worker-B")
+    assert llm.seen[-1].messages == last.messages
+    copied = (await store.steps(fork.id))[: len(steps) - 1]
+    assert [(s.request, s.response) for s in copied] == [(s.request, s.response) for s in steps[:-1]]

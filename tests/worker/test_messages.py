@@ -8,6 +8,7 @@ import uuid
 from typing import Any
 
 import psycopg
+import pytest
 
 from agentrun.worker.core.records import Progress, RunStatus, StepKind
 from agentrun.worker.core.replay import MESSAGE
@@ -331,3 +332,42 @@ async def test_the_store_refuses_text_it_cannot_hold(store: RunStore) -> None:
     with pytest.raises(ValueError, match="message text"):
         await store.post_message(run.id, "a\x00b")
     assert await store.messages(run.id) == [] and (await store.get(run.id)).messages_sent == 0  # type: ignore[union-attr]
+
+
+PAUSED = [{"type": "text", "text": "Searching."},
+          {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {"query": "x"}}]
+COMPACTED = [{"type": "compaction", "content": "Summary of the work so far."}]
+
+
+@pytest.mark.parametrize(("stop", "paused"), [("pause_turn", PAUSED), ("compaction", COMPACTED)])
+async def test_a_message_posted_during_a_turn_the_model_pauses_waits_for_the_turn_to_end(
+    store: RunStore, stop: str, paused: list[dict[str, Any]]
+) -> None:
+    """A turn paused by the provider (its server tools' `pause_turn`, or a `compaction` stop) is not over: the
+    next call sends it back for the model to go on with. A message must come after the whole turn, not
+    between the paused part and its continuation (where it would end the turn, with a server_tool_use left
+    without its result)."""
+    run, _ = await store.create(new_run("look it up"))
+
+    class PostsDuringTheFirstCall(ScriptedLlm):
+        async def send(self, request: LlmRequest) -> LlmResponse:
+            if not self.seen:
+                message, _ = await store.post_message(run.id, "also the EU region", by="alice")
+                assert message is not None
+            return await super().send(request)
+
+    llm = PostsDuringTheFirstCall()
+    llm.then_response(LlmResponse(paused, stop, Usage(10, 5)))
+    llm.then_response(LlmResponse([{"type": "text", "text": "Found it."}], "end_turn", Usage(20, 3)))
+    llm.then_text("Found it, and the EU region too.")
+    assert await worker(store, llm).run_once() == run.id
+    after = await store.get(run.id)
+    assert after is not None and after.status is RunStatus.SUCCEEDED, after.error
+    assert llm.seen[1].messages == [{"role": "user", "content": "look it up"}, {"role": "assistant", "content": paused}]
+    assert llm.seen[2].messages == [
+        {"role": "user", "content": "look it up"},
+        {"role": "assistant", "content": [*paused, {"type": "text", "text": "Found it."}]},
+        {"role": "user", "content": "also the EU region"}]
+    assert after.output == "Found it, and the EU region too."
+    assert [s.kind for s in await store.steps(run.id)] == [
+        StepKind.MODEL, StepKind.MODEL, StepKind.USER, StepKind.MODEL]

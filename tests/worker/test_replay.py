@@ -178,3 +178,19 @@ def test_a_continued_conversation_opens_with_the_parents_message_and_goes_on() -
                                               "end_turn"), user(3, "next question")])
     assert [m["role"] for m in c.messages] == ["user", "assistant", "user"]
     assert c.messages[0]["content"] == "first question" and not c.finished and c.final_text == "a"
+
+
+def compact(seq: int, keep_from: int | None, summary: str) -> Step:
+    request = json.dumps({"strategy": "summarize", "keepFromSeq": keep_from})
+    return Step(RUN, seq, StepKind.COMPACT, StepStatus.DONE, request=request, response=summary)
+
+
+def test_a_second_summary_covers_the_first_and_the_turns_it_kept_that_it_does_not_keep() -> None:
+    turns = [s for n in range(3) for s in (model(1 + 2 * n, [use(f"a{n}")], "tool_use"), tool(2 + 2 * n, f"a{n}"))]
+    # The first keeps the turns of steps 3-6; the second, one turn later, keeps those of steps 5-9 only.
+    steps = [*turns, compact(7, 3, "first"), model(8, [use("a3")], "tool_use"), tool(9, "a3"), compact(10, 5, "second")]
+    c = Conversation.replay("q", steps)
+    assert [m["role"] for m in c.messages] == ["user", "assistant", "user", "assistant", "user"]
+    assert "second" in c.messages[0]["content"][0]["text"] and "first" not in json.dumps(c.messages)
+    assert [m["content"][0]["id"] for m in c.messages[1::2]] == ["a2", "a3"]
+    assert c.origins == [10, 5, 6, 8, 9] and c.stable == 1

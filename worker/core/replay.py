@@ -184,6 +184,13 @@ class Conversation:
         return ""
 
     @property
+    def at_boundary(self) -> bool:
+        """Between two turns, where a message posted to the run may go: nothing owed for the model's turn,
+        and the turn not paused (after a `pause_turn` or a `compaction` stop the next call sends it back for
+        the model to go on with, and a user message there would end it half done)."""
+        return not self.pending and self.last_stop not in PAUSES
+
+    @property
     def next_tool_use(self) -> Block | None:
         return next(iter(self.pending.values()), None)
 
@@ -339,8 +346,13 @@ class Conversation:
         request = request if isinstance(request, dict) else {}
         after = request.get("estimatedAfter")
         keep_from = request.get("keepFromSeq")
-        at = next((i for i, seq in enumerate(self.origins) if isinstance(keep_from, int) and seq >= keep_from),
-                  len(self.messages))
+        # The kept turns begin with an assistant message (`cut`): the first one at or past keepFromSeq. Not an
+        # earlier summary, a user message whose origin is its own COMPACT step, later than the turns it kept
+        # (a later summary covers them too). Nor the tool results before the kept turns in a continuation
+        # copied before the copy moved the seqs its steps name (store/submit.py): there keepFromSeq, one
+        # short, names those results.
+        at = next((i for i, seq in enumerate(self.origins) if self.messages[i]["role"] == "assistant"
+                   and isinstance(keep_from, int) and seq >= keep_from), len(self.messages))
         if request.get("strategy") == "clear_tool_results":
             try:
                 listed = orjson.loads(step.response or "[]")

@@ -271,7 +271,7 @@ class RunDriver:
             stop = self._decide(run, progress, conv)
             if stop is not None:
                 return stop
-            if progress.messages and not conv.pending:  # a turn boundary, with messages waiting
+            if progress.messages and conv.at_boundary:  # a turn boundary, with messages waiting
                 delivered = await self._deliver(run, progress, conv)
                 if isinstance(delivered, Stop):
                     return delivered

@@ -28,6 +28,10 @@ from agentrun.worker.store.gateway import Gateway
 # doubt must not make that call again unasked. A continuation goes on from a SUCCEEDED run, which owes
 # nothing: its STARTED rows, if any, are history only. A parent whose first step is a message posted to it
 # (delivered before its first model call) did not begin with a USER step of its own: it gets its opening too.
+# The opening moves every copied step one seq up, so the seqs a copied step names move with them: a COMPACT
+# step's keepFromSeq and coversSeqs (and, clearing tool results, the seq of each result it cleared) and a
+# MODEL step's context.compactedAt. The copy then reads as the run would have written it itself: replay
+# keeps the turns the parent kept, and a placeholder names the step of this run that holds its result.
 _INHERIT = b"""
 WITH parent AS (SELECT id, input FROM run WHERE id = %(parent)s),
 opening AS (
@@ -42,6 +46,24 @@ copied AS (
            AND NOT EXISTS (SELECT 1 FROM run_step t WHERE t.run_id = p.id AND t.kind <> 'TOOL'
                            AND t.seq > %(fork_seq)s AND t.seq < s.seq))),
 shift AS (SELECT count(*)::int AS n FROM opening),
+naming AS MATERIALIZED (  -- each request parsed once, and only those that name seqs
+    SELECT c.seq, c.kind, c.request::jsonb AS r, c.response, sh.n FROM copied c CROSS JOIN shift sh
+    WHERE sh.n > 0 AND (c.kind = 'COMPACT' OR (c.kind = 'MODEL' AND c.request LIKE '%%"compactedAt"%%'))),
+renumbered AS (
+    SELECT seq,
+           CASE WHEN kind = 'MODEL'
+                THEN jsonb_set(r, '{context,compactedAt}', to_jsonb((r #>> '{context,compactedAt}')::int + n))
+                ELSE r || jsonb_build_object(
+                    'keepFromSeq', to_jsonb((r ->> 'keepFromSeq')::int + n),
+                    'coversSeqs', (SELECT jsonb_agg(to_jsonb(x::int + n) ORDER BY i)
+                                   FROM jsonb_array_elements_text(r -> 'coversSeqs') WITH ORDINALITY e(x, i)))
+           END::text AS request,
+           CASE WHEN kind = 'COMPACT' AND r ->> 'strategy' = 'clear_tool_results'
+                THEN (SELECT jsonb_agg(CASE WHEN x ? 'seq' THEN x || jsonb_build_object('seq', (x ->> 'seq')::int + n)
+                                            ELSE x END ORDER BY i)
+                      FROM jsonb_array_elements(response::jsonb) WITH ORDINALITY e(x, i))::text
+           END AS response
+    FROM naming),
 steps AS (
     INSERT INTO run_step (run_id, seq, kind, status, tool_name, tool_use_id, request, response, stop_reason,
         input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd, latency_ms,
@@ -50,10 +72,10 @@ steps AS (
            true, NULL FROM opening o
     UNION ALL
     SELECT %(id)s, (SELECT n FROM shift) + row_number() OVER (ORDER BY c.seq), c.kind, c.status, c.tool_name,
-           c.tool_use_id, c.request, c.response, c.stop_reason, c.input_tokens, c.output_tokens,
-           c.cache_creation_input_tokens, c.cache_read_input_tokens, c.cost_usd, c.latency_ms, c.attempts,
-           c.worker, c.started_at, c.finished_at, true, c.created_by
-    FROM copied c
+           c.tool_use_id, coalesce(rn.request, c.request), coalesce(rn.response, c.response), c.stop_reason,
+           c.input_tokens, c.output_tokens, c.cache_creation_input_tokens, c.cache_read_input_tokens, c.cost_usd,
+           c.latency_ms, c.attempts, c.worker, c.started_at, c.finished_at, true, c.created_by
+    FROM copied c LEFT JOIN renumbered rn ON rn.seq = c.seq
     RETURNING seq),
 own AS (
     INSERT INTO run_step (run_id, seq, kind, status, response, started_at, finished_at)

@@ -4,16 +4,19 @@ policies, suspend and resume."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import uuid
 from typing import Any
 
 import httpx
 import psycopg
+import pytest
 
 from agentrun.worker.core.records import RunStatus
 from agentrun.worker.runtime.schedules import Ticker
 from agentrun.worker.store import RunStore
+from tests.support.builders import SimulatedCrash
 
 RUN = {"input": "report", "tokenBudget": 1000, "timeoutSeconds": 60}
 
@@ -150,8 +153,9 @@ async def test_forbid_skips_and_replace_cancels(
 async def test_replace_cancels_the_run_before_only_in_the_commit_that_makes_the_next(
     client: httpx.AsyncClient, store: RunStore, db: psycopg.AsyncConnection[Any]
 ) -> None:
-    """A pass that dies after deciding to replace (a worker killed, a statement failing) leaves the run
-    before as it was: never cancelled with no run after it."""
+    """A pass that dies after deciding to replace (a worker killed) leaves the run before as it was: never
+    cancelled with no run after it. (A statement that fails fails the tick alone, its savepoint undone: the
+    test below.)"""
     ticker = Ticker(store, "t1", "claude-sonnet-4-5")
     await client.post("/api/schedules", json={"name": "swap", "intervalSeconds": 3600, "run": RUN,
                                               "concurrencyPolicy": "Replace", "startingDeadlineSeconds": 100000})
@@ -161,12 +165,10 @@ async def test_replace_cancels_the_run_before_only_in_the_commit_that_makes_the_
     await second_tick_due(db, "swap")
 
     async def dies(*_: Any) -> Any:
-        raise RuntimeError("the worker dies while planning the next run")
+        raise SimulatedCrash  # the worker dies while planning the next run
 
-    try:
+    with pytest.raises(SimulatedCrash):
         await store.tick(dies)
-    except RuntimeError:
-        pass
     before = await store.get(uuid.UUID(first["id"]))
     assert before is not None and before.status is RunStatus.QUEUED and not before.cancel_requested
     second = await ticker.once()
@@ -231,3 +233,69 @@ async def test_an_agentschedules_schedule_is_not_changed_through_rest(
         assert r.status_code == 409 and "team/owned" in r.json()["error"]
     for bad in ("%00", "a%2F..", "UPPER", "x" * 64):
         assert (await client.get(f"/api/schedules/{bad}")).status_code in (404, 422)
+
+
+# -- one schedule that fails does not stall the others (issue 44, item 8) -------------------------------
+
+
+async def test_a_schedule_whose_time_zone_is_gone_stops_with_its_reason_and_the_others_tick(
+    client: httpx.AsyncClient, store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """A time zone tzdata has since removed: its ticks cannot be computed. It was the oldest due schedule of
+    every pass and its error rolled back the whole pass: no schedule ticked again. Now it stops (no next
+    tick, its `lastError` says why and how to start it again), is not taken again, and the others tick."""
+    ticker = Ticker(store, "t1", "claude-sonnet-4-5")
+    await client.post("/api/schedules", json={"name": "gone", "cron": "0 3 * * *", "timezone": "Europe/Berlin",
+                                              "run": RUN, "startingDeadlineSeconds": 100000})
+    await client.post("/api/schedules", json={"name": "fine", "intervalSeconds": 3600, "run": RUN,
+                                              "startingDeadlineSeconds": 100000})
+    await db.execute("UPDATE schedule SET timezone = 'Europe/Atlantis' WHERE name = 'gone'")  # tzdata dropped it
+    await db.execute("UPDATE schedule SET next_due_at = date_trunc('second', now()) - interval '1 minute' "
+                     "WHERE name = 'gone'")
+    await due_now(db, "fine")
+    ticks = {t.schedule: t for t in await ticker.once()}
+    assert ticks["fine"].outcome == "created"
+    assert ticks["gone"].outcome == "stopped" and "Europe/Atlantis" in (ticks["gone"].error or "")
+    view = (await client.get("/api/schedules/gone")).json()
+    assert view["nextScheduleTime"] is None and view["suspend"] is False
+    assert "Europe/Atlantis" in view["lastError"] and "PATCH" in view["lastError"]
+    assert (await client.get("/api/schedules/gone/runs")).json() == []
+    # Not taken again: the next pass takes the others' ticks, then finds nothing to do.
+    await second_tick_due(db, "fine")
+    assert [(t.schedule, t.outcome) for t in await ticker.once()] == [("fine", "created")]
+    assert await ticker.once() == []
+    # Its time zone set right, it ticks again from the first tick after now.
+    r = await client.patch("/api/schedules/gone", json={"timezone": "Europe/Berlin"})
+    assert r.status_code == 200, r.text
+    assert r.json()["nextScheduleTime"] is not None and r.json()["lastError"] is None
+
+
+async def test_a_tick_that_fails_unexpectedly_fails_alone_and_its_schedule_goes_on(
+    client: httpx.AsyncClient, store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """A tick whose planning raises something unforeseen, and one whose run the database refuses (which
+    aborts the transaction the pass shares): each fails alone, says why in `lastError`, and its schedule
+    moves on to its next tick; the other schedules of the pass get their runs."""
+    ticker = Ticker(store, "t1", "claude-sonnet-4-5")
+    for name in ("breaks", "refused", "fine"):
+        await client.post("/api/schedules", json={"name": name, "intervalSeconds": 3600, "run": RUN})
+    await db.execute("UPDATE schedule SET next_due_at = date_trunc('second', now()) - "
+                     "CASE name WHEN 'breaks' THEN interval '2 seconds' WHEN 'refused' THEN interval '1 second' "
+                     "ELSE interval '0 seconds' END")
+
+    async def plan(s: Any, tick: datetime.datetime) -> Any:
+        if s.name == "breaks":
+            raise KeyError("a template field the planner did not expect")
+        new = await ticker.plan(s, tick)
+        return dataclasses.replace(new, token_budget=-1) if s.name == "refused" else new  # CHECK (> 0)
+
+    ticks = {t.schedule: t for t in await store.tick(plan)}
+    assert {n: t.outcome for n, t in ticks.items()} == {"breaks": "failed", "refused": "failed", "fine": "created"}
+    for name, why in (("breaks", "a template field the planner did not expect"), ("refused", "token_budget")):
+        view = (await client.get(f"/api/schedules/{name}")).json()
+        assert why in view["lastError"] and view["nextScheduleTime"] is not None, view
+        assert datetime.datetime.fromisoformat(view["nextScheduleTime"]) > ticks[name].scheduled_time  # type: ignore[operator]
+        assert (await client.get(f"/api/schedules/{name}/runs")).json() == []
+        assert [t["outcome"] for t in await store.schedule_ticks(name)] == ["failed"]
+    assert len((await client.get("/api/schedules/fine/runs")).json()) == 1
+    assert await ticker.once() == []  # nothing is due again: no failing tick is retried hot

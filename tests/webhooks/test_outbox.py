@@ -269,3 +269,71 @@ async def test_a_delivery_past_its_give_up_time_ends_failed_and_is_not_tried_aga
         assert await store.next_webhook_in() is None and await store.claim_webhooks("w", 30, 10) == []
     assert d.done_at is not None and d.last_error == "answered 500"
     assert all(a.status_code == 500 for a in d.history) and len(d.history) == sent >= 2
+
+
+# -- an attempt that fails before or while sending (issue 44, item 7) -----------------------------------
+
+
+async def test_an_attempt_that_raises_is_a_failed_attempt_with_its_reason_and_ends_at_the_give_up_time(
+    store: RunStore, secrets_file: Path
+) -> None:
+    """A body that cannot be rendered (a bug in rendering, a run the renderer chokes on) and a URL the
+    policy passed but the HTTP client cannot parse (a host IDNA 2008 refuses, stored before the API
+    checked for it): each attempt is recorded with why it failed, retried, and given up at the give-up time,
+    never claimed again. (Both raised out of the attempt: nothing was recorded, and the delivery came back
+    after every lease, past its give-up time, forever.)"""
+    sender = sender_of(store, secrets_file, webhook_give_up=1.5)
+
+    async def resolver(host: str, port: int) -> list[str]:
+        return ["127.0.0.1"]
+
+    sender.resolver = resolver
+    render = sender.render
+
+    def failing_render(run: Any) -> bytes:
+        if run.input == "unrenderable":
+            raise RuntimeError("the renderer broke")
+        return render(run)
+
+    sender.render = failing_render
+    async with Receiver(free_port()) as receiver:
+        unrenderable, _ = await store.create(new_run("unrenderable", webhook=hook(receiver.url)))
+        unparsable, _ = await store.create(new_run("unparsable", webhook=hook("http://ａ.example/h")))
+        for run in (unrenderable, unparsable):
+            await store.cancel(run.id)
+        async with running(sender):
+            async def given_up() -> bool:
+                return all(d.state == "FAILED" for d in await all_of(store, [unrenderable, unparsable]))
+            await eventually(given_up, 30, "both deliveries given up")
+        assert receiver.received == []
+    assert await store.next_webhook_in() is None and await store.claim_webhooks("w", 30, 10) == []
+    [r] = await store.webhooks_of(unrenderable.id)
+    [p] = await store.webhooks_of(unparsable.id)
+    for d in (r, p):
+        assert d.history and [a.attempt for a in d.history] == list(range(1, len(d.history) + 1))
+        assert all(a.status_code is None and a.error for a in d.history)
+        assert d.attempts == len(d.history) and d.done_at is not None and d.last_error == d.history[-1].error
+    assert "RuntimeError: the renderer broke" in (r.last_error or "")
+    assert "IDNA" in (p.last_error or "") and "ａ.example" in (p.last_error or "")
+
+
+async def test_a_delivery_past_its_give_up_time_whose_last_attempt_was_never_recorded_ends_failed_unsent(
+    store: RunStore, db: psycopg.AsyncConnection[Any], secrets_file: Path
+) -> None:
+    """A sender that died mid-attempt (or an attempt that was never recorded) leaves the delivery due again
+    after its lease; past its give-up time it is ended FAILED, not sent again."""
+    async with Receiver(free_port()) as receiver:
+        late, _ = await store.create(new_run("late", webhook=hook(receiver.url)))
+        fresh, _ = await store.create(new_run("fresh", webhook=hook(receiver.url)))
+        for run in (late, fresh):
+            await store.cancel(run.id)
+        # Claimed three times, never recorded, its last lease lapsed a second ago, made two days ago.
+        await db.execute("UPDATE run_webhook SET attempts = 3, claimed_by = 'gone', next_at = now() - interval '1 s', "
+                         "created_at = now() - interval '2 days' WHERE run_id = %s", (late.id,))
+        async with running(sender_of(store, secrets_file)):
+            async def settled() -> bool:
+                return [d.state for d in await all_of(store, [late, fresh])] == ["FAILED", "DELIVERED"]
+            await eventually(settled, 30, "the late delivery given up, the fresh one delivered")
+        assert [g.json["input"] for g in receiver.received] == ["fresh"]
+    [d] = await store.webhooks_of(late.id)
+    assert d.history == () and d.done_at is not None and "give-up time" in (d.last_error or "")

@@ -125,3 +125,15 @@ async def test_a_schedules_run_template_may_name_a_webhook_checked_as_a_runs_is(
     assert [t.outcome for t in await Ticker(store, "t1", MODEL).once()] == ["created"]
     [run] = (await client.get("/api/schedules/hooked/runs")).json()
     assert (await client.get(f"/api/runs/{run['id']}")).json()["webhook"] == HOOK
+
+
+@pytest.mark.parametrize("url", ["http://ａ.example/h", "http://Ⅻ.example/h", "http://999.1.1.1/h"])
+async def test_a_url_the_sender_could_not_send_to_is_422_at_submission(
+    client: httpx.AsyncClient, db: psycopg.AsyncConnection[Any], url: str
+) -> None:
+    """Hosts the URL policy took but the sender's HTTP client refuses (IDNA 2008, an IPv4-style name that is
+    no address) are refused up front, not left to fail every attempt for a day."""
+    r = await client.post("/api/runs", json={**BODY, "webhook": {**HOOK, "url": url}})
+    assert r.status_code == 422, r.text
+    assert list(problems(r)) == ["webhook.url"], r.text
+    assert await (await db.execute("SELECT count(*) FROM run")).fetchone() == (0,)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import uuid
 from typing import Any
 
@@ -362,3 +363,49 @@ def test_an_agentrun_waiting_for_a_timer_or_an_event_says_so() -> None:
 
     assert mapping._phase_message(waiting("timer")) == "waiting for a timer (the wait tool)"
     assert "POST /api/events" in mapping._phase_message(waiting("event"))
+
+
+class CrashBeforeTheTimersPark(RunStore):
+    """The worker dies after the `wait` call's STARTED row and before its park."""
+
+    def __init__(self, store: RunStore) -> None:
+        super().__init__(store.pool)
+
+    async def park_timer(self, run_id: uuid.UUID, worker: str, tool_use_id: str, **kw: Any) -> None:
+        raise SimulatedCrash
+
+
+async def test_a_crash_between_a_timers_start_and_its_park_keeps_the_deadline_the_first_attempt_set(
+    store: RunStore, db: Any
+) -> None:
+    """The call asks for 60 s. Its worker dies before the park, and the takeover comes 58 s after the call
+    started (its STARTED row set back so: no test sleeps a minute). The run the call parks again wakes at
+    the first start + 60 s, not 60 s after the takeover, and the model is told it waited the 60 s or more
+    since the call started. (The re-executed call reset the step's start and parked for 60 s from then.)"""
+    run, _ = await store.create(new_run(tools=("wait",)))
+    crashing = worker(CrashBeforeTheTimersPark(store), ScriptedLlm().then_tool_use("toolu_w", "wait", {"seconds": 60}),
+                      lease=2.0, liveness_lock=False)
+    with pytest.raises(SimulatedCrash):
+        await crashing.run_once()
+    await db.execute("UPDATE run_step SET started_at = started_at - interval '58 seconds' "
+                     "WHERE run_id = %s AND tool_use_id = 'toolu_w'", (run.id,))
+    await db.execute("UPDATE run SET locked_until = now() WHERE id = %s", (run.id,))  # its lease lapses
+    [first] = [s for s in await store.steps(run.id) if s.kind is StepKind.TOOL]
+    assert first.status is StepStatus.STARTED and first.started_at is not None
+    last = ScriptedLlm().then_text("rested")
+    async with running(worker(store, last, name="worker-B", liveness_lock=False)):
+        async def parked_again() -> bool:  # kept on the run once woken too
+            state = await store.wait_state(run.id)
+            return state is not None and state.tool_use_id == "toolu_w"
+        await eventually(parked_again, 30, "the second worker to park the run for the call")
+        state = await store.wait_state(run.id)
+        assert state is not None
+        assert state.wake_at == first.started_at + datetime.timedelta(seconds=60), (state.wake_at, first.started_at)
+        done = await finished(store, run.id, 30)
+    assert done.status is RunStatus.SUCCEEDED, done.error
+    [step] = [s for s in await store.steps(run.id) if s.kind is StepKind.TOOL]
+    assert step.status is StepStatus.DONE and step.attempts == 2 and step.started_at == first.started_at
+    assert step.response is not None and step.response.startswith("waited ")
+    told = float(step.response.split()[1])
+    assert step.finished_at is not None
+    assert 60 <= told <= (step.finished_at - first.started_at).total_seconds() + 0.1, (told, step)

@@ -115,11 +115,13 @@ class ScheduleView(_Camel):
     starting_deadline_seconds: int
     suspend: bool
     last_schedule_time: datetime.datetime | None = Field(description="The last tick that created a run.")
-    next_schedule_time: datetime.datetime | None = Field(description="The next tick (null while suspended).")
+    next_schedule_time: datetime.datetime | None = Field(description="The next tick (null while suspended, or "
+                                                         "stopped: see lastError).")
     active: int = Field(description="Runs of the schedule not finished yet.")
     missed: int = Field(description="Ticks missed so far (past the starting deadline, or older ticks of a catch-up).")
     last_error: str | None = Field(description="Why the last tick created no run, if it did not (an agent "
-                                   "deleted since, say).")
+                                   "deleted since, say), or why the schedule stopped: its ticks cannot be worked out "
+                                   "(its time zone no longer known, say); a PATCH or resume starts it again.")
     created_at: datetime.datetime | None
     created_by: str | None
 

@@ -1,5 +1,5 @@
-"""The API's check of a `webhook` it is given (a run's, an agent's): the URL policy and the configured
-secrets (core/webhooks.py), answered as a 422 naming the field."""
+"""The API's check of a `webhook` it is given (a run's, an agent's): the URL policy, the configured secrets
+(core/webhooks.py) and the sender's HTTP client (runtime/webhooks.py), answered as a 422 naming the field."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.schemas import FieldProblem
 from agentrun.worker.core.webhooks import Allow, WebhookProblem, check_webhook
-from agentrun.worker.runtime.webhooks import WebhookSecrets
+from agentrun.worker.runtime.webhooks import WebhookSecrets, sendable
 from agentrun.worker.settings import WorkerSettings
 
 
@@ -23,6 +23,6 @@ class WebhookCheck:
         if webhook is None:
             return
         try:
-            check_webhook(webhook, self.secrets.names(), self.allow)
+            sendable(check_webhook(webhook, self.secrets.names(), self.allow)["url"], self.allow)
         except WebhookProblem as e:
             raise ApiError(422, f"{prefix}{e}", [FieldProblem(field=prefix + e.field, problem=e.problem)]) from None

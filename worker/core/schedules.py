@@ -101,6 +101,18 @@ def cron_problem(cron: str) -> str | None:
     return None
 
 
+def timing_problem(s: Schedule) -> str | None:
+    """Why the ticks of a stored schedule cannot be worked out here, or None: its cron expression or time
+    zone, checked when it was stored, may no longer pass (a time zone tzdata has since dropped)."""
+    if s.interval_seconds is not None:
+        return None  # counted in UTC: no time zone
+    if s.cron is None or (why := cron_problem(s.cron)) is not None:
+        return f"cron {why or 'is missing'}"
+    if (why := timezone_problem(s.timezone)) is not None:
+        return f"timezone {why}"
+    return None
+
+
 def next_time(s: Schedule, after: datetime.datetime) -> datetime.datetime | None:
     """The schedule's first tick strictly after `after` (aware), in UTC; None if there is none."""
     after = after.astimezone(datetime.UTC)

@@ -71,7 +71,9 @@ class Allow:
 
 def _hostname_ok(host: str) -> bool:
     labels = host.rstrip(".").split(".")
-    return bool(host) and all(0 < len(p) <= 63 and all(c.isalnum() or c == "-" for c in p) for p in labels)
+    # A last label of digits only is no name (RFC 3696 §2): `999.1.1.1` is an address that is not one.
+    return (bool(host) and all(0 < len(p) <= 63 and all(c.isalnum() or c == "-" for c in p) for p in labels)
+            and not labels[-1].isdigit())
 
 
 def _plain(address: IpAddress) -> IpAddress:

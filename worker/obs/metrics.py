@@ -59,7 +59,7 @@ METRIC_NAMES: tuple[str, ...] = (
 )
 
 WEBHOOK_OUTCOMES = ("delivered", "http_error", "redirect", "timeout", "refused", "connect_error", "no_secret",
-                    "no_run")
+                    "no_run", "error")
 """The `outcome` of agentrun_webhook_deliveries_total (runtime/webhooks.py `Outcome.kind`)."""
 
 # Model steps take seconds and tools anything from milliseconds to minutes.

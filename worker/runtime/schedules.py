@@ -54,6 +54,8 @@ class Ticker:
                          t.run_id.hex[:8] if t.run_id else None)
             elif t.outcome == "failed":
                 log.warning("%s schedule=%s: %s", self.worker_id, t.schedule, t.error)
+            elif t.outcome == "stopped":
+                log.error("%s schedule=%s %s", self.worker_id, t.schedule, t.error)
             if t.missed:
                 log.info("%s schedule=%s missed %d tick(s)", self.worker_id, t.schedule, t.missed)
         return ticks

@@ -26,7 +26,16 @@ from standardwebhooks import Webhook
 
 from agentrun.worker.core.records import Run
 from agentrun.worker.core.watched import Look, WatchedFile
-from agentrun.worker.core.webhooks import Allow, Backoff, Delivery, address_problem, literal_address, parse_url
+from agentrun.worker.core.webhooks import (
+    Allow,
+    Backoff,
+    Delivery,
+    Target,
+    WebhookProblem,
+    address_problem,
+    literal_address,
+    parse_url,
+)
 from agentrun.worker.runtime.errors import SecretsFileError as SecretsFileError
 from agentrun.worker.runtime.errors import WebhookRefused
 from agentrun.worker.runtime.tasks import honour_cancel
@@ -127,6 +136,17 @@ class SenderSettings:
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 
+def sendable(url: str, allow: Allow) -> tuple[Target, httpx.URL]:
+    """The URL as the policy reads it (core `parse_url`) and as the HTTP client will send it; WebhookProblem
+    (`webhook.url`) if either refuses it. The client is the stricter on host names (IDNA 2008 where the
+    policy takes any letters: `ａ.example`, fullwidth, is refused), so the API asks both, as the sender does."""
+    target = parse_url(url, allow)
+    try:
+        return target, httpx.URL(url)
+    except (httpx.InvalidURL, ValueError) as e:  # ValueError: a character UTF-8 cannot encode
+        raise WebhookProblem("webhook.url", f"is not a URL the webhook sender's HTTP client accepts: {e}") from None
+
+
 async def resolve(host: str, port: int) -> list[str]:
     """The addresses `host` resolves to (the system resolver)."""
     infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
@@ -139,7 +159,7 @@ class Outcome:
     status_code: int | None
     latency_ms: int
     error: str | None
-    kind: str  # delivered, http_error, redirect, timeout, refused, connect_error, no_secret, no_run
+    kind: str  # delivered, http_error, redirect, timeout, refused, connect_error, no_secret, no_run, error
 
 
 def _truncate(text: str) -> str:
@@ -176,7 +196,8 @@ class WebhookSender:
                     self.wake.clear()
                     idle = self.settings.poll_interval
                     try:
-                        claimed = await self.store.claim_webhooks(self.worker_id, self.lease_seconds, BATCH)
+                        claimed = await self.store.claim_webhooks(self.worker_id, self.lease_seconds, BATCH,
+                                                                  self.settings.backoff.give_up_seconds)
                         if claimed:
                             # Each attempt to its end, whatever another does: one that fails here (the
                             # database went away mid-attempt) is sent again after its lease.
@@ -226,7 +247,16 @@ class WebhookSender:
 
     async def _attempt(self, client: httpx.AsyncClient, delivery: Delivery) -> None:
         started = datetime.datetime.now(datetime.UTC)
-        outcome = await self._send(client, delivery)
+        t0 = time.monotonic()
+        try:
+            outcome = await self._send(client, delivery)
+        except Exception as e:
+            # Whatever went wrong before or while sending (the body could not be rendered, the run not read)
+            # is a failed attempt like a refused one: recorded, so the delivery is retried on its backoff and
+            # ends FAILED at its give-up time. Unrecorded, it came back after every lease, forever.
+            honour_cancel(e)
+            outcome = Outcome(False, None, int((time.monotonic() - t0) * 1000),
+                              _truncate(f"the attempt failed before an answer: {type(e).__name__}: {e}"), "error")
         retry_in = self.settings.backoff.delay(delivery.attempts)
         try:
             state = await self.store.record_webhook_attempt(
@@ -266,7 +296,7 @@ class WebhookSender:
         if run is None:
             return done("no_run", "the run is gone")
         try:
-            target = parse_url(delivery.url, self.settings.allow)
+            target, parsed = sendable(delivery.url, self.settings.allow)
             address = await self._address(target.host, target.port)
         except (WebhookRefused, ValueError) as e:
             return done("refused", str(e))
@@ -286,7 +316,7 @@ class WebhookSender:
         # Sent to the address just checked, not to the name again: a name that resolves elsewhere a moment
         # later (DNS rebinding) cannot redirect it. For https, TLS still names (and verifies) the host.
         literal = f"[{address}]" if ":" in address else address
-        url = httpx.URL(delivery.url).copy_with(host=literal.strip("[]"))
+        url = parsed.copy_with(host=literal.strip("[]"))
         extensions: dict[str, Any] = {"sni_hostname": target.host} if target.scheme == "https" else {}
         try:
             response = await client.post(url, content=body, headers=headers, extensions=extensions)

@@ -4,6 +4,11 @@ Exactly one run per tick across every worker and every crash: a pass locks the d
 (FOR UPDATE SKIP LOCKED: another worker's pass takes the others, or none), and for each inserts the tick
 row (unique key: schedule, scheduled time), the run and the schedule's next due time in one transaction.
 A worker killed in the middle commits none of it; the next pass, on any worker, takes the tick again.
+
+One schedule's failure is its own: each is taken in a savepoint of the pass. A tick whose run cannot be made
+fails alone and its schedule goes on at its next tick; a schedule whose ticks cannot be worked out (a time
+zone tzdata has since dropped) stops, its next due time cleared, until it is changed. Either way
+`last_error` says why. Only an outage (a transient database error) fails the whole pass, taken again later.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from psycopg.types.json import Jsonb
 
 from agentrun.worker.core.errors import Refused
 from agentrun.worker.core.records import NewRun, Run
-from agentrun.worker.core.schedules import ConcurrencyPolicy, Schedule, due, next_time
+from agentrun.worker.core.schedules import ConcurrencyPolicy, Schedule, due, next_time, timing_problem
 from agentrun.worker.core.text import unstorable
+from agentrun.worker.store.groupcommit import transient
 from agentrun.worker.store.rows import RUN_COLUMNS, _run
 from agentrun.worker.store.submit import Submissions, cancel_in, insert_run, run_params
 
@@ -42,7 +48,7 @@ class Tick:
 
     schedule: str
     scheduled_time: datetime.datetime | None  # the tick run (or skipped, or failed); None: only missed ones
-    outcome: str  # created | skipped | missed | failed | taken (another worker had it already)
+    outcome: str  # created | skipped | missed | failed | taken (another worker had it already) | stopped
     run_id: uuid.UUID | None = None
     missed: int = 0
     replaced: tuple[uuid.UUID, ...] = ()
@@ -124,18 +130,21 @@ class Schedules(Submissions):
                 next_due = next_time(new, now)
             else:
                 next_due = old.next_due_at
+            # One stopped because its ticks could not be worked out (`_stop`) starts again: its error is past.
+            restarted = not old.suspend and old.next_due_at is None and next_due is not None
             await cur.execute(
                 b"""UPDATE schedule SET cron = %(cron)s, interval_seconds = %(interval)s, timezone = %(tz)s,
                         run = %(run)s, spec = %(spec)s, concurrency_policy = %(policy)s,
                         starting_deadline_seconds = %(deadline)s, suspend = %(suspend)s, anchor = %(anchor)s,
                         next_due_at = %(next)s, updated_at = now(),
+                        last_error = CASE WHEN %(restarted)s THEN NULL ELSE last_error END,
                         k8s_namespace = CASE WHEN %(k8s)s THEN %(ns)s ELSE k8s_namespace END,
                         k8s_name = CASE WHEN %(k8s)s THEN %(k8s_name)s ELSE k8s_name END
                     WHERE name = %(name)s""",
                 {"name": s.name, "cron": s.cron, "interval": s.interval_seconds, "tz": s.timezone,
                  "run": Jsonb(s.run), "spec": Jsonb(s.spec), "policy": s.concurrency_policy.value,
                  "deadline": s.starting_deadline_seconds, "suspend": s.suspend, "anchor": anchor, "next": next_due,
-                 "k8s": k8s, "ns": s.k8s_namespace, "k8s_name": s.k8s_name},
+                 "k8s": k8s, "ns": s.k8s_namespace, "k8s_name": s.k8s_name, "restarted": restarted},
             )
         return await self.schedule(s.name)
 
@@ -184,35 +193,66 @@ class Schedules(Submissions):
             rows = await cur.fetchall()
             for row in rows:
                 now: datetime.datetime = row.pop("db_now")
-                s = _schedule(row)
-                d = due(s, now)
-                outcome, run_id, error = "missed", None, None
-                replaced: tuple[uuid.UUID, ...] = ()
-                if d.run is not None:
-                    outcome, run_id, error, replaced = await self._take(cur, s, d.run, plan, by)
-                await cur.executemany(
-                    b"""INSERT INTO schedule_tick (schedule_name, scheduled_time, outcome)
-                        VALUES (%s, %s, 'missed') ON CONFLICT DO NOTHING""",
-                    [(s.name, t) for t in d.missed_times],
-                )
-                await cur.execute(
-                    b"""UPDATE schedule SET next_due_at = %(next)s, missed = missed + %(missed)s,
-                            last_schedule_time = CASE WHEN %(created)s THEN %(tick)s ELSE last_schedule_time END,
-                            last_error = CASE WHEN %(outcome)s IN ('created', 'skipped') THEN NULL
-                                              WHEN %(error)s::text IS NOT NULL THEN %(error)s ELSE last_error END
-                        WHERE name = %(name)s""",
-                    {"next": d.next_due, "missed": d.missed, "created": outcome == "created", "tick": d.run,
-                     "outcome": outcome, "error": error, "name": s.name},
-                )
-                # Ticks are kept a day (or the starting deadline, if longer): the unique key need
-                # outlive no retry, and a schedule every second would otherwise grow without end.
-                await cur.execute(
-                    b"""DELETE FROM schedule_tick WHERE schedule_name = %s
-                        AND scheduled_time < now() - make_interval(secs => greatest(86400, %s))""",
-                    (s.name, s.starting_deadline_seconds),
-                )
-                done.append(Tick(s.name, d.run, outcome, run_id, d.missed, replaced, error))
+                try:
+                    async with conn.transaction():  # a savepoint: a failure undoes this schedule's part alone
+                        done.append(await self._pass_one(conn, cur, _schedule(row), now, plan, by))
+                except Exception as e:
+                    if transient(e):
+                        raise  # an outage, not this schedule: the whole pass is taken again after a backoff
+                    done.append(await self._stop(cur, row["name"], f"{type(e).__name__}: {e}"))
         return done
+
+    async def _pass_one(
+        self, conn: Any, cur: Any, s: Schedule, now: datetime.datetime, plan: Planner, by: str | None,
+    ) -> Tick:
+        """What the pass does with the due schedule `s`: its tick, its missed ones, its next due time."""
+        if (problem := timing_problem(s)) is not None:
+            return await self._stop(cur, s.name, problem)
+        d = due(s, now)
+        outcome, run_id, error = "missed", None, None
+        replaced: tuple[uuid.UUID, ...] = ()
+        if d.run is not None:
+            try:
+                async with conn.transaction():
+                    outcome, run_id, error, replaced = await self._take(cur, s, d.run, plan, by)
+            except Exception as e:
+                if transient(e):
+                    raise
+                # Unforeseen (a planner's bug, a run the database refuses): this tick fails, as a refusal does.
+                error = f"tick {d.run.isoformat()} created no run: {type(e).__name__}: {e}"
+                await self._tick_row(cur, s.name, d.run, "failed", None)
+                outcome, run_id, replaced = "failed", None, ()
+        await cur.executemany(
+            b"""INSERT INTO schedule_tick (schedule_name, scheduled_time, outcome)
+                VALUES (%s, %s, 'missed') ON CONFLICT DO NOTHING""",
+            [(s.name, t) for t in d.missed_times],
+        )
+        await cur.execute(
+            b"""UPDATE schedule SET next_due_at = %(next)s, missed = missed + %(missed)s,
+                    last_schedule_time = CASE WHEN %(created)s THEN %(tick)s ELSE last_schedule_time END,
+                    last_error = CASE WHEN %(outcome)s IN ('created', 'skipped') THEN NULL
+                                      WHEN %(error)s::text IS NOT NULL THEN %(error)s ELSE last_error END
+                WHERE name = %(name)s""",
+            {"next": d.next_due, "missed": d.missed, "created": outcome == "created", "tick": d.run,
+             "outcome": outcome, "error": error, "name": s.name},
+        )
+        # Ticks are kept a day (or the starting deadline, if longer): the unique key need
+        # outlive no retry, and a schedule every second would otherwise grow without end.
+        await cur.execute(
+            b"""DELETE FROM schedule_tick WHERE schedule_name = %s
+                AND scheduled_time < now() - make_interval(secs => greatest(86400, %s))""",
+            (s.name, s.starting_deadline_seconds),
+        )
+        return Tick(s.name, d.run, outcome, run_id, d.missed, replaced, error)
+
+    @staticmethod
+    async def _stop(cur: Any, name: str, why: str) -> Tick:
+        """Stop the schedule whose ticks cannot be worked out: no next due time (taken by no pass until it is
+        changed or resumed, which works it out again) and `last_error` saying why."""
+        error = (f"stopped: its ticks cannot be worked out ({why}); a change of the schedule or a resume "
+                 f"(PATCH /api/schedules/{name}) starts it again")
+        await cur.execute(b"UPDATE schedule SET next_due_at = NULL, last_error = %s WHERE name = %s", (error, name))
+        return Tick(name, None, "stopped", error=error)
 
     async def _take(
         self, cur: Any, s: Schedule, tick: datetime.datetime, plan: Planner, by: str | None,

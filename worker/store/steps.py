@@ -87,8 +87,7 @@ step AS (
         'TOOL', w.name, w.tuid, 'STARTED', w.request, w.worker, w.wid
     FROM w JOIN fence USING (id) WHERE NOT EXISTS (SELECT 1 FROM done WHERE done.id = w.id)
     ON CONFLICT (run_id, tool_use_id) WHERE kind = 'TOOL'
-    DO UPDATE SET attempts = run_step.attempts + 1, worker = EXCLUDED.worker,
-                  started_at = now(), write_id = EXCLUDED.write_id
+    DO UPDATE SET attempts = run_step.attempts + 1, worker = EXCLUDED.worker, write_id = EXCLUDED.write_id
     WHERE run_step.status = 'STARTED' AND run_step.write_id IS DISTINCT FROM EXCLUDED.write_id
     RETURNING run_id AS id, seq, attempts),
 owned AS (
@@ -185,7 +184,8 @@ class StepWrites(Gateway):
         """Write the STARTED row before the tool runs; returns (seq, attempts, progress).
 
         The tool_use id is the key: after a crash the same row is found again (`attempts` counts the
-        executions) instead of a second step being appended. The same `write_id` sent again (its first
+        executions) instead of a second step being appended; it keeps the first execution's `started_at`
+        (a `wait` counts from it: store/waits.py TIMER_SINCE). The same `write_id` sent again (its first
         outcome was lost) counts no second execution.
         """
         row = await self._fenced(
@@ -202,7 +202,7 @@ class StepWrites(Gateway):
                     FROM fence WHERE NOT EXISTS (SELECT 1 FROM done)
                     ON CONFLICT (run_id, tool_use_id) WHERE kind = 'TOOL'
                     DO UPDATE SET attempts = run_step.attempts + 1, worker = EXCLUDED.worker,
-                                  started_at = now(), write_id = EXCLUDED.write_id
+                                  write_id = EXCLUDED.write_id
                     WHERE run_step.status = 'STARTED' AND run_step.write_id IS DISTINCT FROM EXCLUDED.write_id
                     RETURNING seq, attempts),
                 {OWNED.format(extra="")}

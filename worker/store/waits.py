@@ -26,25 +26,33 @@ SWEEP_BATCH = 1000
 
 WAITS = "('timer', 'event')"
 
-# A run asked to stop while it was parking is woken at once, so its next claim ends it CANCELLED.
+# A run asked to stop while it was parking is woken at once, so its next claim ends it CANCELLED. The
+# statement's `since` (one row, `at`) is when the wait began, which `secs` count from.
 PARKED = """status = 'WAITING', waiting_for = %(kind)s, locked_by = NULL, locked_until = NULL,
     wake_at = CASE WHEN run.cancel_requested THEN now()
-                   ELSE coalesce(%(at)s::timestamptz, now() + make_interval(secs => %(secs)s::float8)) END,
+                   ELSE coalesce(%(at)s::timestamptz, (SELECT at FROM since) + make_interval(secs => %(secs)s::float8))
+              END,
     wait_key = %(key)s, wait_tool_use_id = %(tuid)s,
     wait_since = CASE WHEN run.wait_tool_use_id = %(tuid)s AND run.wait_since IS NOT NULL THEN run.wait_since
-                      ELSE now() END"""
+                      ELSE (SELECT at FROM since) END"""
+
+# A timer began when its call first started: its STARTED row keeps that time however often the call is run
+# again (a crash between the row and the park), so a takeover neither moves the deadline nor shortens the
+# wait the model is told of. (now() when the call has no row.)
+TIMER_SINCE = """since AS (SELECT coalesce((SELECT started_at FROM run_step WHERE run_id = %(id)s AND kind = 'TOOL'
+                                                AND tool_use_id = %(tuid)s), now()) AS at)"""
 
 # A copy sent again after its outcome was lost finds the first: parked under the same claim, for this call.
 FOUND = f"""(SELECT id FROM run WHERE id = %(id)s AND %(again)s AND %(epoch)s::bigint IS NOT NULL AND {EPOCH}
         AND status <> 'RUNNING' AND locked_by IS NULL AND wait_tool_use_id = %(tuid)s) AS found"""
 
-PARK_TIMER = f"""WITH {FENCE},
+PARK_TIMER = f"""WITH {FENCE}, {TIMER_SINCE},
     parked AS (UPDATE run SET {PARKED} FROM fence WHERE run.id = fence.id RETURNING run.id)
     SELECT (SELECT id FROM parked) AS parked, {FOUND}"""
 
 # The oldest event on the key kept within the retention window that this run has not received, unless
 # this call has its event already (a second copy of the park, or a call run again after a crash).
-PARK_EVENT = f"""WITH {FENCE},
+PARK_EVENT = f"""WITH {FENCE}, since AS (SELECT now() AS at),
     prior AS (SELECT event_id, payload FROM run_event_delivery WHERE run_id = %(id)s AND tool_use_id = %(tuid)s),
     ev AS (SELECT e.id, e.payload FROM run_event e, fence
            WHERE e.key = %(key)s AND e.created_at > now() - make_interval(secs => %(retention)s::float8)
@@ -126,8 +134,8 @@ class Waits(Gateway):
         self, run_id: uuid.UUID, worker: str, tool_use_id: str, *, seconds: float | None = None,
         at: datetime.datetime | None = None, epoch: int | None = None, again: bool = False,
     ) -> None:
-        """Park a held run WAITING for a timer (`seconds` from now, or `at`), with no lease; LeaseLost if
-        it was not held. A copy sent again finds the first parked."""
+        """Park a held run WAITING for a timer (`seconds` from when its call first started, else from now; or
+        `at`), with no lease; LeaseLost if it was not held. A copy sent again finds the first parked."""
         row = await self._fenced(run_id, PARK_TIMER, {
             "id": run_id, "worker": worker, "epoch": epoch, "again": again, "kind": "timer", "at": at,
             "secs": seconds or 0.0, "key": None, "tuid": tool_use_id,

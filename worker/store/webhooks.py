@@ -16,9 +16,21 @@ DELIVERY_COLUMNS = """id, run_id, event, run_status, url, secret_ref, state, att
 # Due deliveries, each taken by one sender: SKIP LOCKED lets concurrent senders pass each other's rows, and
 # the claim moves `next_at` past the attempt's timeout (its lease), so no other sender takes the row while
 # this one sends, and a sender that dies mid-attempt leaves it due again once the lease has passed.
-_CLAIM = f"""UPDATE run_webhook w SET attempts = w.attempts + 1, claimed_by = %(worker)s,
+# A due delivery past its give-up time is not sent but ended FAILED: recording an attempt gives up one whose
+# next try would be too late, so only an attempt never recorded (its sender died mid-attempt) leaves one due
+# then, and without this it would be sent, and could die again, after every lease.
+_CLAIM = f"""WITH expired AS (
+        UPDATE run_webhook SET state = 'FAILED', done_at = now(), claimed_by = NULL,
+            last_error = coalesce(last_error, 'given up at its give-up time, no attempt recorded (each sender '
+                                              'that took it stopped before recording its attempt)')
+        WHERE id IN (SELECT id FROM run_webhook WHERE state = 'PENDING' AND next_at <= now()
+                       AND created_at + make_interval(secs => %(give_up)s::float8) <= now()
+                     FOR UPDATE SKIP LOCKED)
+        RETURNING id)
+    UPDATE run_webhook w SET attempts = w.attempts + 1, claimed_by = %(worker)s,
         next_at = now() + make_interval(secs => %(lease)s)
     WHERE w.id IN (SELECT id FROM run_webhook WHERE state = 'PENDING' AND next_at <= now()
+                     AND (%(give_up)s::float8 IS NULL OR created_at + make_interval(secs => %(give_up)s) > now())
                    ORDER BY next_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED)
     RETURNING {DELIVERY_COLUMNS}"""
 
@@ -50,8 +62,12 @@ def _delivery(row: dict[str, Any], history: tuple[Attempt, ...] = ()) -> Deliver
 
 
 class Webhooks(Gateway):
-    async def claim_webhooks(self, worker: str, lease_seconds: float, limit: int) -> list[Delivery]:
-        rows = await self._all(_CLAIM, {"worker": worker, "lease": lease_seconds, "limit": limit})
+    async def claim_webhooks(self, worker: str, lease_seconds: float, limit: int,
+                             give_up_seconds: float | None = None) -> list[Delivery]:
+        """Take up to `limit` due deliveries for one attempt each, under a lease of `lease_seconds`; those due
+        `give_up_seconds` or more after their creation are ended FAILED instead (see _CLAIM; None: none)."""
+        rows = await self._all(_CLAIM, {"worker": worker, "lease": lease_seconds, "limit": limit,
+                                        "give_up": give_up_seconds})
         return [_delivery(r) for r in rows]
 
     async def record_webhook_attempt(

@@ -7,6 +7,8 @@ restart, a failover or an idle-connection timeout would cut them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import time
 import uuid
 from typing import Any
@@ -211,11 +213,20 @@ async def _true(value: bool) -> bool:
 # -- 2. leases given up before they can be taken -------------------------------------------------
 
 
-def _blocking_tool(db: psycopg.AsyncConnection[Any]) -> tuple[Any, asyncio.Event, list[float]]:
-    """A tool `slow` that blocks until cancelled, and then records how much of its run's lease was left
-    (in seconds, by the database's clock) and sets the event."""
+@dataclasses.dataclass(frozen=True)
+class GivenUp:
+    """A blocked tool call, cancelled: how much of its run's lease was left then (seconds, by the database's
+    clock), the run's lease epoch then, and the epoch of the claim the call ran under."""
+
+    lease_left: float
+    epoch_then: int
+    epoch_of_call: int
+
+
+def _blocking_tool(db: psycopg.AsyncConnection[Any]) -> tuple[Any, asyncio.Event, list[GivenUp]]:
+    """A tool `slow` that blocks until cancelled, then records what it found (GivenUp) and sets the event."""
     cancelled = asyncio.Event()
-    lease_left: list[float] = []
+    given_up: list[GivenUp] = []
 
     @tool(name="slow")
     async def slow(args: dict[str, Any], ctx: ToolContext) -> str:
@@ -223,15 +234,27 @@ def _blocking_tool(db: psycopg.AsyncConnection[Any]) -> tuple[Any, asyncio.Event
             await asyncio.Event().wait()
         except asyncio.CancelledError:
             cur = await db.execute(
-                "SELECT extract(epoch FROM locked_until - now()) FROM run WHERE id = %s", (ctx.run_id,)
+                "SELECT extract(epoch FROM locked_until - now()), lease_epoch FROM run WHERE id = %s", (ctx.run_id,)
             )
             row = await cur.fetchone()
-            lease_left.append(float(row[0]) if row else -1.0)
+            assert row is not None
+            given_up.append(GivenUp(float(row[0]), int(row[1]), ctx.lease_epoch))
             cancelled.set()
             raise
         return "never"
 
-    return slow, cancelled, lease_left
+    return slow, cancelled, given_up
+
+
+async def _given_up_in_time(db: psycopg.AsyncConnection[Any], run_id: uuid.UUID, given_up: list[GivenUp],
+                            at_least: float) -> None:
+    """The first call was given up under the claim it ran under, with at least `at_least` seconds of that
+    lease left, and the run had one holder: not let lapse and claimed again (by anyone, its worker too)."""
+    assert given_up, "the call was never cancelled"
+    first = given_up[0]
+    assert first.epoch_then == first.epoch_of_call, f"claimed again before the call was given up: {first}"
+    assert first.lease_left > at_least, f"given up too late: {first}"
+    assert await lease_holders(db, run_id) == ["worker-A"]
 
 
 class HangingRenewals(RunStore):
@@ -245,16 +268,17 @@ class HangingRenewals(RunStore):
 async def test_a_worker_that_cannot_renew_gives_up_before_the_lease_lapses(
     store: RunStore, db: psycopg.AsyncConnection[Any]
 ) -> None:
-    slow, cancelled, given_up_with_lease_left = _blocking_tool(db)
+    slow, cancelled, given_up = _blocking_tool(db)
 
     run, _ = await store.create(new_run())
     lease = 6.0
     a = worker(HangingRenewals(store.pool), ScriptedLlm().then_tool_use("toolu_1", "slow", {}), [slow],
                name="worker-A", lease=lease)
     async with serving(a):
-        await asyncio.wait_for(cancelled.wait(), 30)
-    # Given up at two thirds of the lease, renewal attempts bounded: a third of it was still the worker's.
-    assert given_up_with_lease_left and given_up_with_lease_left[0] > lease / 4
+        with contextlib.suppress(TimeoutError):  # the assertions below say what went wrong
+            await asyncio.wait_for(cancelled.wait(), lease * 4)
+        # Given up at two thirds of the lease, renewal attempts bounded: a third of it was still the worker's.
+        await _given_up_in_time(db, run.id, given_up, lease / 4)
     steps = await store.steps(run.id)
     assert [s.status for s in steps] == [StepStatus.DONE, StepStatus.STARTED]
 
@@ -282,16 +306,16 @@ async def test_a_renewal_deaf_to_its_cancel_still_gives_the_run_up_in_time(
 ) -> None:
     """The give-up mark does not wait for a stuck renewal to end: the run is let go with a third of its
     lease left, however long the stuck query takes to be cancelled."""
-    slow, cancelled, given_up_with_lease_left = _blocking_tool(db)
+    slow, cancelled, given_up = _blocking_tool(db)
 
     run, _ = await store.create(new_run())
     lease = 6.0
     a = worker(StubbornRenewals(store.pool), ScriptedLlm().then_tool_use("toolu_1", "slow", {}), [slow],
                name="worker-A", lease=lease)
     async with serving(a):
-        await asyncio.wait_for(cancelled.wait(), 30)
-        assert given_up_with_lease_left and given_up_with_lease_left[0] > lease / 6
-        assert await lease_holders(db, run.id) == ["worker-A"]  # given up, not lapsed and claimed again
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(cancelled.wait(), lease * 4)
+        await _given_up_in_time(db, run.id, given_up, lease / 6)
 
 
 async def test_a_stalled_connection_under_the_renewal_gives_the_run_up_in_time(database_url: str) -> None:
@@ -304,6 +328,7 @@ async def test_a_stalled_connection_under_the_renewal_gives_the_run_up_in_time(d
     proxy = await FaultProxy(database_url).start()
     pool = await open_pool(proxy.url, max_size=1)
     stall: asyncio.Task[None] | None = None
+    heartbeat: asyncio.Task[None] | None = None
     try:
         store = RunStore(pool)
         run, _ = await store.create(new_run())
@@ -319,11 +344,13 @@ async def test_a_stalled_connection_under_the_renewal_gives_the_run_up_in_time(d
         with pytest.raises(asyncio.CancelledError):
             await asyncio.wait_for(driver, lease * 2)
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-            cur = await conn.execute("SELECT locked_until > now() FROM run WHERE id = %s", (run.id,))
-            assert await cur.fetchone() == (True,)  # given up before anyone else could take it
-        heartbeat.cancel()
-        await asyncio.gather(heartbeat, return_exceptions=True)
+            cur = await conn.execute("SELECT locked_until > now(), lease_epoch FROM run WHERE id = %s", (run.id,))
+            # Given up before anyone else could take it, under the claim it was held by.
+            assert await cur.fetchone() == (True, claimed.run.lease_epoch)
     finally:
+        if heartbeat is not None:
+            heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
         if stall is not None:
             stall.cancel()
             await asyncio.gather(stall, return_exceptions=True)

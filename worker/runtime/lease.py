@@ -218,6 +218,7 @@ class LeaseKeeper:
             due = min(started + interval, self._give_up_at(held)) if held else started + interval
             wait = due - time.monotonic()
             if wait <= 0:
+                await asyncio.sleep(0)  # never a loop that does not yield, whatever the marks say
                 return
             try:
                 await asyncio.wait_for(self._changed.wait(), wait)

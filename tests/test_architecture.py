@@ -276,3 +276,28 @@ def test_errors_modules_load_no_framework() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     heavy = {m.split(".")[0] for m in json.loads(out.stdout)} & {*IO, "starlette", "mcp", "openai", "pydantic"}
     assert not heavy, f"an errors module pulled in {sorted(heavy)}"
+
+
+# The engine's driver is the loop and its two steps (the model's, a tool's); every other kind of step is a
+# part of runtime/ with a narrow interface (issue 45). What it may define, besides dunders:
+DRIVER = {"me", "settings", "drive", "_resume", "_resume_seq", "_loop", "_owed", "_decide", "_finish",
+          "_final_answer", "_hand_back_in_outage", "_model_step", "_tool_step"}
+ENGINE_PARTS = {"durable", "messages", "people", "waiting", "subagents", "compaction"}
+
+
+def test_the_driver_is_the_loop_and_its_two_steps() -> None:
+    tree = ast.parse((ROOT / "worker" / "runtime" / "engine.py").read_text())
+    (driver,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "RunDriver"]
+    methods = {n.name for n in driver.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    assert {m for m in methods if not m.startswith("__")} <= DRIVER, (
+        "RunDriver grew a method: a new kind of step belongs in a part of runtime/ (ENGINE_PARTS)")
+
+
+def test_the_engines_parts_take_the_store_part_they_use() -> None:
+    """A part is typed against the store's part it uses (store/steps.py, store/waits.py, ...), never the
+    whole RunStore, and does not import the driver."""
+    for name in ENGINE_PARTS:
+        tree = ast.parse((ROOT / "worker" / "runtime" / f"{name}.py").read_text())
+        imported = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+        assert ("agentrun.worker.store", "RunStore") not in imported, name
+        assert not {m for m, _ in imported if m == "agentrun.worker.runtime.engine"}, name

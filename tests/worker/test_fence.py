@@ -327,7 +327,7 @@ async def test_a_write_that_hits_its_lock_timeout_is_sent_again_and_lands_once(
             return await WRITES["checkpoint"](writes, run_id, epoch, wid, again)
 
         async with row_locked(database_url, run_id) as holder:
-            write = asyncio.create_task(d._durably(checkpoint))
+            write = asyncio.create_task(d.durable.write(checkpoint))
             await eventually(lambda: _true(len(sent) >= 2), what="the write to be refused and sent again")
             await holder.rollback()
             seq, progress = await write

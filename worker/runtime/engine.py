@@ -35,6 +35,7 @@ from agentrun.worker.core.records import (
     DecisionKind,
     ModelTurn,
     NewRun,
+    Origin,
     PendingCall,
     Progress,
     Run,
@@ -44,12 +45,13 @@ from agentrun.worker.core.records import (
     StepStatus,
 )
 from agentrun.worker.core.replay import CORRECTION, Conversation, dump_content
-from agentrun.worker.core.submission import Defaults, Offer, RunSpec, new_run
+from agentrun.worker.core.submission import Caller, Offer, RunSpec
 from agentrun.worker.core.text import clean, clean_json
 from agentrun.worker.core.types import LlmClient, LlmError, LlmRequest, LlmResponse, Message, ServerContext, Usage
 from agentrun.worker.llm.providers import BUILTIN, split
 from agentrun.worker.obs import logs
 from agentrun.worker.runtime.deltas import DeltaPublisher
+from agentrun.worker.runtime.door import Door
 from agentrun.worker.runtime.lease import CancelRequested, LeaseKeeper
 from agentrun.worker.store import LeaseLost, RunStore
 from agentrun.worker.store.groupcommit import transient
@@ -160,6 +162,7 @@ class RunDriver:
     ) -> None:
         self.settings = settings
         self.store = store
+        self.door = Door(store)  # how its sub-agents' runs are made
         self.llm = llm
         self.tools = tools
         self.prices = prices
@@ -454,7 +457,7 @@ class RunDriver:
             return progress  # nothing to wait for: the model hears of the errors
         held = self.keeper.set_aside(run.id)
         try:
-            parked = await self._durably(lambda again: self.store.spawn(
+            parked = await self._durably(lambda again: self.door.spawn(
                 run.id, self.me, made, epoch=run.lease_epoch, again=again
             ))
         except CancelRequested:  # asked to stop before the spawn: no child made, the run still held
@@ -537,14 +540,17 @@ class RunDriver:
         return agents[tool]
 
     async def _child(self, run: Run, use: dict[str, Any], task: str, agent: Agent, share: sub.Share) -> NewRun:
-        """The child run a call asks for: the agent's definition, with budgets cut to its share of the
-        parent's remainder and the parent's model, approvals policy, author and trace where the agent
-        names none of its own. Raises Refused or ValueError when it cannot run."""
+        """The child run a call asks for, planned by the door: the agent's definition, with budgets cut to its
+        share of the parent's remainder and the parent's model, approvals policy, priority, author and trace
+        where the agent names none of its own. Raises Refused or ValueError when it cannot run."""
         spec = with_agent(RunSpec(
             input=task, token_budget=sub.lowered(agent.token_budget, share.token_budget),
             cost_budget_usd=sub.lowered_cost(agent.cost_budget_usd, share.cost_budget_usd),
-            timeout_seconds=sub.lowered(agent.timeout_seconds, share.timeout_seconds),
+            timeout_seconds=sub.lowered(agent.timeout_seconds, share.timeout_seconds), priority=run.priority,
         ), agent)
+        # As a sub-agent's run has always been made: no webhook of its own, the default context policy, and
+        # sub-agents pinned only when its agent names some.
+        spec = dataclasses.replace(spec, webhook=None, context_management=None, sub_agents=spec.sub_agents or None)
         if spec.model is None:
             spec = dataclasses.replace(spec, model=run.model)
         if spec.require_approval is None and run.require_approval is not None:
@@ -552,15 +558,11 @@ class RunDriver:
             own = {sub.tool_name(ref) for ref in spec.sub_agents or ()}
             spec = dataclasses.replace(spec, require_approval=tuple(
                 name for name in run.require_approval if not name.startswith(sub.TOOL_PREFIX) or name in own))
-        made = new_run(spec, None, Defaults(), Offer(has_tool=lambda name: self.tools.get(name) is not None,
-                                                    tool_names=self.tools.names))
-        pinned = await self.store.resolve_sub_agents(agent.sub_agents) if agent.sub_agents else None
-        trace = self.observer.traceparent(run) or sub.traceparent(run, use["id"])
-        return dataclasses.replace(
-            made, id=uuid.uuid4(), created_by=run.created_by, traceparent=trace, priority=run.priority,
-            spawned_by=(run.id, use["id"]), root_run_id=run.root_run_id or run.id,
-            depth=run.depth + 1, agent=agent.name, agent_version=agent.version, sub_agents=pinned,
-        )
+        caller = Caller(id=uuid.uuid4(), created_by=run.created_by,
+                        traceparent=self.observer.traceparent(run) or sub.traceparent(run, use["id"]),
+                        spawned_by=(run.id, use["id"]), root_run_id=run.root_run_id or run.id, depth=run.depth + 1)
+        return await self.door.plan(spec, Origin.CHILD, caller, agent=agent, offer=Offer(
+            has_tool=lambda name: self.tools.get(name) is not None, tool_names=self.tools.names))
 
     async def _reconcile(self, run: Run, park: Park, decided: dict[Key, PendingCall]) -> bool:
         """Ask the reconcile probes of the calls in doubt that have one, before a person is asked: whether

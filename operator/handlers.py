@@ -28,8 +28,9 @@ from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.status import StatusSync
 from agentrun.worker.core.errors import Refusal, Refused
 from agentrun.worker.core.pricing import PriceTable
-from agentrun.worker.core.records import Decision, NewRun, Run
-from agentrun.worker.core.submission import RunSpec
+from agentrun.worker.core.records import Decision, Origin, Run
+from agentrun.worker.core.submission import Caller, RunSpec
+from agentrun.worker.runtime.door import Door, Submitted
 from agentrun.worker.store import DecideOutcome, RunStore
 
 log = logging.getLogger("agentrun.operator")
@@ -184,34 +185,34 @@ class Operator:
         now = datetime.datetime.now(datetime.UTC)
         source = await self.source(spec, ref, retry)
         try:
-            resolved = await self.resolve(mapping.run_spec(spec, source), ref, patch, retry, now, agent_unseen)
-            new = mapping.new_run(
-                spec, str(ref.uid), ref.namespace, ref.name, self.settings.tool_names, self.prices, source,
-                annotations=body.metadata.annotations, resolved=resolved, labels=body.metadata.labels,
-            )
-            new = dataclasses.replace(new, created_by=mapping.requester(body))
+            asked = mapping.run_spec(spec, source)
+            caller = mapping.caller(str(ref.uid), ref.namespace, ref.name, body.metadata.annotations,
+                                    body.metadata.labels, created_by=mapping.requester(body))
+            made = await self.submit(asked, caller, source, ref, patch, retry, now, agent_unseen)
         except mapping.InvalidSpec as e:
             # Nothing a retry would fix: say so in the status, make no run.
             log.warning("%s/%s rejected: %s", ref.namespace, ref.name, e)
             patch.status.update(mapping.rejected_status(str(e), ref.generation, ref.status, now))
             await self.kube.event(ref.namespace, ref.name, ref.uid, "Warning", "InvalidSpec", str(e))
             return
-        cancel_by = mapping.requester(body, CANCEL_FIELD, latest=True) if spec.get("cancel") else None
-        run, created = await self.insert(new, cancel_by, ref, patch, retry, now)
+        run, created = made.run, made.created
+        if spec.get("cancel"):  # cancelled at once, as the spec asks
+            run = await self.cancel_new(run, mapping.requester(body, CANCEL_FIELD, latest=True), ref, patch, retry,
+                                        now)
         log.info("%s/%s %s run %s", ref.namespace, ref.name, "created" if created else "found", run.id)
         await self.show(run, ref)
 
-    async def resolve(
-        self, asked: RunSpec, ref: Ref, patch: kopf.Patch, retry: int, now: datetime.datetime,
-        agent_unseen: Callable[[str, str], bool],
-    ) -> mapping.Resolved:
-        """The spec with the agent of spec.agentRef applied and its sub-agents pinned, as the REST API
-        does it; an unknown agent or version (or a budget above the agent's) is an InvalidSpec, after
-        one retry, and unless an Agent of that name is still to be stored (then kopf tries again)."""
-        if asked.agent is None and asked.sub_agents is None:
-            return asked, None, None
+    async def submit(
+        self, asked: RunSpec, caller: Caller, source: Run | None, ref: Ref, patch: kopf.Patch, retry: int,
+        now: datetime.datetime, agent_unseen: Callable[[str, str], bool],
+    ) -> Submitted:
+        """The AgentRun's run through the door: made, or found on a retry (its id is the AgentRun's uid).
+        While the database is unreachable, the Pending status and a TemporaryError kopf retries. An unknown
+        agent or version (or a budget above the agent's) is an InvalidSpec, after one retry, and unless an
+        Agent of that name is still to be stored (then kopf tries again); so is what the policy refuses."""
         try:
-            return await self.store.for_run(asked)
+            return await Door(self.store).submit(asked, Origin.OPERATOR, caller, source=source,
+                                                 offer=mapping.offer(self.settings.tool_names, self.prices))
         except DATABASE_DOWN as e:
             await self.waiting(f"waiting for the database: {e}", ref, patch, retry, now, e)
         except Refused as e:
@@ -232,19 +233,15 @@ class Operator:
         patch.status.update(mapping.pending_status(message, ref.generation, ref.status, now))
         raise kopf.TemporaryError(message, delay=self.retry_in(retry)) from e
 
-    async def insert(
-        self, new: NewRun, cancel_by: str | None, ref: Ref, patch: kopf.Patch, retry: int, now: datetime.datetime
-    ) -> tuple[Run, bool]:
-        """Store the run (idempotent by id: a retry finds the same run), cancelled at once when the spec
-        asks (`cancel_by` names who); while the database is unreachable, the Pending status and a
-        TemporaryError kopf retries."""
+    async def cancel_new(
+        self, run: Run, by: str, ref: Ref, patch: kopf.Patch, retry: int, now: datetime.datetime
+    ) -> Run:
+        """Cancel the run just made (or found), as its spec asks; while the database is unreachable, the
+        Pending status and a TemporaryError kopf retries (the retry finds the run and cancels it then)."""
         try:
-            run, created = await self.store.create(new)
-            if cancel_by is not None:
-                run = await self.store.cancel(run.id, by=cancel_by) or run
+            return await self.store.cancel(run.id, by=by) or run
         except DATABASE_DOWN as e:
             await self.waiting(f"waiting for the database: {e}", ref, patch, retry, now, e)
-        return run, created
 
     async def deleted(self, body: kopf.Body, retry: int) -> None:
         """Cancel an unfinished run before the AgentRun goes; the run and its steps stay for audit."""

@@ -16,11 +16,11 @@ import orjson
 
 from agentrun.operator.errors import InvalidSpec as InvalidSpec
 from agentrun.worker.core import submission
-from agentrun.worker.core.agents import AGENT_NAME, MAX_VERSION, Agent, check_definition, parse_ref, pinned
+from agentrun.worker.core.agents import AGENT_NAME, MAX_VERSION, Agent, check_definition, parse_ref, planned
 from agentrun.worker.core.context import parse
 from agentrun.worker.core.pricing import PriceTable
-from agentrun.worker.core.records import NewRun, PendingCall, Run, RunStatus
-from agentrun.worker.core.submission import Defaults, Offer, Refused, RunSpec
+from agentrun.worker.core.records import NewRun, Origin, PendingCall, Run, RunStatus
+from agentrun.worker.core.submission import Caller, Defaults, Offer, Refused, RunSpec
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.core.waits import BUILTIN_WAITS
 from agentrun.worker.core.webhooks import Allow, check_webhook
@@ -122,24 +122,29 @@ def new_run(
     them, so the runs list finds it by the selector kubectl does; an AgentRun without any that continues or
     forks another keeps its source's.
     """
-    offer = _offer(known_tools, prices)
-    agent, sub_agents = None, None
     try:
-        if resolved is not None:
-            asked, agent, sub_agents = resolved
-        else:
-            asked = run_spec(spec, source)
-        new = submission.new_run(asked, source, Defaults(), offer)
+        if resolved is None:
+            resolved = run_spec(spec, source), None, None
+        return planned(resolved, source, Origin.OPERATOR, caller(uid, namespace, name, annotations, labels), Defaults(),
+                       offer(known_tools, prices))
     except Refused as e:
         raise InvalidSpec(refusal_message(e, known_tools)) from None
-    new = pinned(new, agent, sub_agents, source)
-    return dataclasses.replace(new, id=uuid.UUID(uid), k8s_namespace=namespace, k8s_name=name,
-                               traceparent=_traceparent(annotations),
-                               labels=dict(labels) if labels else new.labels)
 
 
-def _offer(known_tools: Collection[str] | None, prices: PriceTable | None) -> Offer:
-    # The built-in tools (`wait`, `wait_for_event`) are every worker's, whatever the operator was told.
+def caller(
+    uid: str, namespace: str, name: str, annotations: Mapping[str, str] | None = None,
+    labels: Mapping[str, str] | None = None, created_by: str | None = None,
+) -> Caller:
+    """What an AgentRun attaches to its run: its uid as the run's id (a retry finds the run), its namespace and
+    name, the trace of its `agentrun.dev/traceparent` annotation, its labels (when it has any) and who made it.
+    Raises InvalidSpec for a malformed annotation."""
+    return Caller(id=uuid.UUID(uid), k8s_namespace=namespace, k8s_name=name, traceparent=_traceparent(annotations),
+                  labels=dict(labels) if labels else None, created_by=created_by)
+
+
+def offer(known_tools: Collection[str] | None, prices: PriceTable | None) -> Offer:
+    """What the workers can run, as far as the operator was told. The built-in tools (`wait`, `wait_for_event`)
+    are every worker's, whatever it was told."""
     return Offer(has_tool=(lambda name: name in known_tools or name in BUILTIN_WAITS) if known_tools is not None
                  else None, tool_names=sorted(known_tools or ()), prices=prices)
 
@@ -352,7 +357,7 @@ def agent_definition(
         context_management=shared.context_management,
     )
     try:
-        check_definition(agent, _offer(known_tools, prices))  # as POST /api/agents checks it
+        check_definition(agent, offer(known_tools, prices))  # as POST /api/agents checks it
     except Refused as e:
         raise InvalidSpec(refusal_message(e, known_tools)) from None
     return agent

@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -301,3 +302,106 @@ def test_the_engines_parts_take_the_store_part_they_use() -> None:
         imported = {(n.module, a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
         assert ("agentrun.worker.store", "RunStore") not in imported, name
         assert not {m for m, _ in imported if m == "agentrun.worker.runtime.engine"}, name
+
+
+# -- one door for a new run ------------------------------------------------------------------------------
+#
+# Every run is written by one statement, store/insert.py's INSERT_RUN, and whatever sends it is reached only
+# through the door (runtime/door.py), which resolves the agent, applies the policy, pins, and records the way
+# in. The store's functions that send it are found, not listed: those that name the statement, and those that
+# name one of them, until no more are found. Outside the store, only the door may call them on the store or
+# import them.
+
+INSERT_INTO_RUN = re.compile(r"\bINSERT\s+INTO\s+run\b", re.IGNORECASE)
+THE_STATEMENT = ("worker/store/insert.py", "INSERT_RUN")
+DOOR = "agentrun.worker.runtime.door"
+STORE_HANDLE = re.compile(r"(^|\.)(store_?|st)$")
+"""What the store is called where it is held (`self.store`, `store`, a guarded call's `st`), as
+test_sql_gateway.py knows a connection by its name."""
+
+
+def _strings(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, text) of each string in the module, an f-string's literal parts joined."""
+    parts = {id(v) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for v in node.values}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and id(node) not in parts:
+            yield node.lineno, node.value.decode(errors="replace") if isinstance(node.value, bytes) else node.value
+        elif isinstance(node, ast.JoinedStr):
+            yield node.lineno, "".join(v.value if isinstance(v, ast.Constant) else " x " for v in node.values)
+
+
+def _definitions(tree: ast.Module) -> Iterator[tuple[str, set[str]]]:
+    """(name, the names it mentions) for each function, method and module-level assignment of a module."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield node.name, _mentioned(node)
+    for node in tree.body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            for target in targets:
+                if isinstance(target, ast.Name):
+                    yield target.id, _mentioned(node.value)
+
+
+def _mentioned(node: ast.AST) -> set[str]:
+    """What `node` calls or reads of its module and objects: names called, constants, attributes (not its
+    parameters and locals, which may share a name with a function)."""
+    called = {n.func.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+    constants = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and re.fullmatch(r"_?[A-Z][A-Z0-9_]*", n.id)}
+    return called | constants | {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+
+def _run_writers() -> set[str]:
+    """The names in the store that send the statement that inserts into `run`, directly or through another."""
+    store = [ast.parse(p.read_text(), str(p)) for m, p in MODULES.items() if room_of(m) == "store"]
+    definitions = [d for tree in store for d in _definitions(tree)]
+    found = {THE_STATEMENT[1]}
+    while True:
+        more = {name for name, mentions in definitions if mentions & found} - found
+        if not more:
+            return found - {THE_STATEMENT[1]}
+        found |= more
+
+
+def test_one_statement_inserts_into_run() -> None:
+    found = [(str(path.relative_to(ROOT)), line) for path in MODULES.values()
+             for line, text in _strings(ast.parse(path.read_text(), str(path))) if INSERT_INTO_RUN.search(text)]
+    found += [(str(p.relative_to(ROOT)), 0) for p in sorted((ROOT / "worker").rglob("*.sql"))
+              if INSERT_INTO_RUN.search(p.read_text())]
+    assert [file for file, _ in found] == [THE_STATEMENT[0]], \
+        f"exactly one statement inserts into run ({THE_STATEMENT[0]}): {found}"
+
+
+def test_only_the_door_makes_runs() -> None:
+    writers = _run_writers()
+    # Not blind: it finds what the store sends the statement by, for each way in.
+    assert {"insert_run", "create", "tick", "spawn"} <= writers, writers
+    outside = []
+    for module, path in MODULES.items():
+        if room_of(module) == "store" or module == DOOR:
+            continue
+        file = str(path.relative_to(ROOT))
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and node.attr in writers and STORE_HANDLE.search(ast.unparse(node.value)):
+                outside.append(f"{file}:{node.lineno} {ast.unparse(node)}")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("agentrun.worker.store"):
+                outside += [f"{file}:{node.lineno} imports {a.name}" for a in node.names if a.name in writers]
+    assert not outside, "a run is made only through the door (runtime/door.py), which resolves the agent, applies " \
+        "the policy, pins and records the way in:\n  " + "\n  ".join(outside)
+
+
+def test_the_store_handle_pattern_sees_how_the_store_is_held() -> None:
+    """Every way of holding the store in the code is one STORE_HANDLE knows (else it could not see a call)."""
+    held = {ast.unparse(n.value) for m, path in MODULES.items() if room_of(m) != "store"
+            for n in ast.walk(ast.parse(path.read_text()))
+            if isinstance(n, ast.Attribute) and n.attr in ("for_run", "find_linked", "next_due_in", "cancel_orphans")}
+    assert held and all(STORE_HANDLE.search(h) for h in held), held
+
+
+def test_the_door_is_where_the_ways_in_meet() -> None:
+    """Each way in reaches the store's writers through the door, and the door names each of them."""
+    door = ast.parse(MODULES[DOOR].read_text())
+    assert {"create", "tick", "spawn"} <= {n.attr for n in ast.walk(door) if isinstance(n, ast.Attribute)}
+    for module in ("agentrun.worker.api.routes", "agentrun.operator.handlers", "agentrun.worker.runtime.schedules",
+                   "agentrun.worker.runtime.engine"):
+        assert "Door" in _mentioned(ast.parse(MODULES[module].read_text())), f"{module} makes runs without the door"

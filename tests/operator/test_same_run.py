@@ -39,7 +39,7 @@ def noop(args: dict[str, Any], ctx: ToolContext) -> str:
 TOOLS = [lookup, noop]
 # Not the same in both by construction: ids, times, and who made the run from where.
 IGNORED = {"id", "created_at", "deadline_at", "k8s_namespace", "k8s_name", "created_by", "idempotency_key",
-           "traceparent"}
+           "traceparent", "origin"}
 # A run without a schedule becomes claimable when it is inserted: its own time too.
 UNSCHEDULED = IGNORED | {"run_at"}
 SOURCE_NAME = "source-agentrun"

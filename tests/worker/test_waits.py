@@ -282,7 +282,7 @@ async def test_a_run_that_does_not_list_a_built_in_wait_cannot_call_it(store: Ru
 def test_the_operator_takes_the_built_in_waits_whatever_tools_it_was_told_of() -> None:
     from agentrun.operator import mapping
 
-    offer = mapping._offer(frozenset({"lookup"}), None)
+    offer = mapping.offer(frozenset({"lookup"}), None)
     assert offer.has_tool is not None
     assert offer.has_tool("wait") and offer.has_tool("wait_for_event") and offer.has_tool("lookup")
     assert not offer.has_tool("rm_rf")

@@ -36,17 +36,18 @@ from agentrun.worker.api.schemas import (
 )
 from agentrun.worker.api.webhooks import WebhookCheck
 from agentrun.worker.core import children as sub_agents
-from agentrun.worker.core.agents import parse_ref, pinned
+from agentrun.worker.core.agents import parse_ref
 from agentrun.worker.core.answer import system_sent, tools_sent
 from agentrun.worker.core.labels import Selector, parse_selector
 from agentrun.worker.core.pricing import PriceTable
-from agentrun.worker.core.records import Decision, NewRun, PendingCall, Run, RunStatus, StepKind
+from agentrun.worker.core.records import Decision, NewRun, Origin, PendingCall, Run, RunStatus, StepKind
 from agentrun.worker.core.replay import Conversation
-from agentrun.worker.core.submission import Defaults, Offer, Refusal, Refused, RunSpec, new_run
+from agentrun.worker.core.submission import Caller, Defaults, Offer, Refusal, Refused, RunSpec
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.obs.tracing.context import TRACEPARENT_PATTERN, checked_traceparent
+from agentrun.worker.runtime.door import Door
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import DecideOutcome, RunFilter, RunStore
 from agentrun.worker.tools import ToolBox
@@ -130,6 +131,7 @@ class RunRoutes:
         metrics: Metrics | None, providers: Providers,
     ) -> None:
         self.store, self.metrics = store, metrics
+        self.door = Door(store)
         # The API's policy: a new run names its budgets (no default spends tokens it was not given).
         self.defaults = Defaults(model=settings.default_model, token_budget=None, timeout_seconds=None)
         self.tools, self.prices, self.providers = tools, prices, providers
@@ -159,14 +161,17 @@ class RunRoutes:
             return source
         return None
 
-    async def planned(self, spec: RunSpec, source: Run | None) -> NewRun:
-        """The run the submission policy makes of `spec` (its agent applied and pinned, its sub-agents
-        pinned), or its refusal as the API answers it."""
-        offer = Offer(has_tool=lambda name: self.tools.get(name) is not None, tool_names=self.tools.names,
-                      prices=self.prices, model_problem=self.providers.problem)
+    def offer(self) -> Offer:
+        """What this server's workers can run, as far as the API knows it."""
+        return Offer(has_tool=lambda name: self.tools.get(name) is not None, tool_names=self.tools.names,
+                     prices=self.prices, model_problem=self.providers.problem)
+
+    async def planned(self, spec: RunSpec, source: Run | None, caller: Caller = Caller()) -> NewRun:
+        """The run the door makes of `spec` (its agent applied and pinned, its sub-agents pinned), not
+        written, or its refusal as the API answers it."""
         try:
-            applied, agent, sub_agents = await self.store.for_run(spec)
-            return pinned(new_run(applied, source, self.defaults, offer), agent, sub_agents, source)
+            return await self.door.plan(spec, Origin.API, caller, source=source, defaults=self.defaults,
+                                        offer=self.offer())
         except Refused as e:
             raise refusal(e) from None
 
@@ -196,17 +201,18 @@ class RunRoutes:
         spec, source = body.spec(), await self.source(body)
         self.check_webhook(spec.webhook)
 
-        async def planned(spec: RunSpec) -> NewRun:
-            new = await self.planned(spec, source)
-            return dataclasses.replace(new, idempotency_key=key, created_by=caller_name(request),
-                                       traceparent=caller_span)
-
-        new = await planned(spec)
-        run, created = await self.store.create(new)
+        caller = Caller(created_by=caller_name(request), idempotency_key=key, traceparent=caller_span)
+        try:
+            made = await self.door.submit(spec, Origin.API, caller, source=source, defaults=self.defaults,
+                                          offer=self.offer())
+        except Refused as e:
+            raise refusal(e) from None
+        run, created, new = made.run, made.created, made.new
         if not created and spec.agent is not None and spec.agent[1] is None and run.agent == new.agent \
                 and run.agent_version is not None and run.agent_version != new.agent_version:
             # A retry after the agent got a new version: the first request was made of the version it pinned.
-            new = await planned(dataclasses.replace(spec, agent=(spec.agent[0], run.agent_version)))
+            new = await self.planned(dataclasses.replace(spec, agent=(spec.agent[0], run.agent_version)), source,
+                                     caller)
         if not created:
             _check_replay(run, new, key)
             response.headers["Idempotent-Replayed"] = "true"

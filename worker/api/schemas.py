@@ -457,6 +457,10 @@ class RunView(_Camel):
 
     schedule_name: str | None = Field(None, description="The schedule whose tick created the run (null: none).")
     scheduled_time: datetime.datetime | None = Field(None, description="That tick, RFC 3339.")
+    origin: str | None = Field(
+        None, description="Which way the run came in: `api` (POST /api/runs: a new run, a continuation or a "
+        "fork), `operator` (an AgentRun), `schedule` (a schedule's tick) or `child` (a parent's sub-agent call); "
+        "null for a run made before it was recorded. Read-only.")
     webhook: dict[str, Any] | None = Field(
         None, description="`{url, events, secretRef}`: where the run's status changes are posted; its deliveries "
         "are at /api/runs/{id}/webhooks.")
@@ -485,7 +489,8 @@ class RunView(_Camel):
             agent=run.agent, agent_version=run.agent_version,
             sub_agents=list(run.sub_agents) if run.sub_agents is not None else None,
             messages_sent=run.messages_sent, messages_delivered=run.messages_delivered,
-            schedule_name=run.schedule_name, scheduled_time=run.scheduled_time, webhook=run.webhook,
+            schedule_name=run.schedule_name, scheduled_time=run.scheduled_time, origin=run.origin,
+            webhook=run.webhook,
             context_management=context_shown(run.context_management), labels=dict(run.labels),
             **_tree_fields(run, unknown),
         )

@@ -10,8 +10,16 @@ from typing import Any
 
 from agentrun.worker.core.answer import schema_problem
 from agentrun.worker.core.errors import Problem, Refusal, Refused
-from agentrun.worker.core.records import NewRun, Run
-from agentrun.worker.core.submission import Offer, RunSpec, check_runnable, unknown_tools
+from agentrun.worker.core.records import NewRun, Origin, Run
+from agentrun.worker.core.submission import (
+    Caller,
+    Defaults,
+    Offer,
+    RunSpec,
+    check_runnable,
+    new_run,
+    unknown_tools,
+)
 
 AGENT_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # DNS label
 """An agent's name: a DNS label, so that one Kubernetes object (an `Agent`) can bear it unchanged."""
@@ -122,6 +130,17 @@ def pinned(
                                    sub_agents=sub_agents if sub_agents is not None else source.sub_agents)
     return dataclasses.replace(new, agent=agent.name if agent else None, agent_version=agent.version if agent else None,
                                sub_agents=sub_agents)
+
+
+def planned(
+    resolved: tuple[RunSpec, Agent | None, tuple[str, ...] | None], source: Run | None, origin: Origin,
+    caller: Caller = Caller(), defaults: Defaults = Defaults(), offer: Offer = Offer(),
+) -> NewRun:
+    """The run a request makes, once the store has resolved its agent and sub-agents (`RunStore.for_run`):
+    the submission policy applied, the agent and sub-agents pinned, and what its way in attaches. The
+    pure half of the door (runtime/door.py); raises Refused as `new_run` does."""
+    spec, agent, sub_agents = resolved
+    return caller.stamped(pinned(new_run(spec, source, defaults, offer), agent, sub_agents, source), origin)
 
 
 def check_definition(agent: Agent, offer: Offer) -> None:

@@ -30,6 +30,15 @@ class RunStatus(str, enum.Enum):
         return self not in (RunStatus.QUEUED, RunStatus.RUNNING, RunStatus.WAITING)
 
 
+class Origin(str, enum.Enum):
+    """Which way a run came in (runtime/door.py makes every run, and records it)."""
+
+    API = "api"  # POST /api/runs: a new run, a continuation or a fork
+    OPERATOR = "operator"  # an AgentRun
+    SCHEDULE = "schedule"  # a schedule's tick
+    CHILD = "child"  # a parent's sub-agent call
+
+
 class StepKind(str, enum.Enum):
     MODEL = "MODEL"
     TOOL = "TOOL"
@@ -99,6 +108,7 @@ class NewRun:
     webhook: dict[str, Any] | None = None  # {"url", "events", "secretRef"}: told of its status changes
     context_management: dict[str, Any] | None = None  # ContextPolicy.to_json() (core/context.py); None: auto
     labels: dict[str, str] = dataclasses.field(default_factory=dict)  # Kubernetes syntax (core/labels.py)
+    origin: Origin | None = None  # the way it came in, set by the door (runtime/door.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,6 +167,9 @@ class Run:
     traceparent: str | None = None
     schedule_name: str | None = None  # the schedule whose tick created the run (issue 27)
     scheduled_time: datetime.datetime | None = None
+    # The way it came in (an Origin's value); None for a run made before it was recorded (0022_origin.sql).
+    # Text, not Origin: a worker must read a run a newer version made, by a way in it does not know.
+    origin: str | None = None
 
     @property
     def tokens_used_total(self) -> int:

@@ -1,5 +1,6 @@
-"""A new run from a request, whoever makes it (the REST API, the operator): the defaults, what a
-continuation or fork takes from its source, and the checks that do not depend on the transport. Pure."""
+"""A new run from a request, whoever makes it (the REST API, the operator, a schedule, a parent's call): the
+defaults, what a continuation or fork takes from its source, the checks that do not depend on the
+transport, and what the way in attaches (`Caller`). Pure; runtime/door.py applies it to every new run."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from agentrun.worker.core.errors import Refused as Refused
 from agentrun.worker.core.labels import labels_problems
 from agentrun.worker.core.pricing import PriceTable, cost_budget_problem
 from agentrun.worker.core.records import DEFAULT_MODEL as DEFAULT_MODEL
-from agentrun.worker.core.records import NewRun, Run, RunStatus
+from agentrun.worker.core.records import NewRun, Origin, Run, RunStatus
 
 DEFAULT_MAX_STEPS = 100
 """Most steps of a run that names no cap and has no source: enough for long tool loops, a stop for a stuck one."""
@@ -73,6 +74,30 @@ class Offer:
     tool_names: Sequence[str] = ()  # named when a tool is unknown (the operator words that itself)
     prices: PriceTable | None = None
     model_problem: Callable[[str], str | None] | None = None  # why a model cannot be served, None if it can
+
+
+@dataclasses.dataclass(frozen=True)
+class Caller:
+    """Who asks for a run, and what its way in attaches to it besides what the policy makes of the spec.
+    None is a field the way in leaves as the policy made it."""
+
+    created_by: str | None = None  # the API identity, `k8s:<namespace>/<user>`, a schedule's author, a parent's
+    id: uuid.UUID | None = None  # the operator's (the AgentRun's uid), a tick's: a retry finds the run by it
+    idempotency_key: str | None = None  # the API's Idempotency-Key
+    traceparent: str | None = None  # the caller's span (W3C), checked by the transport
+    k8s_namespace: str | None = None
+    k8s_name: str | None = None
+    labels: dict[str, str] | None = None  # an AgentRun's metadata.labels, instead of its spec's or source's
+    schedule_name: str | None = None
+    scheduled_time: datetime.datetime | None = None
+    spawned_by: tuple[uuid.UUID, str] | None = None  # a sub-agent's run: (the parent run, its tool_use id)
+    root_run_id: uuid.UUID | None = None
+    depth: int | None = None
+
+    def stamped(self, new: NewRun, origin: Origin) -> NewRun:
+        """`new` as this caller, come in by `origin`, has it made."""
+        given = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+        return dataclasses.replace(new, origin=origin, **given)
 
 
 # Inherited from the source when the request leaves them out; the schedule and priority never are.

@@ -43,6 +43,7 @@ from agentrun.worker.obs import logs
 from agentrun.worker.runtime import compaction
 from agentrun.worker.runtime.compaction import Compaction
 from agentrun.worker.runtime.deltas import DeltaPublisher
+from agentrun.worker.runtime.door import Door
 from agentrun.worker.runtime.durable import Durable, dumps
 from agentrun.worker.runtime.lease import CancelRequested, LeaseKeeper
 from agentrun.worker.runtime.messages import Messages
@@ -128,7 +129,7 @@ class RunDriver:
         self.waits = Waits(self.durable, store, keeper, settings.event_retention)
         if before is not None:  # whom the worker told to hear of a park stays told
             self.waits.parked = before.parked
-        self.sub_agents = SubAgents(self.durable, store, store, keeper, tools, self.observer,
+        self.sub_agents = SubAgents(self.durable, store, store, Door(store), keeper, tools, self.observer,
                                     max_children_per_turn=settings.max_children_per_turn,
                                     max_agent_depth=settings.max_agent_depth)
         self.compaction = Compaction(self.durable, store, keeper, self.llm, self.prices, self.observer)

@@ -6,16 +6,15 @@ within that bound)."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime
 import logging
 import random
 
-from agentrun.worker.core.agents import pinned
 from agentrun.worker.core.observer import NoObserver, Observer
-from agentrun.worker.core.records import NewRun
+from agentrun.worker.core.records import NewRun, Origin
 from agentrun.worker.core.schedules import Schedule, run_id_for, spec_of
-from agentrun.worker.core.submission import Defaults, Offer, new_run
+from agentrun.worker.core.submission import Caller, Defaults
+from agentrun.worker.runtime.door import Door
 from agentrun.worker.runtime.tasks import honour_cancel
 from agentrun.worker.store import RunStore
 from agentrun.worker.store.schedules import Tick
@@ -30,20 +29,20 @@ class Ticker:
     def __init__(self, store: RunStore, worker_id: str, default_model: str, observer: Observer | None = None,
                  max_sleep: float = MAX_SLEEP) -> None:
         self.store, self.worker_id, self.observer = store, worker_id, observer or NoObserver()
+        self.door = Door(store)
         # The template was checked as a submission when the schedule was stored; budgets are in it.
         self.defaults = Defaults(model=default_model)
         self.max_sleep = max_sleep
 
     async def plan(self, s: Schedule, tick: datetime.datetime) -> NewRun:
-        """The run of `s`'s tick at `tick`: its template planned as a submission is, its id the tick's."""
-        applied, agent, sub_agents = await self.store.for_run(spec_of(s.spec))
-        new = pinned(new_run(applied, None, self.defaults, Offer()), agent, sub_agents, None)
-        return dataclasses.replace(new, id=run_id_for(s.name, tick), schedule_name=s.name, scheduled_time=tick,
-                                   created_by=s.created_by or f"schedule:{s.name}")
+        """The run of `s`'s tick at `tick`: its template planned by the door as a submission is, its id the tick's."""
+        caller = Caller(id=run_id_for(s.name, tick), schedule_name=s.name, scheduled_time=tick,
+                        created_by=s.created_by or f"schedule:{s.name}")
+        return await self.door.plan(spec_of(s.spec), Origin.SCHEDULE, caller, defaults=self.defaults)
 
     async def once(self) -> list[Tick]:
         """One pass over the due schedules."""
-        ticks = await self.store.tick(self.plan)
+        ticks = await self.door.tick(self.plan)
         created = sum(t.outcome == "created" for t in ticks)
         missed = sum(t.missed for t in ticks)
         if created or missed:

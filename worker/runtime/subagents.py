@@ -11,9 +11,10 @@ from agentrun.worker.core import children as sub
 from agentrun.worker.core.agents import Agent, with_agent
 from agentrun.worker.core.errors import Refused
 from agentrun.worker.core.observer import Observer
-from agentrun.worker.core.records import NewRun, Progress, Run
+from agentrun.worker.core.records import NewRun, Origin, Progress, Run
 from agentrun.worker.core.replay import Conversation
-from agentrun.worker.core.submission import Defaults, Offer, RunSpec, new_run
+from agentrun.worker.core.submission import Caller, Offer, RunSpec
+from agentrun.worker.runtime.door import Door
 from agentrun.worker.runtime.durable import Durable, log
 from agentrun.worker.runtime.lease import CancelRequested, LeaseKeeper
 from agentrun.worker.store.agents import Agents
@@ -23,12 +24,13 @@ from agentrun.worker.tools import ToolBox
 
 class SubAgents:
     def __init__(
-        self, durable: Durable, children: Children, agents: Agents, keeper: LeaseKeeper, tools: ToolBox,
-        observer: Observer, *, max_children_per_turn: int, max_agent_depth: int,
+        self, durable: Durable, children: Children, agents: Agents, door: Door, keeper: LeaseKeeper,
+        tools: ToolBox, observer: Observer, *, max_children_per_turn: int, max_agent_depth: int,
     ) -> None:
         self.durable = durable
         self.store = children
         self.agents = agents
+        self.door = door  # how the children's runs are made
         self.keeper = keeper
         self.tools = tools
         self.observer = observer
@@ -103,7 +105,7 @@ class SubAgents:
             return progress  # nothing to wait for: the model hears of the errors
         held = self.keeper.set_aside(run.id)
         try:
-            parked = await self.durable.write(lambda again: self.store.spawn(
+            parked = await self.durable.write(lambda again: self.door.spawn(
                 run.id, me, made, epoch=run.lease_epoch, again=again
             ))
         except CancelRequested:  # asked to stop before the spawn: no child made, the run still held
@@ -131,14 +133,17 @@ class SubAgents:
         return agents[tool]
 
     async def child(self, run: Run, use: dict[str, Any], task: str, agent: Agent, share: sub.Share) -> NewRun:
-        """The child run a call asks for: the agent's definition, with budgets cut to its share of the
-        parent's remainder and the parent's model, approvals policy, author and trace where the agent
-        names none of its own. Raises Refused or ValueError when it cannot run."""
+        """The child run a call asks for, planned by the door: the agent's definition, with budgets cut to its
+        share of the parent's remainder and the parent's model, approvals policy, priority, author and trace
+        where the agent names none of its own. Raises Refused or ValueError when it cannot run."""
         spec = with_agent(RunSpec(
             input=task, token_budget=sub.lowered(agent.token_budget, share.token_budget),
             cost_budget_usd=sub.lowered_cost(agent.cost_budget_usd, share.cost_budget_usd),
-            timeout_seconds=sub.lowered(agent.timeout_seconds, share.timeout_seconds),
+            timeout_seconds=sub.lowered(agent.timeout_seconds, share.timeout_seconds), priority=run.priority,
         ), agent)
+        # As a sub-agent's run has always been made: no webhook of its own, the default context policy, and
+        # sub-agents pinned only when its agent names some.
+        spec = dataclasses.replace(spec, webhook=None, context_management=None, sub_agents=spec.sub_agents or None)
         if spec.model is None:
             spec = dataclasses.replace(spec, model=run.model)
         if spec.require_approval is None and run.require_approval is not None:
@@ -146,12 +151,8 @@ class SubAgents:
             own = {sub.tool_name(ref) for ref in spec.sub_agents or ()}
             spec = dataclasses.replace(spec, require_approval=tuple(
                 name for name in run.require_approval if not name.startswith(sub.TOOL_PREFIX) or name in own))
-        made = new_run(spec, None, Defaults(), Offer(has_tool=lambda name: self.tools.get(name) is not None,
-                                                    tool_names=self.tools.names))
-        pinned = await self.agents.resolve_sub_agents(agent.sub_agents) if agent.sub_agents else None
-        trace = self.observer.traceparent(run) or sub.traceparent(run, use["id"])
-        return dataclasses.replace(
-            made, id=uuid.uuid4(), created_by=run.created_by, traceparent=trace, priority=run.priority,
-            spawned_by=(run.id, use["id"]), root_run_id=run.root_run_id or run.id,
-            depth=run.depth + 1, agent=agent.name, agent_version=agent.version, sub_agents=pinned,
-        )
+        caller = Caller(id=uuid.uuid4(), created_by=run.created_by,
+                        traceparent=self.observer.traceparent(run) or sub.traceparent(run, use["id"]),
+                        spawned_by=(run.id, use["id"]), root_run_id=run.root_run_id or run.id, depth=run.depth + 1)
+        return await self.door.plan(spec, Origin.CHILD, caller, agent=agent, offer=Offer(
+            has_tool=lambda name: self.tools.get(name) is not None, tool_names=self.tools.names))

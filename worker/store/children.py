@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
 from psycopg.types.json import Jsonb
 
@@ -18,6 +17,7 @@ from agentrun.worker.core.errors import CancelRequested
 from agentrun.worker.core.records import NewRun, Run
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.store.gateway import Gateway
+from agentrun.worker.store.insert import INSERT_RUN, run_row
 from agentrun.worker.store.rows import FENCE_ASKED, RUN_COLUMNS, LeaseLost, _run
 
 ACTIVE = "('QUEUED', 'RUNNING', 'WAITING')"
@@ -43,6 +43,10 @@ CANCEL_DESCENDANTS = f"""WITH RECURSIVE tree AS (
     RETURNING id"""
 
 
+# The children of a spawn: the one statement that makes runs (store/insert.py), behind the parent's fence.
+SPAWNED = INSERT_RUN.format(gate="CROSS JOIN fence WHERE NOT fence.cancel_requested")
+
+
 class Children(Gateway):
     async def spawn(
         self, run_id: uuid.UUID, worker: str, children: Sequence[NewRun], *, epoch: int | None = None,
@@ -56,31 +60,15 @@ class Children(Gateway):
 
         A copy sent again (`again`) finds the parent parked under the same epoch and counts as done."""
         for new in children:
+            assert new.spawned_by is not None, "a child run names the call that starts it"
             for field, text in {"input": new.input, "system": new.system}.items():
                 if (why := unstorable(text)) is not None:
                     raise ValueError(f"sub-agent {field} {why}")
-        rows = [_child_row(new) for new in children]
+        rows = [run_row(new, run_id) for new in children]
         row = await self._fenced(
             run_id,
             f"""WITH {FENCE_ASKED},
-                made AS (
-                    INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd, max_steps,
-                                     timeout_seconds, deadline_at, require_approval, output_schema, created_by,
-                                     traceparent, priority, run_at, agent, agent_version, sub_agents,
-                                     parent_run_id, parent_tool_use_id, root_run_id, depth, created_at)
-                    SELECT c.id, c.input, c.model, c.system, c.tools, c.token_budget, c.cost_budget_usd, c.max_steps,
-                           c.timeout_seconds, now() + make_interval(secs => c.timeout_seconds), c.require_approval,
-                           c.output_schema, c.created_by, c.traceparent, c.priority, now(), c.agent, c.agent_version,
-                           c.sub_agents, fence.id, c.tool_use_id, c.root_run_id, c.depth,
-                           clock_timestamp()  -- in the calls' order: children list in the order they were asked for
-                    FROM fence CROSS JOIN jsonb_to_recordset(%(children)s::jsonb) AS c (
-                        id uuid, input text, model text, system text, tools text[], token_budget bigint,
-                        cost_budget_usd numeric, max_steps int, timeout_seconds int, require_approval text[],
-                        output_schema jsonb, created_by text, traceparent text, priority int, agent text,
-                        agent_version int, sub_agents text[], tool_use_id text, root_run_id uuid, depth int)
-                    WHERE NOT fence.cancel_requested
-                    ON CONFLICT DO NOTHING
-                    RETURNING id),
+                made AS ({SPAWNED}),
                 parked AS (
                     UPDATE run SET
                         children_active = run.children_active + (SELECT count(*) FROM made),
@@ -97,7 +85,7 @@ class Children(Gateway):
                        (SELECT status FROM run WHERE id = %(id)s AND %(again)s AND %(epoch)s::bigint IS NOT NULL
                             AND lease_epoch = %(epoch)s::bigint AND status <> 'RUNNING' AND locked_by IS NULL
                             AND NOT handed_back) AS found""",
-            {"id": run_id, "worker": worker, "epoch": epoch, "again": again, "children": Jsonb(rows)},
+            {"id": run_id, "worker": worker, "epoch": epoch, "again": again, "runs": Jsonb(rows)},
             again=again,
         )
         if row is not None and row["asked"]:
@@ -152,19 +140,3 @@ class Children(Gateway):
             {"reason": "cancelled: its parent run ended or was cancelled"},
         )
         return [r["id"] for r in rows]
-
-
-def _child_row(new: NewRun) -> dict[str, Any]:
-    assert new.spawned_by is not None, "a child run names the call that starts it"
-    return {
-        "id": str(new.id or uuid.uuid4()), "input": new.input, "model": new.model, "system": new.system,
-        "tools": list(new.tools) if new.tools is not None else None, "token_budget": new.token_budget,
-        "cost_budget_usd": str(new.cost_budget_usd) if new.cost_budget_usd is not None else None,
-        "max_steps": new.max_steps, "timeout_seconds": new.timeout_seconds,
-        "require_approval": list(new.require_approval) if new.require_approval is not None else None,
-        "output_schema": new.output_schema, "created_by": new.created_by, "traceparent": new.traceparent,
-        "priority": new.priority, "agent": new.agent, "agent_version": new.agent_version,
-        "sub_agents": list(new.sub_agents) if new.sub_agents is not None else None,
-        "tool_use_id": new.spawned_by[1], "root_run_id": str(new.root_run_id) if new.root_run_id else None,
-        "depth": new.depth,
-    }

@@ -13,9 +13,9 @@ from agentrun.worker.core.records import (
     NewRun,
     Run,
 )
-from agentrun.worker.core.text import unstorable
 from agentrun.worker.store.children import CANCEL_DESCENDANTS
 from agentrun.worker.store.gateway import Gateway
+from agentrun.worker.store.insert import INSERT_RUN, run_row
 
 # A continued or forked run starts with the steps of its parent, copied and marked inherited: replay
 # needs nothing else, and the parent may be pruned later without breaking its child. A continuation
@@ -87,67 +87,16 @@ UPDATE run SET inherited_steps = (SELECT count(*) FROM steps) WHERE id = %(id)s
 
 
 def run_params(new: NewRun) -> dict[str, Any]:
-    """The insert's parameters for `new`. Raises ValueError naming the field if a text cannot be stored
-    (a NUL character, a lone surrogate): the caller's input, refused whole rather than changed."""
-    texts = {"input": new.input, "model": new.model, "system": new.system, "idempotency key": new.idempotency_key,
-             **{f"tool name {t!r}": t for t in new.tools or ()}}
-    for field, text in texts.items():
-        if (why := unstorable(text)) is not None:
-            raise ValueError(f"run {field} {why}")
-    return {
-        "id": new.id or uuid.uuid4(),
-        "input": new.input,
-        "model": new.model,
-        "system": new.system,
-        "tools": list(new.tools) if new.tools is not None else None,
-        "token_budget": new.token_budget,
-        "cost_budget_usd": new.cost_budget_usd,
-        "max_steps": new.max_steps,
-        "timeout_seconds": new.timeout_seconds,
-        "key": new.idempotency_key,
-        "ns": new.k8s_namespace,
-        "name": new.k8s_name,
-        "by": new.created_by,
-        "traceparent": new.traceparent,
-        "priority": new.priority,
-        "run_at": new.run_at,
-        "delay": new.delay_seconds,
-        "approval": list(new.require_approval) if new.require_approval is not None else None,
-        "schema": Jsonb(new.output_schema) if new.output_schema is not None else None,
-        "parent": new.continue_from or (new.fork_from[0] if new.fork_from else None),
-        "fork_seq": new.fork_from[1] if new.fork_from else None,
-        "agent": new.agent, "agent_version": new.agent_version,
-        "sub_agents": list(new.sub_agents) if new.sub_agents is not None else None,
-        "schedule_name": new.schedule_name, "scheduled_time": new.scheduled_time,
-        "webhook": Jsonb(new.webhook) if new.webhook is not None else None,
-        "context": Jsonb(new.context_management) if new.context_management is not None else None,
-        "labels": Jsonb(dict(new.labels)),
-    }
+    """The parameters of a run made alone (`insert_run`): its row, and what its inherited steps are copied
+    by. Raises ValueError naming the field if a text cannot be stored (store/insert.run_row)."""
+    row = run_row(new)
+    return {"id": uuid.UUID(row["id"]), "input": new.input, "key": new.idempotency_key,
+            "runs": Jsonb([row]),
+            "parent": new.continue_from or (new.fork_from[0] if new.fork_from else None),
+            "fork_seq": new.fork_from[1] if new.fork_from else None}
 
 
-# The deadline counts from when the run becomes claimable: a run scheduled for tomorrow has its whole
-# timeout from tomorrow. A time already past means at once.
-_INSERT = b"""WITH at AS (
-        SELECT greatest(now(), coalesce(%(run_at)s::timestamptz,
-                                        now() + make_interval(secs => %(delay)s::float8),
-                                        now())) AS run_at),
-    ins AS (
-        INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd,
-                         max_steps, timeout_seconds, deadline_at, idempotency_key,
-                         k8s_namespace, k8s_name, require_approval, output_schema,
-                         parent_run_id, forked_at_seq, created_by, traceparent, priority, run_at,
-                         agent, agent_version, sub_agents, schedule_name, scheduled_time, webhook,
-                         context_management, labels)
-        SELECT %(id)s, %(input)s, %(model)s, %(system)s, %(tools)s, %(token_budget)s,
-               %(cost_budget_usd)s, %(max_steps)s, %(timeout_seconds)s,
-               at.run_at + make_interval(secs => %(timeout_seconds)s), %(key)s, %(ns)s, %(name)s,
-               %(approval)s, %(schema)s, %(parent)s, %(fork_seq)s, %(by)s, %(traceparent)s,
-               %(priority)s, at.run_at, %(agent)s, %(agent_version)s, %(sub_agents)s,
-               %(schedule_name)s, %(scheduled_time)s, %(webhook)s, %(context)s, %(labels)s
-        FROM at
-        ON CONFLICT DO NOTHING
-        RETURNING id)
-    SELECT (SELECT id FROM ins) AS inserted"""
+_INSERT = INSERT_RUN.format(gate="").encode()
 
 
 async def insert_run(cur: psycopg.AsyncCursor[dict[str, Any]], params: dict[str, Any]) -> uuid.UUID | None:
@@ -155,7 +104,7 @@ async def insert_run(cur: psycopg.AsyncCursor[dict[str, Any]], params: dict[str,
     too; returns its id, or None if a run with its id or idempotency key exists (nothing inserted)."""
     await cur.execute(_INSERT, params)
     row = await cur.fetchone()
-    inserted: uuid.UUID | None = row["inserted"] if row is not None else None
+    inserted: uuid.UUID | None = row["id"] if row is not None else None
     if inserted is not None and params["parent"] is not None:
         # In the same transaction: no worker may claim the run before its inherited steps are there.
         await cur.execute(_INHERIT, params)

@@ -5,6 +5,7 @@ zero rows means the lease is gone (`LeaseLost`). The store is split by concern, 
 `RunStore` is all of them over one pool:
 - submit.py: new runs (fresh, continued, forked) and cancel requests
 - reads.py: runs and steps as the API, the CLI and the operator read them
+- scoped.py: the one scoped door for the reads that serve a caller (`RunStore.scoped`)
 - claims.py: claims, leases, liveness, handing a run back
 - steps.py: the fenced writes of a held run (group-committed, groupcommit.py)
 - decisions.py: runs parked for people, their decisions, reconcile probes
@@ -20,6 +21,7 @@ zero rows means the lease is gone (`LeaseLost`). The store is split by concern, 
 
 from __future__ import annotations
 
+from agentrun.worker.core.scope import Scope
 from agentrun.worker.store.agents import Agents
 from agentrun.worker.store.children import Children
 from agentrun.worker.store.claims import Claims
@@ -27,6 +29,7 @@ from agentrun.worker.store.decisions import Decisions
 from agentrun.worker.store.messages import Messages
 from agentrun.worker.store.reads import Reads
 from agentrun.worker.store.schedules import Schedules
+from agentrun.worker.store.scoped import ScopedReads
 from agentrun.worker.store.steps import StepWrites
 from agentrun.worker.store.submit import Submissions
 from agentrun.worker.store.waits import Waits
@@ -40,3 +43,7 @@ class RunStore(
 ):
     """The run tables' one gateway. `writes` sends the fenced writes of held runs; by default they are
     group-committed (groupcommit.py)."""
+
+    def scoped(self, scope: Scope) -> ScopedReads:
+        """The reads that serve a caller, in its scope: the API reads runs through nothing else."""
+        return ScopedReads(self, scope)

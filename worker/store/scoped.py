@@ -1,0 +1,107 @@
+"""The one scoped door for reads that serve a caller: a run, the runs listed, and a run's steps, timeline,
+decisions, messages, sub-agents, wait and webhook deliveries, as far as the caller's scope sees them.
+
+What a scope sees is decided here and nowhere else (`_visible`): a run outside it reads as no run (None),
+so the API answers 404 for it as for a run that does not exist, never revealing it. Reads of a run's rows
+look at the run first, in the same way. The API reads runs only through this door (tests/api/test_scope.py
+walks every route of its OpenAPI document to hold it to that)."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any, Protocol
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool
+
+from agentrun.worker.core.records import Message, PendingCall, Run, RunStatus, Step
+from agentrun.worker.core.scope import Scope
+from agentrun.worker.core.webhooks import Delivery
+from agentrun.worker.store.reads import RunFilter
+from agentrun.worker.store.rows import RUN_COLUMNS, _run
+from agentrun.worker.store.waits import PendingWait
+
+
+class Readable(Protocol):
+    """The store's reads the door serves from (RunStore has them all)."""
+
+    @property
+    def pool(self) -> AsyncConnectionPool[psycopg.AsyncConnection[Any]]: ...
+    async def list_runs(self, status: RunStatus | None = None, limit: int = 50, after: uuid.UUID | None = None, *,
+                        parent: uuid.UUID | None = None, where: RunFilter | None = None) -> list[Run]: ...
+    async def steps(self, run_id: uuid.UUID, after_seq: int = 0) -> list[Step]: ...
+    async def steps_before(self, run_id: uuid.UUID, seq: int) -> list[Step]: ...
+    async def step(self, run_id: uuid.UUID, seq: int) -> Step | None: ...
+    async def timeline(self, run_id: uuid.UUID) -> list[Step]: ...
+    async def decisions(self, run_id: uuid.UUID) -> list[PendingCall]: ...
+    async def messages(self, run_id: uuid.UUID) -> list[Message]: ...
+    async def children(self, run_id: uuid.UUID) -> list[Run]: ...
+    async def pending_wait(self, run_id: uuid.UUID) -> PendingWait | None: ...
+    async def webhooks_of(self, run_id: uuid.UUID) -> list[Delivery]: ...
+
+
+def _visible(scope: Scope) -> tuple[str, dict[str, Any]]:
+    """The one rule of what a scope sees, as a condition on `run r` and its parameters: today, every run."""
+    if scope.everything:
+        return "true", {}
+    raise NotImplementedError("a scope that does not see every run comes with tenants")  # pragma: no cover
+
+
+class ScopedReads:
+    """The reads of one caller, made in its scope."""
+
+    def __init__(self, store: Readable, scope: Scope) -> None:
+        self._store = store
+        self.scope = scope
+
+    async def _run_row(self, run_id: uuid.UUID, columns: str) -> dict[str, Any] | None:
+        where, params = _visible(self.scope)
+        async with self._store.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(f"SELECT {columns} FROM run r WHERE r.id = %(id)s AND ({where})".encode(),
+                              {**params, "id": run_id})
+            return await cur.fetchone()
+
+    async def get(self, run_id: uuid.UUID) -> Run | None:
+        """The run, if the scope sees it."""
+        row = await self._run_row(run_id, RUN_COLUMNS)
+        return _run(row) if row else None
+
+    async def sees(self, run_id: uuid.UUID) -> bool:
+        """Whether the run exists and the scope sees it."""
+        return await self._run_row(run_id, "1 AS found") is not None
+
+    async def list_runs(self, status: RunStatus | None = None, limit: int = 50, after: uuid.UUID | None = None, *,
+                        parent: uuid.UUID | None = None, where: RunFilter | None = None) -> list[Run]:
+        """The runs the scope sees, newest first (store/reads.py, `list_runs`)."""
+        if not self.scope.everything:  # pragma: no cover - tenants add the filter to the list's own query
+            raise NotImplementedError
+        return await self._store.list_runs(status, limit, after, parent=parent, where=where)
+
+    async def steps(self, run_id: uuid.UUID, after_seq: int = 0) -> list[Step] | None:
+        return await self._store.steps(run_id, after_seq) if await self.sees(run_id) else None
+
+    async def steps_before(self, run_id: uuid.UUID, seq: int) -> list[Step] | None:
+        return await self._store.steps_before(run_id, seq) if await self.sees(run_id) else None
+
+    async def step(self, run_id: uuid.UUID, seq: int) -> Step | None:
+        return await self._store.step(run_id, seq) if await self.sees(run_id) else None
+
+    async def timeline(self, run_id: uuid.UUID) -> list[Step] | None:
+        return await self._store.timeline(run_id) if await self.sees(run_id) else None
+
+    async def decisions(self, run_id: uuid.UUID) -> list[PendingCall] | None:
+        return await self._store.decisions(run_id) if await self.sees(run_id) else None
+
+    async def messages(self, run_id: uuid.UUID) -> list[Message] | None:
+        return await self._store.messages(run_id) if await self.sees(run_id) else None
+
+    async def children(self, run_id: uuid.UUID) -> list[Run] | None:
+        return await self._store.children(run_id) if await self.sees(run_id) else None
+
+    async def pending_wait(self, run_id: uuid.UUID) -> PendingWait | None:
+        return await self._store.pending_wait(run_id) if await self.sees(run_id) else None
+
+    async def webhooks_of(self, run_id: uuid.UUID) -> list[Delivery] | None:
+        return await self._store.webhooks_of(run_id) if await self.sees(run_id) else None

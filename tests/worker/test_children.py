@@ -127,6 +127,20 @@ async def test_a_sub_agent_call_that_needs_approval_starts_no_child_until_approv
     assert status is StepStatus.ERROR and why is not None and "denied" in why and "not today" in why
 
 
+async def test_a_child_runs_with_its_agents_context_policy(store: RunStore) -> None:
+    """An agent's contextManagement is its runs', a sub-agent's run too: a child that works long enough to
+    fill its window compacts as its agent says, instead of failing on a default it was never given."""
+    policy = {"strategy": "clear_tool_results", "keepRecentTurns": 2, "triggerTokens": 5000}
+    refs = (await define(store, "researcher", context_management=policy), await define(store, "writer"))
+    parent, _ = await store.create(new_run("q", system="planner", sub_agents=refs))
+    async with running(worker(store, TreeLlm(), concurrency=3)):
+        done = await finished(store, parent.id, 60)
+    assert done.status is RunStatus.SUCCEEDED, done.error
+    by_agent = {c.agent: c for c in await store.children(parent.id)}
+    assert by_agent["researcher"].context_management == policy
+    assert by_agent["writer"].context_management is None  # its agent names none: the default
+
+
 async def test_a_child_never_gets_more_than_what_the_parent_has_left(store: RunStore) -> None:
     """The parent's 100 tokens, 10 spent on its first turn: each of two children gets 45, though the
     agent would allow 1000; its deadline is within the parent's."""

@@ -141,9 +141,10 @@ class SubAgents:
             cost_budget_usd=sub.lowered_cost(agent.cost_budget_usd, share.cost_budget_usd),
             timeout_seconds=sub.lowered(agent.timeout_seconds, share.timeout_seconds), priority=run.priority,
         ), agent)
-        # As a sub-agent's run has always been made: no webhook of its own, the default context policy, and
+        # Its agent's context policy (a child that fills its window compacts as its agent says); no webhook of
+        # its own (its parent's tells of the tree: a child's end reaches the caller as its parent's result);
         # sub-agents pinned only when its agent names some.
-        spec = dataclasses.replace(spec, webhook=None, context_management=None, sub_agents=spec.sub_agents or None)
+        spec = dataclasses.replace(spec, webhook=None, sub_agents=spec.sub_agents or None)
         if spec.model is None:
             spec = dataclasses.replace(spec, model=run.model)
         if spec.require_approval is None and run.require_approval is not None:

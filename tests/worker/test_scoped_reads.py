@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-from agentrun.worker.core.scope import Scope
+from agentrun.worker.core.viewer import Viewer
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from tests.support.builders import new_run, worker
@@ -16,7 +16,7 @@ PER_RUN = ("steps", "timeline", "decisions", "messages", "children", "webhooks_o
 async def test_a_caller_in_scope_reads_what_the_store_reads(store: RunStore) -> None:
     run, _ = await store.create(new_run())
     await worker(store, ScriptedLlm().then_text("done", 10, 5)).run_once()
-    reads = store.scoped(Scope(identity="alice"))
+    reads = store.scoped(Viewer(identity="alice"))
     assert await reads.get(run.id) == await store.get(run.id)
     assert await reads.sees(run.id)
     for name in PER_RUN:
@@ -28,7 +28,7 @@ async def test_a_caller_in_scope_reads_what_the_store_reads(store: RunStore) -> 
 
 
 async def test_a_run_that_is_not_there_reads_as_none(store: RunStore) -> None:
-    reads = store.scoped(Scope(identity="alice"))
+    reads = store.scoped(Viewer(identity="alice"))
     nobody = uuid.uuid4()
     assert await reads.get(nobody) is None and not await reads.sees(nobody)
     for name in PER_RUN:

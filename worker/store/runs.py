@@ -21,7 +21,7 @@ zero rows means the lease is gone (`LeaseLost`). The store is split by concern, 
 
 from __future__ import annotations
 
-from agentrun.worker.core.scope import Scope
+from agentrun.worker.core.viewer import Viewer
 from agentrun.worker.store.agents import Agents
 from agentrun.worker.store.children import Children
 from agentrun.worker.store.claims import Claims
@@ -44,6 +44,6 @@ class RunStore(
     """The run tables' one gateway. `writes` sends the fenced writes of held runs; by default they are
     group-committed (groupcommit.py)."""
 
-    def scoped(self, scope: Scope) -> ScopedReads:
-        """The reads that serve a caller, in its scope: the API reads runs through nothing else."""
-        return ScopedReads(self, scope)
+    def scoped(self, viewer: Viewer) -> ScopedReads:
+        """The reads that serve a caller, as far as its viewer sees: the API reads runs through nothing else."""
+        return ScopedReads(self, viewer)

@@ -1,7 +1,7 @@
 """The one scoped door for reads that serve a caller: a run, the runs listed, and a run's steps, timeline,
-decisions, messages, sub-agents, wait and webhook deliveries, as far as the caller's scope sees them.
+decisions, messages, sub-agents, wait and webhook deliveries, as far as the caller (its viewer) sees them.
 
-What a scope sees is decided here and nowhere else (`_visible`): a run outside it reads as no run (None),
+What a viewer sees is decided here and nowhere else (`_visible`): a run outside it reads as no run (None),
 so the API answers 404 for it as for a run that does not exist, never revealing it. Reads of a run's rows
 look at the run first, in the same way. The API reads runs only through this door (tests/api/test_scope.py
 walks every route of its OpenAPI document to hold it to that)."""
@@ -16,7 +16,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from agentrun.worker.core.records import Message, PendingCall, Run, RunStatus, Step
-from agentrun.worker.core.scope import Scope
+from agentrun.worker.core.viewer import Viewer
 from agentrun.worker.core.webhooks import Delivery
 from agentrun.worker.store.reads import RunFilter
 from agentrun.worker.store.rows import RUN_COLUMNS, _run
@@ -41,22 +41,22 @@ class Readable(Protocol):
     async def webhooks_of(self, run_id: uuid.UUID) -> list[Delivery]: ...
 
 
-def _visible(scope: Scope) -> tuple[str, dict[str, Any]]:
-    """The one rule of what a scope sees, as a condition on `run r` and its parameters: today, every run."""
-    if scope.everything:
+def _visible(viewer: Viewer) -> tuple[str, dict[str, Any]]:
+    """The one rule of what a viewer sees, as a condition on `run r` and its parameters: today, every run."""
+    if viewer.sees_everything:
         return "true", {}
-    raise NotImplementedError("a scope that does not see every run comes with tenants")  # pragma: no cover
+    raise NotImplementedError("a viewer that does not see every run comes with tenants")  # pragma: no cover
 
 
 class ScopedReads:
-    """The reads of one caller, made in its scope."""
+    """The reads of one caller, as far as its viewer sees."""
 
-    def __init__(self, store: Readable, scope: Scope) -> None:
+    def __init__(self, store: Readable, viewer: Viewer) -> None:
         self._store = store
-        self.scope = scope
+        self.viewer = viewer
 
     async def _run_row(self, run_id: uuid.UUID, columns: str) -> dict[str, Any] | None:
-        where, params = _visible(self.scope)
+        where, params = _visible(self.viewer)
         async with self._store.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(f"SELECT {columns} FROM run r WHERE r.id = %(id)s AND ({where})".encode(),
@@ -64,18 +64,18 @@ class ScopedReads:
             return await cur.fetchone()
 
     async def get(self, run_id: uuid.UUID) -> Run | None:
-        """The run, if the scope sees it."""
+        """The run, if the viewer sees it."""
         row = await self._run_row(run_id, RUN_COLUMNS)
         return _run(row) if row else None
 
     async def sees(self, run_id: uuid.UUID) -> bool:
-        """Whether the run exists and the scope sees it."""
+        """Whether the run exists and the viewer sees it."""
         return await self._run_row(run_id, "1 AS found") is not None
 
     async def list_runs(self, status: RunStatus | None = None, limit: int = 50, after: uuid.UUID | None = None, *,
                         parent: uuid.UUID | None = None, where: RunFilter | None = None) -> list[Run]:
-        """The runs the scope sees, newest first (store/reads.py, `list_runs`)."""
-        if not self.scope.everything:  # pragma: no cover - tenants add the filter to the list's own query
+        """The runs the viewer sees, newest first (store/reads.py, `list_runs`)."""
+        if not self.viewer.sees_everything:  # pragma: no cover - tenants add the filter to the list's own query
             raise NotImplementedError
         return await self._store.list_runs(status, limit, after, parent=parent, where=where)
 

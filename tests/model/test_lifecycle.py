@@ -1,7 +1,8 @@
 """The run lifecycle as a model a machine explores (issue 24, item 9).
 
-A Hypothesis state machine drives the public operations (submit, with and without approvals; decide,
-every kind; cancel; fork; continue; a deadline passed) over the HTTP API in process, and drives runs
+A Hypothesis state machine drives the public operations (submit, with and without approvals, with a
+context policy that compacts at every turn; decide, every kind; cancel; fork; continue; a message posted;
+a deadline passed) over the HTTP API in process, and drives runs
 with the real RunStore, RunDriver and LeaseKeeper against real PostgreSQL, one drive at a time: a drive
 claims the next claimable run and takes it as far as it goes (to its end, a park, a handback) or until a
 crash injected at a chosen point of a step (the model call, inside a tool, right after a tool start or a
@@ -17,7 +18,12 @@ After every step the invariants are checked against the tools' own log of what t
 - tokens and cost are counted once: a run's counters are the sums of its own model steps;
 - every run is terminal, WAITING with a pending entry, or QUEUED/claimable (no worker is live between
   steps, so none may hold a lease);
-- status, the API's pending list, the store's decisions and the timeline agree.
+- status, the API's pending list, the store's decisions and the timeline agree;
+- every request the model is sent is one the Messages API takes: roles alternate from the user's, each
+  tool_result answers a tool_use of the message before (all of them, results first), at most one summary
+  and only first, nothing after a paused turn but its continuation (issue 44, items 1, 2 and 10);
+- each message a run accepted is delivered once, as a USER step of its own (at a turn boundary: the
+  requests show where it lands), and a run that succeeded delivered all of its messages.
 
 AGENTRUN_MODEL_SKIP=1,7 (for developing the model only) leaves out the scenarios of the known bugs of
 issue 24 (item 1: a retried call interrupted again; item 7: a fork or continuation of a run with a call
@@ -30,6 +36,7 @@ import asyncio
 import dataclasses
 import itertools
 import os
+import re
 import uuid
 from collections import Counter
 from decimal import Decimal
@@ -37,7 +44,7 @@ from typing import Any
 
 import httpx
 import psycopg
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -49,6 +56,7 @@ from hypothesis.stateful import (
 )
 
 from agentrun.worker.api.app import create_app
+from agentrun.worker.core.context import SUMMARY_HEADER, SUMMARY_SYSTEM
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import DecisionKind, RunStatus, StepKind, StepStatus
 from agentrun.worker.core.replay import load_content
@@ -64,6 +72,9 @@ from tests.support.builders import MODEL, SimulatedCrash
 
 # For developing the model only: "1", "7" or "1,7" leaves out the scenario of that known bug of issue 24.
 SKIPPED = set(os.environ.get("AGENTRUN_MODEL_SKIP", "").split(","))
+# For developing the model only: AGENTRUN_MODEL_STATS=1 prints what the examples reached (step kinds, run
+# statuses, rules taken), to see that a new action is reached at all in the budget.
+STATS: Counter[str] | None = Counter() if os.environ.get("AGENTRUN_MODEL_STATS") else None
 
 LEASE = 30.0
 NOT_IDEMPOTENT = {"pay", "wire"}
@@ -78,10 +89,21 @@ TOOL_POINTS = {"in_tool", "after_start"}
 # a uniform choice would spend most examples on faults that hit nothing, in a budget of a few dozen.
 FAULT = st.one_of(st.just("in_tool"), st.sampled_from(FAULTS))
 
-# Plans: the turns the scripted model takes, `;` between turns, `,` between the calls of one turn.
-PLANS = ["pay", "wire", "lookup", "pay,lookup", "lookup;pay"]
+# Plans: the turns the scripted model takes, `;` between turns, `,` between the calls of one turn; `pause`
+# in a turn: the model first stops with `pause_turn` and goes on with the turn's calls when it is sent back.
+PLANS = ["pay", "wire", "lookup", "pay,lookup", "lookup;pay", "lookup;pause,lookup;pay", "lookup;lookup;lookup;lookup"]
 APPROVALS = [None, ["pay"], ["lookup"]]
 PLAN = st.one_of(st.just("pay"), st.sampled_from(PLANS))
+# How a run keeps its conversation within the window: with a trigger this low every turn past the first
+# passes it, so COMPACT steps come one after another (a second soon after the first, item 1 of issue 44).
+TRIGGER = 180
+CONTEXTS: list[dict[str, Any] | None] = [
+    None,
+    {"strategy": "summarize", "triggerTokens": TRIGGER, "keepRecentTurns": 1},
+    {"strategy": "summarize", "triggerTokens": TRIGGER, "keepRecentTurns": 0},
+    {"strategy": "clear_tool_results", "triggerTokens": TRIGGER, "keepRecentTurns": 1},
+]
+CONTEXT = st.sampled_from(CONTEXTS)
 
 
 @dataclasses.dataclass
@@ -109,6 +131,8 @@ class World:
         self.stopping: asyncio.Event | None = None
         self.spare_call: set[str] = set()  # tool_use ids whose faults are left out (AGENTRUN_MODEL_SKIP)
         self.current_call: str | None = None
+        self.bad_requests: list[str] = []  # what was wrong with each request the model was sent
+        self.requests = 0
 
     def arm(self, fault: str | None, nth: int) -> None:
         self.fault, self.nth, self.fired = fault, nth, False
@@ -180,36 +204,125 @@ class FaultyStore(RunStore):
         return done
 
 
+TURN = re.compile(r"-t(\d+)$")  # a tool_use id names the plan's turn it was made for: `pay-7-t1`
+STATE = re.compile(r"STATE ([a-z_,;-]+) (\d+)")  # what a summary keeps of the plan: `STATE lookup;pay 1`
+# In a summarising call's transcript (core/context.transcript): a plan given, a summary, a call's turn.
+TRANSCRIPT = re.compile(r"User:\n(?:PLAN|TASK) ([a-z_,;]+)|STATE ([a-z_,;-]+) (\d+)|\(id [a-z_]+-\d+-t(\d+)\)")
+PAUSED = "paused in turn"
+NOTE = re.compile(r"NOTE \d+\b")
+
+
+def _turns(text: str) -> list[list[str]]:
+    return [] if text == "-" else [turn.split(",") for turn in text.split(";")]
+
+
+def _blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    content = message["content"]
+    return [{"type": "text", "text": content}] if isinstance(content, str) else list(content)
+
+
 def _plan(request: LlmRequest) -> tuple[list[list[str]], int]:
-    """The plan of the newest user message that gives one, and the assistant turns taken since."""
+    """The plan of the newest user message that gives one (or of the summary that kept it), and the turns
+    of it taken since (the newest call's turn, plus one)."""
     plan: list[list[str]] = []
     done = 0
     for message in request.messages:
-        content = message["content"]
-        if message["role"] == "user" and isinstance(content, str) and content.startswith("PLAN "):
-            plan = [turn.split(",") for turn in content.removeprefix("PLAN ").split(";")]
-            done = 0
-        elif message["role"] == "assistant":
-            done += 1
+        for block in _blocks(message):
+            if message["role"] == "user" and block.get("type") == "text":
+                text = str(block.get("text", ""))
+                if text.startswith(("PLAN ", "TASK ")):
+                    plan, done = _turns(text[5:]), 0
+                elif (kept := STATE.search(text)) is not None:
+                    plan, done = _turns(kept[1]), int(kept[2])
+            elif block.get("type") == "tool_use" and (turn := TURN.search(str(block.get("id")))) is not None:
+                done = int(turn[1]) + 1
     return plan, done
+
+
+def _summary(request: LlmRequest) -> str:
+    """A summarising call's answer: the plan and the turns taken, read from the transcript it was sent."""
+    plan, done = "-", 0
+    for found in TRANSCRIPT.finditer(str(request.messages[0]["content"])):
+        if found[1] is not None:
+            plan, done = found[1], 0
+        elif found[2] is not None:
+            plan, done = found[2], int(found[3])
+        else:
+            done = int(found[4]) + 1
+    return f"STATE {plan} {done}"
+
+
+def _summarising(request: LlmRequest) -> bool:
+    return request.system == SUMMARY_SYSTEM and not request.tools
+
+
+def _paused(message: dict[str, Any]) -> bool:
+    blocks = _blocks(message)
+    return (message["role"] == "assistant" and bool(blocks) and blocks[-1].get("type") == "text"
+            and str(blocks[-1].get("text", "")).startswith(PAUSED))
+
+
+def problems(request: LlmRequest) -> list[str]:
+    """What the Messages API would refuse in the request (or what breaks a promise about what is sent)."""
+    messages = request.messages
+    if _summarising(request):
+        return [] if len(messages) == 1 and messages[0]["role"] == "user" else ["a summarising call of turns"]
+    found: list[str] = []
+    if not messages or messages[0]["role"] != "user":
+        found.append("the first message is not the user's")
+    for i, (a, b) in enumerate(itertools.pairwise(messages)):
+        if a["role"] == b["role"]:
+            found.append(f"messages {i} and {i + 1} are both {a['role']}'s")
+    summaries = [i for i, m in enumerate(messages) if any(SUMMARY_HEADER in str(b.get("text", "")) for b in _blocks(m))]
+    if summaries not in ([], [0]):
+        found.append(f"summaries at {summaries}: at most one, first")
+    for i, message in enumerate(messages):
+        blocks = _blocks(message)
+        if message["role"] == "assistant":
+            if _paused(message) and i < len(messages) - 1:
+                found.append(f"message {i + 1} landed inside the turn paused at {i}")
+            continue
+        before = messages[i - 1] if i > 0 and messages[i - 1]["role"] == "assistant" else None
+        uses = {b.get("id") for b in _blocks(before) if b.get("type") == "tool_use"} if before else set()
+        results = [b for b in blocks if b.get("type") == "tool_result"]
+        answered = {b.get("tool_use_id") for b in results}
+        if answered - uses:
+            found.append(f"message {i} answers {sorted(answered - uses)}, not called in the message before")
+        if uses - answered:
+            found.append(f"message {i} leaves {sorted(uses - answered)} of the message before unanswered")
+        if blocks[:len(results)] != results:
+            found.append(f"message {i} has its tool results after other blocks")
+    if messages and messages[-1]["role"] == "assistant" and not _paused(messages[-1]):
+        found.append("the last message is the assistant's, and no paused turn")
+    notes = Counter(NOTE.findall(str(messages)))
+    found += [f"{note} is sent {n} times" for note, n in notes.items() if n > 1]
+    return found
 
 
 class PlanModel:
     """A scripted model that follows the plan in the conversation; every answer's calls get new ids, so
-    a call's tool_use id names it across a run and the forks and continuations that inherit it."""
+    a call's tool_use id names it across a run and the forks and continuations that inherit it. It
+    checks every request it is sent (`problems`), and answers a summarising call with the plan's state."""
 
     async def send(self, request: LlmRequest) -> LlmResponse:
+        WORLD.requests += 1
+        WORLD.bad_requests += [f"{why}: {request.messages}" for why in problems(request)]
         if WORLD.fire("model"):
             raise SimulatedCrash()
         if WORLD.fire("outage"):
             raise LlmError(529, None, "overloaded (the model API is down past the client's retries)")
         await asyncio.sleep(0)
-        plan, done = _plan(request)
         usage = Usage(10, 5)
+        if _summarising(request):
+            return LlmResponse([{"type": "text", "text": _summary(request)}], "end_turn", usage)
+        plan, done = _plan(request)
         if done >= len(plan):
             return LlmResponse([{"type": "text", "text": f"done after {done} turns"}], "end_turn", usage)
-        blocks = [{"type": "tool_use", "id": f"{name}-{next(WORLD.ids)}", "name": name, "input": {"turn": done}}
-                  for name in plan[done]]
+        turn = plan[done]
+        if "pause" in turn and not _paused(request.messages[-1]):
+            return LlmResponse([{"type": "text", "text": f"{PAUSED} {done}"}], "pause_turn", usage)
+        blocks = [{"type": "tool_use", "id": f"{name}-{next(WORLD.ids)}-t{done}", "name": name,
+                   "input": {"turn": done}} for name in turn if name != "pause"]
         return LlmResponse(blocks, "tool_use", usage)
 
 
@@ -250,6 +363,11 @@ class Harness:
 class Lifecycle(RuleBasedStateMachine):
     harness: Harness
 
+    @staticmethod
+    def _took(rule: str) -> None:
+        if STATS is not None:
+            STATS[f"rule {rule}"] += 1
+
     def __init__(self) -> None:
         super().__init__()
         WORLD.reset()
@@ -260,6 +378,8 @@ class Lifecycle(RuleBasedStateMachine):
         self.approved: set[tuple[uuid.UUID, str]] = set()
         self.workers = itertools.count(1)
         self.seen: dict[uuid.UUID, Any] = {}  # the runs as the last check saw them, for the preconditions
+        self.notes = itertools.count(1)
+        self.posted: dict[uuid.UUID, list[str]] = {}  # the messages each run accepted, in order
 
     def _where(self, test: Any) -> list[uuid.UUID]:
         """The runs the last check saw that pass `test`, in the order they were made (not by id, which is
@@ -276,22 +396,26 @@ class Lifecycle(RuleBasedStateMachine):
         assert r.status_code < 500, f"{method} {path}: {r.status_code} {r.text}"
         return r
 
-    def _submit(self, plan: str, approvals: list[str] | None) -> None:
+    def _submit(self, plan: str, approvals: list[str] | None, context: dict[str, Any] | None) -> None:
         body: dict[str, Any] = {"input": f"PLAN {plan}", "tokenBudget": 100_000, "timeoutSeconds": 300}
         if approvals is not None:
             body["requireApproval"] = approvals
+        if context is not None:
+            body["contextManagement"] = context
         r = self.h.run(self._api("POST", "/api/runs", body))
         assert r.status_code == 201, r.text
         self.runs[uuid.UUID(r.json()["id"])] = Known(tuple(approvals or ()))
 
-    @initialize(plan=PLAN, approvals=st.sampled_from(APPROVALS))
-    def first(self, plan: str, approvals: list[str] | None) -> None:
-        self._submit(plan, approvals)
+    @initialize(plan=PLAN, approvals=st.sampled_from(APPROVALS), context=CONTEXT)
+    def first(self, plan: str, approvals: list[str] | None, context: dict[str, Any] | None) -> None:
+        self._took("first")
+        self._submit(plan, approvals, context)
 
     @precondition(lambda self: not self._where(lambda r: not r.status.terminal))  # more come by forks
-    @rule(plan=PLAN, approvals=st.sampled_from(APPROVALS))
-    def submit(self, plan: str, approvals: list[str] | None) -> None:
-        self._submit(plan, approvals)
+    @rule(plan=PLAN, approvals=st.sampled_from(APPROVALS), context=CONTEXT)
+    def submit(self, plan: str, approvals: list[str] | None, context: dict[str, Any] | None) -> None:
+        self._took("submit")
+        self._submit(plan, approvals, context)
 
     @precondition(lambda self: self._any(RunStatus.QUEUED, RunStatus.RUNNING))
     @rule(fault=FAULT, nth=st.one_of(st.just(0), st.integers(0, 2)), resume=st.one_of(st.just(True), st.booleans()))
@@ -299,6 +423,7 @@ class Lifecycle(RuleBasedStateMachine):
         """A worker claims the next claimable run and drives it until it ends, parks, is handed back, or
         the armed fault (at the nth time its point is reached) crashes it; with `resume`, a healthy worker
         then claims the next claimable run (the one left behind, if no other is older) and drives it."""
+        self._took("work")
         if self.h.run(self._work(fault, nth)) and resume:
             self.h.run(self._work(None, 0))
 
@@ -339,6 +464,7 @@ class Lifecycle(RuleBasedStateMachine):
     @rule(data=st.data())
     def decide(self, data: st.DataObject) -> None:
         """A person decides one of the calls pending now, any fitting decision."""
+        self._took("decide")
         pending = self.h.run(self._all_pending())
         if not pending:
             return
@@ -367,6 +493,7 @@ class Lifecycle(RuleBasedStateMachine):
     def stop(self, data: st.DataObject, how: str) -> None:
         """Someone cancels a run, or its deadline passes (the housekeeping then ends it if it waits; its
         next claim does if it is due)."""
+        self._took("stop")
         run_id = data.draw(st.sampled_from(self._where(lambda r: not r.status.terminal)), label="run")
         if how == "deadline":
             self.h.run(self.h.db.execute("UPDATE run SET deadline_at = now() - interval '1 second' WHERE id = %s",
@@ -383,6 +510,7 @@ class Lifecycle(RuleBasedStateMachine):
     @rule(data=st.data(), back=st.integers(0, 3))
     def fork(self, data: st.DataObject, back: int) -> None:
         """Fork a run at its last step, or a few before."""
+        self._took("fork")
         run_id = data.draw(st.sampled_from(self._where(lambda r: r.steps > 0)), label="run")
         run = self.h.run(self.h.store.get(run_id))
         if run.steps == 0:
@@ -416,6 +544,7 @@ class Lifecycle(RuleBasedStateMachine):
     @rule(data=st.data(), plan=st.sampled_from(PLANS))
     def continue_(self, data: st.DataObject, plan: str) -> None:
         """Continue a SUCCEEDED run with a new user message."""
+        self._took("continue_")
         run_id = data.draw(st.sampled_from(self._where(lambda r: r.status is RunStatus.SUCCEEDED)), label="run")
         doubt = self.h.run(self._in_doubt(run_id))
         if "7" in SKIPPED and doubt:
@@ -427,7 +556,27 @@ class Lifecycle(RuleBasedStateMachine):
         assert r.status_code == 201, r.text
         self.runs[uuid.UUID(r.json()["id"])] = Known(self.runs[run_id].approvals, doubt)
 
+    @precondition(lambda self: bool(self._where(lambda r: not r.status.terminal)))
+    @rule(data=st.data(), many=st.integers(1, 2))
+    def message(self, data: st.DataObject, many: int) -> None:
+        """Someone posts a message to a run, whatever its state: between two drives it may be queued, handed
+        back right after a `pause_turn` stop or a COMPACT step, waiting, asked to stop (then it is refused)."""
+        self._took("message")
+        run_id = data.draw(st.sampled_from(self._where(lambda r: not r.status.terminal)), label="run")
+        for _ in range(many):
+            text = f"NOTE {next(self.notes)}"
+            r = self.h.run(self._api("POST", f"/api/runs/{run_id}/messages", {"text": text}))
+            run = self.h.run(self.h.store.get(run_id))
+            if r.status_code == 202:
+                self.posted.setdefault(run_id, []).append(text)
+            else:
+                assert r.status_code == 409 and (run.status.terminal or run.cancel_requested), r.text
+
     # -- invariants ------------------------------------------------------------------------------
+
+    @invariant()
+    def every_request_is_valid(self) -> None:
+        assert not WORLD.bad_requests, "\n".join(WORLD.bad_requests)
 
     async def _runs(self) -> dict[uuid.UUID, Any]:
         return {r.id: r for r in await self.h.store.get_many(list(self.runs))}
@@ -479,8 +628,11 @@ class Lifecycle(RuleBasedStateMachine):
         for run_id, run in runs.items():
             steps = await store.steps(run_id)
             where = f"run {run_id} ({run.status.value})"
+            if STATS is not None:
+                STATS.update(f"step {s.kind.value} {s.stop_reason or ''}" for s in steps if not s.inherited)
+                STATS[f"run {run.status.value}"] += 1
             assert [s.seq for s in steps] == list(range(1, len(steps) + 1)) and run.steps == len(steps), where
-            own = [s for s in steps if s.kind is StepKind.MODEL and not s.inherited]
+            own = [s for s in steps if s.kind in (StepKind.MODEL, StepKind.COMPACT) and not s.inherited]
             tokens = sum(s.input_tokens + s.output_tokens + s.cache_creation_input_tokens + s.cache_read_input_tokens
                          for s in own)
             assert run.tokens_used == tokens, f"{where}: tokens_used {run.tokens_used}, its model steps {tokens}"
@@ -509,6 +661,24 @@ class Lifecycle(RuleBasedStateMachine):
                 assert run.status in (RunStatus.QUEUED, RunStatus.WAITING) or run.status.terminal, where
             if run.status is RunStatus.QUEUED:
                 assert run.locked_by is None or run.locked_until is None or run.locked_until < now, where
+            await self._check_messages(run, steps)
+
+    async def _check_messages(self, run: Any, steps: list[Any]) -> None:
+        """Each message the run accepted is kept, and delivered once, as a USER step of its own text (at a
+        turn boundary: the requests' check sees where it lands); a run that succeeded delivered them all."""
+        where = f"run {run.id} ({run.status.value})"
+        kept = await self.h.store.messages(run.id)
+        assert [m.text for m in kept] == self.posted.get(run.id, []), f"{where}: {kept}"
+        for m in kept:
+            if m.seq is not None:
+                step = steps[m.seq - 1]
+                assert step.kind is StepKind.USER and step.response == m.text and not step.inherited, (where, m, step)
+        delivered = Counter(s.response for s in steps if s.kind is StepKind.USER and not s.inherited
+                            and NOTE.fullmatch(s.response or ""))
+        assert all(n == 1 for n in delivered.values()), f"{where}: delivered {delivered}"
+        assert set(delivered) == {m.text for m in kept if m.seq is not None}, f"{where}: {delivered} {kept}"
+        if run.status is RunStatus.SUCCEEDED:
+            assert all(m.seq is not None for m in kept), f"{where} with a message never delivered: {kept}"
 
 
 def _owed(steps: list[Any]) -> set[str]:
@@ -537,6 +707,10 @@ def test_lifecycle_model(database_url: str) -> None:
         run_state_machine_as_test(machine, settings=settings(
             derandomize=True, database=None, deadline=None, max_examples=60,
             stateful_step_count=12, suppress_health_check=list(HealthCheck),
+            # Developing the model: the first failing example as it came, not shrunk (shrinking takes minutes).
+            phases=[Phase.explicit, Phase.generate] if STATS is not None else list(Phase),
         ))
     finally:
         harness.close()
+        if STATS is not None:
+            print("\n".join(f"{n:6d} {what}" for what, n in sorted(STATS.items())))

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import itertools
 import os
 import re
@@ -56,6 +57,8 @@ from hypothesis.stateful import (
 )
 
 from agentrun.worker.api.app import create_app
+from agentrun.worker.core import children as sub
+from agentrun.worker.core.agents import Agent
 from agentrun.worker.core.context import SUMMARY_HEADER, SUMMARY_SYSTEM
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import DecisionKind, RunStatus, StepKind, StepStatus
@@ -67,6 +70,7 @@ from agentrun.worker.runtime.lease import LeaseKeeper
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.store.pool import open_pool
+from agentrun.worker.store.retention import prune
 from agentrun.worker.tools import ToolBox, ToolContext, tool
 from tests.support.builders import MODEL, SimulatedCrash
 
@@ -83,7 +87,8 @@ NEEDS_APPROVAL = {"wire"}  # by the tool's own declaration; a run may ask approv
 # What a drive may be made to do, and where a crash may hit it. "release": the worker is told to stop
 # after its next checkpoint and hands the run back; "outage": the model call fails retryably, past the
 # client's retries, and the run is handed back with a backoff.
-FAULTS = [None, "in_tool", "after_start", "after_finish", "before_checkpoint", "model", "release", "outage"]
+# "spawn": someone cancels the run between its sub-agent turn's checkpoint and the spawn of its children.
+FAULTS = [None, "in_tool", "after_start", "after_finish", "before_checkpoint", "model", "release", "outage", "spawn"]
 TOOL_POINTS = {"in_tool", "after_start"}
 # The strategies lean towards what finds the most (a crash inside a tool, a retry of a call in doubt):
 # a uniform choice would spend most examples on faults that hit nothing, in a budget of a few dozen.
@@ -91,7 +96,11 @@ FAULT = st.one_of(st.just("in_tool"), st.sampled_from(FAULTS))
 
 # Plans: the turns the scripted model takes, `;` between turns, `,` between the calls of one turn; `pause`
 # in a turn: the model first stops with `pause_turn` and goes on with the turn's calls when it is sent back.
-PLANS = ["pay", "wire", "lookup", "pay,lookup", "lookup;pay", "lookup;pause,lookup;pay", "lookup;lookup;lookup;lookup"]
+# `agent`: a call of the sub-agent `helper`, whose run follows the plan `pay`; `agent_lookup`: `lookup`.
+# The first ones are the ones drawn most.
+PLANS = ["pay", "agent", "lookup;lookup;lookup;lookup", "lookup;pause,lookup;pay", "wire", "lookup", "pay,lookup",
+         "lookup;pay", "agent,agent_lookup;pay", "lookup;agent"]
+HELPER = "helper"
 APPROVALS = [None, ["pay"], ["lookup"]]
 PLAN = st.one_of(st.just("pay"), st.sampled_from(PLANS))
 # How a run keeps its conversation within the window: with a trigger this low every turn past the first
@@ -100,8 +109,8 @@ TRIGGER = 180
 CONTEXTS: list[dict[str, Any] | None] = [
     None,
     {"strategy": "summarize", "triggerTokens": TRIGGER, "keepRecentTurns": 1},
-    {"strategy": "summarize", "triggerTokens": TRIGGER, "keepRecentTurns": 0},
     {"strategy": "clear_tool_results", "triggerTokens": TRIGGER, "keepRecentTurns": 1},
+    {"strategy": "summarize", "triggerTokens": TRIGGER, "keepRecentTurns": 0},
 ]
 CONTEXT = st.sampled_from(CONTEXTS)
 
@@ -196,6 +205,13 @@ class FaultyStore(RunStore):
         if WORLD.fire("after_start"):
             raise SimulatedCrash()
         return done
+
+    async def spawn(self, run_id: uuid.UUID, *args: Any, **kwargs: Any) -> Any:
+        if WORLD.fire("spawn"):
+            if STATS is not None:
+                STATS["cancelled before the spawn"] += 1
+            await self.cancel(run_id, by="someone")  # the turn is checkpointed, its children not made yet
+        return await super().spawn(run_id, *args, **kwargs)
 
     async def finish_tool(self, *args: Any, **kwargs: Any) -> Any:
         done = await super().finish_tool(*args, **kwargs)
@@ -321,9 +337,16 @@ class PlanModel:
         turn = plan[done]
         if "pause" in turn and not _paused(request.messages[-1]):
             return LlmResponse([{"type": "text", "text": f"{PAUSED} {done}"}], "pause_turn", usage)
-        blocks = [{"type": "tool_use", "id": f"{name}-{next(WORLD.ids)}-t{done}", "name": name,
-                   "input": {"turn": done}} for name in turn if name != "pause"]
+        blocks = [_call(name, done) for name in turn if name != "pause"]
         return LlmResponse(blocks, "tool_use", usage)
+
+
+def _call(name: str, turn: int) -> dict[str, Any]:
+    if name.startswith("agent"):
+        task = name.removeprefix("agent").removeprefix("_") or "pay"
+        return {"type": "tool_use", "id": f"{sub.TOOL_PREFIX}{HELPER}-{next(WORLD.ids)}-t{turn}",
+                "name": f"{sub.TOOL_PREFIX}{HELPER}", "input": {"task": f"TASK {task}"}}
+    return {"type": "tool_use", "id": f"{name}-{next(WORLD.ids)}-t{turn}", "name": name, "input": {"turn": turn}}
 
 
 @dataclasses.dataclass
@@ -349,6 +372,8 @@ class Harness:
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
                                         base_url="http://agentrun.test")
         self.db = self.runner.run(psycopg.AsyncConnection.connect(database_url, autocommit=True))
+        self.run(self.store.put_agent(Agent(name=HELPER, version=0, description="Pays or looks up what it is told.",
+                                            system=HELPER, tools=("pay", "lookup"))))
 
     def run(self, coro: Any) -> Any:
         return self.runner.run(coro)
@@ -363,8 +388,8 @@ class Harness:
 class Lifecycle(RuleBasedStateMachine):
     harness: Harness
 
-    @staticmethod
-    def _took(rule: str) -> None:
+    def _took(self, rule: str) -> None:
+        self.housekept = False  # a step other than the housekeeping pass: what it would do is not done yet
         if STATS is not None:
             STATS[f"rule {rule}"] += 1
 
@@ -380,6 +405,9 @@ class Lifecycle(RuleBasedStateMachine):
         self.seen: dict[uuid.UUID, Any] = {}  # the runs as the last check saw them, for the preconditions
         self.notes = itertools.count(1)
         self.posted: dict[uuid.UUID, list[str]] = {}  # the messages each run accepted, in order
+        self.calls: dict[tuple[uuid.UUID, str], uuid.UUID] = {}  # (parent, sub-agent call) → the child it made
+        self.ended: dict[uuid.UUID, Any] = {}  # each child as it was last seen finished (a prune may take it)
+        self.housekept = False
 
     def _where(self, test: Any) -> list[uuid.UUID]:
         """The runs the last check saw that pass `test`, in the order they were made (not by id, which is
@@ -397,7 +425,8 @@ class Lifecycle(RuleBasedStateMachine):
         return r
 
     def _submit(self, plan: str, approvals: list[str] | None, context: dict[str, Any] | None) -> None:
-        body: dict[str, Any] = {"input": f"PLAN {plan}", "tokenBudget": 100_000, "timeoutSeconds": 300}
+        body: dict[str, Any] = {"input": f"PLAN {plan}", "tokenBudget": 100_000, "timeoutSeconds": 300,
+                                "subAgents": [HELPER]}
         if approvals is not None:
             body["requireApproval"] = approvals
         if context is not None:
@@ -418,13 +447,17 @@ class Lifecycle(RuleBasedStateMachine):
         self._submit(plan, approvals, context)
 
     @precondition(lambda self: self._any(RunStatus.QUEUED, RunStatus.RUNNING))
-    @rule(fault=FAULT, nth=st.one_of(st.just(0), st.integers(0, 2)), resume=st.one_of(st.just(True), st.booleans()))
-    def work(self, fault: str | None, nth: int, resume: bool) -> None:
+    @rule(fault=FAULT, nth=st.one_of(st.just(0), st.integers(0, 2)), resume=st.one_of(st.just(True), st.booleans()),
+          then=st.integers(0, 3))
+    def work(self, fault: str | None, nth: int, resume: bool, then: int) -> None:
         """A worker claims the next claimable run and drives it until it ends, parks, is handed back, or
         the armed fault (at the nth time its point is reached) crashes it; with `resume`, a healthy worker
-        then claims the next claimable run (the one left behind, if no other is older) and drives it."""
+        then claims the next claimable run (the one left behind, if no other is older) and drives it. Then
+        healthy workers drive `then` more, one at a time (a parent, its children, the parent again)."""
         self._took("work")
         if self.h.run(self._work(fault, nth)) and resume:
+            self.h.run(self._work(None, 0))
+        for _ in range(then):
             self.h.run(self._work(None, 0))
 
     async def _work(self, fault: str | None, nth: int) -> bool:
@@ -468,6 +501,9 @@ class Lifecycle(RuleBasedStateMachine):
         pending = self.h.run(self._all_pending())
         if not pending:
             return
+        pending = [(run_id, call) for run_id, call in pending if call["kind"] in ("approval", "in_doubt")]
+        if not pending:
+            return
         run_id, call = data.draw(st.sampled_from(pending), label="call")
         choices = ["approve", "deny"] if call["kind"] == "approval" else ["retry", "record", "fail"]
         decision = data.draw(st.one_of(st.just(choices[0]), st.sampled_from(choices)), label="decision")
@@ -483,7 +519,7 @@ class Lifecycle(RuleBasedStateMachine):
 
     async def _all_pending(self) -> list[tuple[uuid.UUID, dict[str, Any]]]:
         found = []
-        for run_id in self.runs:
+        for run_id in self._where(lambda r: True):  # a run pruned is gone
             r = await self._api("GET", f"/api/runs/{run_id}/pending")
             found.extend((run_id, call) for call in r.json())
         return found
@@ -572,7 +608,44 @@ class Lifecycle(RuleBasedStateMachine):
             else:
                 assert r.status_code == 409 and (run.status.terminal or run.cancel_requested), r.text
 
+    @precondition(lambda self: self._any(RunStatus.WAITING, *(s for s in RunStatus if s.terminal)))
+    @rule(prune_too=st.booleans(), orphans=st.booleans(), waits=st.booleans())
+    def housekeeping(self, prune_too: bool, orphans: bool, waits: bool) -> None:
+        """A worker's housekeeping pass (its parts in any combination, each at any time): a retention prune
+        of every run finished so far (older than nothing), the waits past their deadline ended, the children
+        of a parent that ended or was asked to stop cancelled."""
+        self._took("housekeeping")
+        if prune_too:
+            pruned = self.h.run(prune(self.h.db, datetime.timedelta(0), rest=0))
+            if STATS is not None:
+                STATS["pruned runs"] += pruned.runs
+        if waits:
+            self.h.run(self.h.store.expire_waiting())
+        if orphans:
+            self.h.run(self.h.store.cancel_orphans())
+        self.housekept = waits and orphans
+
     # -- invariants ------------------------------------------------------------------------------
+
+    @invariant()
+    def children_are_made_once(self) -> None:
+        """At most one child per sub-agent call, ever: a call the parent still owes is not made again
+        (a child pruned while its parent works would be, issue 44 item 3); children join the runs known."""
+        self.h.run(self._find_children())
+
+    async def _find_children(self) -> None:
+        for run_id in list(self.runs):
+            children = await self.h.store.children(run_id)
+            per_call = Counter(c.parent_tool_use_id for c in children)
+            assert all(n == 1 for n in per_call.values()), f"run {run_id} has two children for a call: {per_call}"
+            for child in children:
+                assert child.parent_tool_use_id is not None
+                key = (run_id, child.parent_tool_use_id)
+                if STATS is not None and key not in self.calls:
+                    STATS["children made"] += 1
+                made = self.calls.setdefault(key, child.id)
+                assert made == child.id, f"call {key} made a second child {child.id}; the first was {made}"
+                self.runs.setdefault(child.id, Known())
 
     @invariant()
     def every_request_is_valid(self) -> None:
@@ -620,7 +693,15 @@ class Lifecycle(RuleBasedStateMachine):
 
     async def _check_runs(self) -> None:
         store = self.h.store
+        before = self.seen
         runs = self.seen = await self._runs()
+        for run_id, run in before.items():  # a prune takes finished runs only, and none another run points at
+            assert run_id in runs or run.status.terminal, f"run {run_id} ({run.status.value}) is gone"
+        for run in runs.values():
+            if run.parent_run_id is not None and run.parent_tool_use_id is None:
+                assert run.parent_run_id in runs or run.parent_run_id not in self.runs, (
+                    f"run {run.id} was forked or continued from {run.parent_run_id}, which is gone")
+        await self._check_children(runs)
         cur = await self.h.db.execute("SELECT now()")
         row = await cur.fetchone()
         assert row is not None
@@ -629,7 +710,8 @@ class Lifecycle(RuleBasedStateMachine):
             steps = await store.steps(run_id)
             where = f"run {run_id} ({run.status.value})"
             if STATS is not None:
-                STATS.update(f"step {s.kind.value} {s.stop_reason or ''}" for s in steps if not s.inherited)
+                STATS.update(f"step {s.kind.value} {s.stop_reason or ''} {(s.request or '')[:26]}"
+                             for s in steps if not s.inherited and s.kind is not StepKind.TOOL)
                 STATS[f"run {run.status.value}"] += 1
             assert [s.seq for s in steps] == list(range(1, len(steps) + 1)) and run.steps == len(steps), where
             own = [s for s in steps if s.kind in (StepKind.MODEL, StepKind.COMPACT) and not s.inherited]
@@ -639,11 +721,21 @@ class Lifecycle(RuleBasedStateMachine):
             cost = sum((s.cost_usd or Decimal(0) for s in own), Decimal(0))
             assert run.cost_usd == cost, f"{where}: cost_usd {run.cost_usd}, its model steps {cost}"
 
+            stops = [s.stop_reason for s in steps if s.kind is StepKind.MODEL]
+            assert ("pause_turn", "pause_turn") not in itertools.pairwise(stops), (
+                f"{where}: a paused turn was not sent back, and the model started it over: {stops}")
             owed = _owed(steps)
             started = {s.tool_use_id for s in steps if s.kind is StepKind.TOOL and s.status is StepStatus.STARTED}
             pending = (await self._api("GET", f"/api/runs/{run_id}/pending")).json()
             undecided = [d for d in await store.decisions(run_id) if d.decision is None]
-            if run.status is RunStatus.WAITING:
+            if run.status is RunStatus.WAITING and run.waiting_for == "children":
+                kids = {str(c.id): c for c in await store.children(run_id)}
+                assert pending and run.pending == len(pending) and not undecided, f"{where}: {pending} {undecided}"
+                assert run.children_active == len(pending), f"{where}: {run.children_active} {pending}"
+                for p in pending:
+                    assert p["kind"] == "children" and p["toolUseId"] in owed, f"{where}: {p} (owed {owed})"
+                    assert not kids[p["childRunId"]].status.terminal, f"{where} for a child that ended: {p}"
+            elif run.status is RunStatus.WAITING:
                 assert pending, f"{where} with nothing pending"
                 assert run.pending == len(pending) == len(undecided), f"{where}: {run.pending} {pending} {undecided}"
                 assert {p["toolUseId"] for p in pending} == {d.tool_use_id for d in undecided}, where
@@ -662,6 +754,42 @@ class Lifecycle(RuleBasedStateMachine):
             if run.status is RunStatus.QUEUED:
                 assert run.locked_by is None or run.locked_until is None or run.locked_until < now, where
             await self._check_messages(run, steps)
+
+    async def _check_children(self, runs: dict[uuid.UUID, Any]) -> None:
+        """A parent's children: kept while it works; none at work once the parent ended or was asked to stop
+        (at once for a cancel, by the housekeeping pass for a parent that timed out); and the result of each
+        call is what its child ended with."""
+        for (parent_id, call), child_id in self.calls.items():
+            parent, child = runs.get(parent_id), runs.get(child_id)
+            if child is not None and child.status.terminal:
+                self.ended[child_id] = child
+            if parent is None:
+                continue
+            where = f"child {child_id} of run {parent_id} ({parent.status.value}) for {call}"
+            assert parent.status.terminal or child is not None, f"{where} is gone while its parent works"
+            if child is None:
+                continue
+            where = f"{where} ({child.status.value})"
+            if parent.cancel_requested:
+                assert child.cancel_requested or child.status.terminal, f"{where}: the cancel did not reach it"
+            if self.housekept and (parent.cancel_requested or parent.status.terminal):
+                assert child.status in (RunStatus.RUNNING,) or child.status.terminal, f"{where} after housekeeping"
+                assert child.cancel_requested or child.status.terminal, f"{where} after housekeeping"
+        for parent_id in {p for p, _ in self.calls}:
+            if parent_id not in runs:
+                continue
+            for step in await self.h.store.steps(parent_id):
+                child_id = self.calls.get((parent_id, step.tool_use_id or ""))
+                if step.kind is not StepKind.TOOL or step.status is StepStatus.STARTED or child_id is None:
+                    continue
+                child = runs.get(child_id) or self.ended.get(child_id)
+                where = f"run {parent_id}'s result for {step.tool_use_id}"
+                assert child is not None and child.status.terminal, f"{where} came before its child {child_id} ended"
+                ok, output = sub.result_of(child, HELPER)
+                if STATS is not None:
+                    STATS[f"sub-agent results {ok} (child {child.status.value})"] += 1
+                assert (step.status is StepStatus.DONE, step.response) == (ok, output), (
+                    f"{where}: {step.status.value} {step.response!r}, its child ended {child.status.value}: {output!r}")
 
     async def _check_messages(self, run: Any, steps: list[Any]) -> None:
         """Each message the run accepted is kept, and delivered once, as a USER step of its own text (at a

@@ -97,11 +97,12 @@ TOOL_POINTS = {"in_tool", "after_start"}
 FAULT = st.one_of(st.just("in_tool"), st.sampled_from(FAULTS))
 
 # Plans: the turns the scripted model takes, `;` between turns, `,` between the calls of one turn; `pause`
-# in a turn: the model first stops with `pause_turn` and goes on with the turn's calls when it is sent back.
+# in a turn: the model first stops with `pause_turn` and goes on with the turn's calls when it is sent back;
+# `squeeze`: likewise, after a `compaction` stop (the provider compacted the conversation, server strategy).
 # `agent`: a call of the sub-agent `helper`, whose run follows the plan `pay`; `agent_lookup`: `lookup`.
 # The first ones are the ones drawn most.
 PLANS = ["pay", "agent", "lookup;lookup;lookup;lookup", "lookup;pause,lookup;pay", "wire", "lookup", "pay,lookup",
-         "lookup;pay", "agent,agent_lookup;pay", "lookup;agent"]
+         "lookup;pay", "agent,agent_lookup;pay", "lookup;agent", "lookup;squeeze,lookup;pay"]
 HELPER = "helper"
 APPROVALS = [None, ["pay"], ["lookup"], ["*"], ["agent__helper"]]  # "*" and a sub-agent's tool cover its calls
 PLAN = st.one_of(st.just("pay"), st.just("agent,agent_lookup;pause,pay"), st.sampled_from(PLANS))
@@ -256,6 +257,8 @@ def _plan(request: LlmRequest) -> tuple[list[list[str]], int]:
                     plan, done = _turns(kept[1]), int(kept[2])
             elif block.get("type") == "tool_use" and (turn := TURN.search(str(block.get("id")))) is not None:
                 done = int(turn[1]) + 1
+            elif block.get("type") == "compaction" and (kept := STATE.search(str(block.get("content")))) is not None:
+                plan, done = _turns(kept[1]), int(kept[2])
     return plan, done
 
 
@@ -278,8 +281,9 @@ def _summarising(request: LlmRequest) -> bool:
 
 def _paused(message: dict[str, Any]) -> bool:
     blocks = _blocks(message)
-    return (message["role"] == "assistant" and bool(blocks) and blocks[-1].get("type") == "text"
-            and str(blocks[-1].get("text", "")).startswith(PAUSED))
+    return message["role"] == "assistant" and bool(blocks) and (
+        blocks[-1].get("type") == "compaction"
+        or (blocks[-1].get("type") == "text" and str(blocks[-1].get("text", "")).startswith(PAUSED)))
 
 
 def problems(request: LlmRequest) -> list[str]:
@@ -341,7 +345,10 @@ class PlanModel:
         turn = plan[done]
         if "pause" in turn and not _paused(request.messages[-1]):
             return LlmResponse([{"type": "text", "text": f"{PAUSED} {done}"}], "pause_turn", usage)
-        blocks = [_call(name, done) for name in turn if name != "pause"]
+        if "squeeze" in turn and not _paused(request.messages[-1]):
+            state = ";".join(",".join(t) for t in plan)
+            return LlmResponse([{"type": "compaction", "content": f"STATE {state} {done}"}], "compaction", usage)
+        blocks = [_call(name, done) for name in turn if name not in ("pause", "squeeze")]
         return LlmResponse(blocks, "tool_use", usage)
 
 
@@ -738,7 +745,8 @@ class Lifecycle(RuleBasedStateMachine):
             assert run.cost_usd == cost, f"{where}: cost_usd {run.cost_usd}, its model steps {cost}"
 
             stops = [s.stop_reason for s in steps if s.kind is StepKind.MODEL]
-            assert ("pause_turn", "pause_turn") not in itertools.pairwise(stops), (
+            paused = ("pause_turn", "compaction")
+            assert not any(a in paused and b in paused for a, b in itertools.pairwise(stops)), (
                 f"{where}: a paused turn was not sent back, and the model started it over: {stops}")
             owed = _owed(steps)
             started = {s.tool_use_id for s in steps if s.kind is StepKind.TOOL and s.status is StepStatus.STARTED}

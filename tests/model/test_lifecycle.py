@@ -1,9 +1,10 @@
-"""The run lifecycle as a model a machine explores (issue 24, item 9).
+"""The run lifecycle as a model a machine explores (issue 24, item 9; issue 44's actions added).
 
 A Hypothesis state machine drives the public operations (submit, with and without approvals, with a
-context policy that compacts at every turn; decide, every kind; cancel; fork; continue; a message posted;
-a deadline passed) over the HTTP API in process, and drives runs
-with the real RunStore, RunDriver and LeaseKeeper against real PostgreSQL, one drive at a time: a drive
+context policy that compacts at every turn, with plans that pause turns and call a sub-agent; decide,
+every kind; cancel, also between a sub-agent turn's checkpoint and its spawn; fork; continue; a message
+posted; a deadline passed; a housekeeping pass and a retention prune of every finished run) over the HTTP
+API in process, and drives runs with the real RunStore, RunDriver and LeaseKeeper against real PostgreSQL, one drive at a time: a drive
 claims the next claimable run and takes it as far as it goes (to its end, a park, a handback) or until a
 crash injected at a chosen point of a step (the model call, inside a tool, right after a tool start or a
 tool finish is written, right before a model checkpoint). A crashed worker's lease is expired by an
@@ -15,7 +16,7 @@ After every step the invariants are checked against the tools' own log of what t
   inherited while in doubt (or decided `fail`) has no first execution of its own in the child;
 - a call that needs approval never executes before one;
 - no two executions of one call (one idempotency key) overlap in time;
-- tokens and cost are counted once: a run's counters are the sums of its own model steps;
+- tokens and cost are counted once: a run's counters are the sums of its own model and COMPACT steps;
 - every run is terminal, WAITING with a pending entry, or QUEUED/claimable (no worker is live between
   steps, so none may hold a lease);
 - status, the API's pending list, the store's decisions and the timeline agree;
@@ -23,7 +24,13 @@ After every step the invariants are checked against the tools' own log of what t
   tool_result answers a tool_use of the message before (all of them, results first), at most one summary
   and only first, nothing after a paused turn but its continuation (issue 44, items 1, 2 and 10);
 - each message a run accepted is delivered once, as a USER step of its own (at a turn boundary: the
-  requests show where it lands), and a run that succeeded delivered all of its messages.
+  requests show where it lands), and a run that succeeded delivered all of its messages;
+- a paused turn is sent back, and the model goes on with it (never starts it over);
+- a sub-agent call makes at most one child, ever (none before its approval where one is needed), and the
+  parent's result for it is what the child ended with; a cancel reaches the children at once, and after
+  a housekeeping pass no child works under a parent that ended;
+- retention takes only finished runs: no run seen at work, no child of a parent at work, no run a fork or
+  continuation points at; and a run's steps only ever grow.
 
 AGENTRUN_MODEL_SKIP=1,7 (for developing the model only) leaves out the scenarios of the known bugs of
 issue 24 (item 1: a retried call interrupted again; item 7: a fork or continuation of a run with a call

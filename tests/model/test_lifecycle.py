@@ -945,7 +945,7 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
     ],
     "a cancel between the sub-agent turn's checkpoint and the spawn (item 4)": [
         ("first", {"plan": "agent,agent_lookup;pay", "approvals": None, "context": None}),
-        ("stop", {"data": Picks(), "how": "at_spawn"}), _drive(), HOUSEKEEPING, _drive(),
+        ("stop", {"data": Picks(), "how": "at_spawn"}), _drive(then=0), _drive(then=1), HOUSEKEEPING, _drive(),
     ],
     "a second summary soon after the first, then a continuation and a fork (items 1 and 2)": [
         ("first", {"plan": "lookup;lookup;lookup;lookup", "approvals": None, "context": SUMMARIZE_ALL | {"keepRecentTurns": 1}}),

@@ -116,14 +116,20 @@ HELPER = "helper"
 APPROVALS = [None, ["pay"], ["lookup"], ["*"], ["agent__helper"]]  # "*" and a sub-agent's tool cover its calls
 PLAN = st.one_of(st.just("pay"), st.just("agent,agent_lookup;pause,pay"), st.sampled_from(PLANS))
 # How a run keeps its conversation within the window: with a trigger this low every turn past the first
-# passes it, so COMPACT steps come one after another (a second soon after the first, item 1 of issue 44).
-TRIGGER = 180
+# passes it, so COMPACT steps come one after another (a second soon after the first, item 1 of issue 44);
+# with the late one a run compacts after a few turns and then sends what replay makes of its COMPACT step
+# (a continuation's first request, item 2) without compacting again first.
+TRIGGER, LATE = 180, 450
 CONTEXTS: list[dict[str, Any] | None] = [
     None,
     {"strategy": "summarize", "triggerTokens": TRIGGER, "keepRecentTurns": 1},
     {"strategy": "clear_tool_results", "triggerTokens": TRIGGER, "keepRecentTurns": 1},
     {"strategy": "summarize", "triggerTokens": TRIGGER, "keepRecentTurns": 0},
+    {"strategy": "summarize", "triggerTokens": TRIGGER, "keepRecentTurns": 2},
+    {"strategy": "summarize", "triggerTokens": LATE, "keepRecentTurns": 1},
+    {"strategy": "clear_tool_results", "triggerTokens": LATE, "keepRecentTurns": 1},
 ]
+KEEP_AS_IS = {"strategy": "summarize", "triggerTokens": 100_000}
 CONTEXT = st.one_of(st.sampled_from(CONTEXTS[1:]), st.sampled_from(CONTEXTS))  # mostly compacting
 
 
@@ -620,15 +626,19 @@ class Lifecycle(RuleBasedStateMachine):
         return frozenset(c for c in doubt if c is not None and c not in finished)
 
     @precondition(lambda self: self._any(RunStatus.SUCCEEDED))
-    @rule(data=st.data(), plan=st.sampled_from(PLANS))
-    def continue_(self, data: st.DataObject, plan: str) -> None:
-        """Continue a SUCCEEDED run with a new user message."""
+    @rule(data=st.data(), plan=st.sampled_from(PLANS), context=st.sampled_from([None, KEEP_AS_IS]))
+    def continue_(self, data: st.DataObject, plan: str, context: dict[str, Any] | None) -> None:
+        """Continue a SUCCEEDED run with a new user message; with a context policy of its own, one that
+        sends what replay makes of the source's COMPACT steps as it is (no compaction of its own first)."""
         self._took("continue_")
         run_id = data.draw(st.sampled_from(self._where(lambda r: r.status is RunStatus.SUCCEEDED)), label="run")
         doubt = self.h.run(self._in_doubt(run_id))
         if "7" in SKIPPED and doubt:
             return
-        r = self.h.run(self._api("POST", "/api/runs", {"continueFrom": str(run_id), "input": f"PLAN {plan}"}))
+        body: dict[str, Any] = {"continueFrom": str(run_id), "input": f"PLAN {plan}"}
+        if context is not None:
+            body["contextManagement"] = context
+        r = self.h.run(self._api("POST", "/api/runs", body))
         if r.status_code == 409:
             assert doubt, f"continuation of {run_id} refused with nothing in doubt: {r.text}"
             return
@@ -947,11 +957,15 @@ SCENARIOS: dict[str, list[tuple[str, dict[str, Any]]]] = {
         ("first", {"plan": "agent,agent_lookup;pay", "approvals": None, "context": None}),
         ("stop", {"data": Picks(), "how": "at_spawn"}), _drive(then=0), _drive(then=1), HOUSEKEEPING, _drive(),
     ],
-    "a second summary soon after the first, then a continuation and a fork (items 1 and 2)": [
-        ("first", {"plan": "lookup;lookup;lookup;lookup", "approvals": None, "context": SUMMARIZE_ALL | {"keepRecentTurns": 1}}),
-        _drive(), ("continue_", {"data": Picks(), "plan": "lookup;pay"}), _drive(),
-        ("fork", {"data": Picks(), "back": 1}), _drive(),
+    "a second summary soon after the first (item 1)": [
+        ("first", {"plan": "lookup;lookup;lookup;lookup", "approvals": None, "context": SUMMARIZE_ALL | {"keepRecentTurns": 2}}),
+        _drive(), ("fork", {"data": Picks(), "back": 1}), _drive(),
     ],
+    **{f"a continuation of a run that compacted, {strategy}, {'its own policy' if context else 'its'} (item 2)": [
+        ("first", {"plan": "lookup;lookup;lookup", "approvals": None,  # compacts once, before its last call
+                   "context": {"strategy": strategy, "triggerTokens": LATE, "keepRecentTurns": 1}}),
+        _drive(), ("continue_", {"data": Picks(), "plan": "lookup;pay", "context": context}), _drive(),
+    ] for strategy in ("summarize", "clear_tool_results") for context in (None, KEEP_AS_IS)},
     **{f"a message right after checkpoint {nth + 1} of a run that pauses and compacts (item 10)": [
         ("first", {"plan": "lookup;pause,lookup;squeeze,pay", "approvals": None, "context": SUMMARIZE_ALL}),
         _drive(then=0, fault="release", nth=nth), ("message", {"data": Picks(), "many": 2}), _drive(),

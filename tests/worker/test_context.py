@@ -474,3 +474,42 @@ async def test_a_fork_of_a_compacted_run_sends_what_its_parent_sent_there(store:
     assert llm.seen[-1].messages == last.messages
     copied = (await store.steps(fork.id))[: len(steps) - 1]
     assert [(s.request, s.response) for s in copied] == [(s.request, s.response) for s in steps[:-1]]
+
+
+class PausingLlm:
+    """Calls `fetch` once, then pauses its turn (`pause_turn`); sent its paused turn back, it goes on with it
+    and ends. Sent no paused turn where it left one, it starts the turn over: it pauses again."""
+
+    def __init__(self) -> None:
+        self.seen: list[LlmRequest] = []
+
+    async def send(self, request: LlmRequest) -> LlmResponse:
+        self.seen.append(request)
+        usage = Usage(100, 20)
+        if not request.tools:  # the summarising call
+            return LlmResponse([{"type": "text", "text": "Summary: fetch was called once."}], "end_turn", usage)
+        if request.messages[-1]["role"] == "assistant":
+            return LlmResponse([{"type": "text", "text": "went on with the paused turn"}], "end_turn", usage)
+        if "toolu_once" not in json.dumps(request.messages) and "Summary:" not in json.dumps(request.messages):
+            return LlmResponse([{"type": "tool_use", "id": "toolu_once", "name": "fetch", "input": {}}], "tool_use",
+                               usage)
+        paused = [{"type": "server_tool_use", "id": f"srvtoolu_{len(self.seen)}", "name": "web_search", "input": {}}]
+        return LlmResponse(paused, "pause_turn", usage)
+
+
+async def test_a_paused_turn_is_sent_back_whole_even_when_the_conversation_is_compacted_right_after_it(
+    store: RunStore,
+) -> None:
+    """Found by the lifecycle model (issue 44): with `keepRecentTurns: 0`, a compaction between a `pause_turn`
+    stop and its continuation summarised the paused turn too; the model, not sent it back, started the turn
+    over, paused again, and the run compacted and paused until its step cap."""
+    llm = PausingLlm()
+    run_id = await long_run(store, "summarize", 3, triggerTokens=1, keepRecentTurns=0)
+    await drive(store, llm)
+    run = await store.get(run_id)
+    assert run is not None and run.status is RunStatus.SUCCEEDED, run.error
+    assert run.output == "went on with the paused turn"
+    steps = await store.steps(run_id)
+    assert [s.stop_reason for s in steps if s.kind is StepKind.MODEL] == ["tool_use", "pause_turn", "end_turn"]
+    after = llm.seen[-1]
+    assert after.messages[-1]["role"] == "assistant" and after.messages[-1]["content"][0]["type"] == "server_tool_use"

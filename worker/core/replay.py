@@ -305,10 +305,12 @@ class Conversation:
         """Where the kept turns begin (an index of `messages`: an assistant message, or the end) when the
         newest `keep_turns` turns are kept; None if that leaves nothing before it worth compacting (no
         model turn after the run's input or the last summary). A turn is an assistant message and the user
-        message after it, so a tool_use is never parted from its tool_result."""
+        message after it, so a tool_use is never parted from its tool_result. A paused turn (the newest, after
+        a `pause_turn` or `compaction` stop) is always kept: it is sent back for the model to go on with."""
         turns = [i for i, m in enumerate(self.messages) if m["role"] == "assistant"]
         if keep_turns == 0:
-            at = len(self.messages)
+            paused = self.last_stop in PAUSES and bool(turns) and turns[-1] == len(self.messages) - 1
+            at = turns[-1] if paused else len(self.messages)
         elif len(turns) <= keep_turns:
             return None
         else:

@@ -12,7 +12,7 @@ from pydantic import AfterValidator, ConfigDict, Field
 from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.guards import access, caller_name
 from agentrun.worker.api.identities import Identities, Scope
-from agentrun.worker.api.routes import ERRORS, OrjsonRoute, refusal
+from agentrun.worker.api.runs import ERRORS, OrjsonRoute, refusal
 from agentrun.worker.api.schemas import (
     MAX_COST_BUDGET_USD,
     MAX_STEPS,

@@ -16,7 +16,7 @@ from agentrun.worker.api.agents import agents_router
 from agentrun.worker.api.events import EventHub, events_router
 from agentrun.worker.api.guards import BearerAuth, BodyLimit
 from agentrun.worker.api.identities import Identities
-from agentrun.worker.api.routes import runs_router
+from agentrun.worker.api.runs import runs_router
 from agentrun.worker.api.schedules import schedules_router
 from agentrun.worker.api.schemas import NOT_NULL, REQUIRED_FIELDS
 from agentrun.worker.api.signals import signals_router

@@ -12,7 +12,7 @@ from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.guards import access, caller_name
 from agentrun.worker.api.identities import Identities, Scope
-from agentrun.worker.api.routes import ERRORS, MAX_PAGE, OrjsonRoute, RunRoutes
+from agentrun.worker.api.runs import ERRORS, MAX_PAGE, OrjsonRoute, RunRoutes
 from agentrun.worker.api.schemas import ErrorBody, FieldProblem, RunRequest, RunView, Whole, _Camel
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.schedules import (

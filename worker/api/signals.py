@@ -16,7 +16,7 @@ from pydantic import AfterValidator, ConfigDict, Field, field_validator
 
 from agentrun.worker.api.guards import access, caller_name
 from agentrun.worker.api.identities import Scope
-from agentrun.worker.api.routes import MAX_IDEMPOTENCY_KEY, OrjsonRoute, _idempotency_key
+from agentrun.worker.api.runs import MAX_IDEMPOTENCY_KEY, OrjsonRoute, _idempotency_key
 from agentrun.worker.api.schemas import NOT_BLANK, ErrorBody, _Camel, _not_blank, _storable, _storable_json
 from agentrun.worker.core.waits import MAX_KEY_CHARS
 from agentrun.worker.obs.metrics import Metrics

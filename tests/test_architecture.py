@@ -402,6 +402,6 @@ def test_the_door_is_where_the_ways_in_meet() -> None:
     """Each way in reaches the store's writers through the door, and the door names each of them."""
     door = ast.parse(MODULES[DOOR].read_text())
     assert {"create", "tick", "spawn"} <= {n.attr for n in ast.walk(door) if isinstance(n, ast.Attribute)}
-    for module in ("agentrun.worker.api.runs", "agentrun.operator.handlers", "agentrun.worker.runtime.schedules",
+    for module in ("agentrun.worker.api.common", "agentrun.operator.handlers", "agentrun.worker.runtime.schedules",
                    "agentrun.worker.runtime.engine"):
         assert "Door" in _mentioned(ast.parse(MODULES[module].read_text())), f"{module} makes runs without the door"

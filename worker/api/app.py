@@ -69,7 +69,7 @@ def create_app(
     app.include_router(agents_router(store, tools, prices, identities, providers, WebhookCheck(settings)))
     app.include_router(tools_router(tools, identities.enabled))
     app.include_router(workers_router(store, identities.enabled))
-    app.include_router(schedules_router(store, tools, settings, prices, identities, metrics, providers))
+    app.include_router(schedules_router(store, tools, settings, prices, identities, providers))
     app.state.events = EventHub(store, prices=prices)
     app.include_router(events_router(store, app.state.events, identities.enabled))
     app.include_router(signals_router(store, identities.enabled, metrics))

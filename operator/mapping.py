@@ -438,7 +438,7 @@ def run_status(
     elif run.status.terminal:
         succeeded = ("False", phase, run.error or phase.lower())
     else:
-        succeeded = ("Unknown", phase, _phase_message(run))
+        succeeded = ("Unknown", phase, phase_message(run))
     fields = {
         "phase": phase,
         "runId": str(run.id),
@@ -447,7 +447,7 @@ def run_status(
         "steps": run.steps,
         "startedAt": timestamp(run.started_at) if run.started_at else None,
         "finishedAt": timestamp(run.finished_at) if run.finished_at else None,
-        "message": run.error or _phase_message(run),
+        "message": run.error or phase_message(run),
         "lockedBy": run.locked_by,
         "agent": f"{run.agent}@{run.agent_version}" if run.agent is not None else None,
         "pending": [
@@ -575,7 +575,7 @@ def _money(value: Decimal) -> str:
     return f"{value.quantize(MICRO_DOLLAR):f}"
 
 
-def _phase_message(run: Run) -> str:
+def phase_message(run: Run) -> str:
     if run.status is RunStatus.QUEUED:
         if run.model_retries and run.run_at is not None:  # handed back in a model API outage
             return (f"handed back after {run.model_retries} failed model step{'s' if run.model_retries != 1 else ''}; "
@@ -626,7 +626,7 @@ def phase_events(old_phase: str | None, run: Run) -> list[tuple[str, str, str]]:
         phases.append(("Queued", "waiting for a worker"))
     if run.started_at is not None and old_phase in (None, PENDING, "Queued") and new not in ("Queued", "Running"):
         phases.append(("Running", f"running on {run.locked_by}" if run.locked_by else "running"))
-    phases.append((new, run.error or _phase_message(run)))
+    phases.append((new, run.error or phase_message(run)))
     return [event for phase, message in phases if (event := event_for(phase, message)) is not None]
 
 

@@ -126,7 +126,7 @@ async def test_many_runs_in_flight_survive_connection_cuts_on_the_batched_path(
     armed = asyncio.Event()  # the next batch of several writes is to be held on the server
     held = asyncio.Event()  # ...and now is: its runs' rows are locked and it is being sent
     lost: list[int] = []  # the sizes of the batches whose connection broke under them
-    real_together = groupcommit._together
+    real_together = groupcommit.commit_together
     locker = await psycopg.AsyncConnection.connect(database_url)
 
     async def watched(conn: psycopg.AsyncConnection[Any], batch: list[Any]) -> Any:
@@ -140,7 +140,7 @@ async def test_many_runs_in_flight_survive_connection_cuts_on_the_batched_path(
             lost.append(len(batch))
             raise
 
-    monkeypatch.setattr(groupcommit, "_together", watched)
+    monkeypatch.setattr(groupcommit, "commit_together", watched)
 
     @tool(name="noop", idempotent=False)
     async def noop(args: dict[str, Any], ctx: ToolContext) -> str:

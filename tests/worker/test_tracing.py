@@ -257,7 +257,7 @@ def test_tracing_is_off_and_unimported_without_the_variables() -> None:
     assert enabled({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://x:4318/v1/traces"})
     assert enabled({"OTEL_TRACES_EXPORTER": "console"})
     # Nothing costs when tracing is off: the worker's modules do not even load the SDK.
-    code = ("import sys, agentrun.worker.runtime.runner, agentrun.worker.obs.tracing, agentrun.worker.api.routes, "
+    code = ("import sys, agentrun.worker.runtime.runner, agentrun.worker.obs.tracing, agentrun.worker.api.runs, "
             "agentrun.worker.obs.metrics; print(sorted(m for m in sys.modules if m.startswith('opentelemetry.sdk')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     assert out.stdout.strip() == "[]"

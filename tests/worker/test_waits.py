@@ -361,8 +361,8 @@ def test_an_agentrun_waiting_for_a_timer_or_an_event_says_so() -> None:
         return Run(uuid.uuid4(), RunStatus.WAITING, "x", "m", None, ("wait",), 100, 0, None, Decimal(0), 10, 60, now,
                    False, None, None, None, now, now, None, 1, waiting_for=kind)
 
-    assert mapping._phase_message(waiting("timer")) == "waiting for a timer (the wait tool)"
-    assert "POST /api/events" in mapping._phase_message(waiting("event"))
+    assert mapping.phase_message(waiting("timer")) == "waiting for a timer (the wait tool)"
+    assert "POST /api/events" in mapping.phase_message(waiting("event"))
 
 
 class CrashBeforeTheTimersPark(RunStore):

@@ -9,10 +9,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Request, Response
 from pydantic import AfterValidator, ConfigDict, Field
 
+from agentrun.worker.api.common import OrjsonRoute, Responses, documented_errors, refusal
 from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.guards import access, caller_name
 from agentrun.worker.api.identities import Identities, Scope
-from agentrun.worker.api.routes import ERRORS, OrjsonRoute, refusal
 from agentrun.worker.api.schemas import (
     MAX_COST_BUDGET_USD,
     MAX_STEPS,
@@ -22,6 +22,7 @@ from agentrun.worker.api.schemas import (
     MAX_TOOLS,
     MIN_COST_BUDGET_USD,
     AgentRef,
+    Camel,
     ContextManagement,
     ErrorBody,
     JsonObject,
@@ -29,7 +30,6 @@ from agentrun.worker.api.schemas import (
     Text,
     WebhookRequest,
     Whole,
-    _Camel,
 )
 from agentrun.worker.api.webhooks import WebhookCheck
 from agentrun.worker.core.agents import AGENT_NAME, MAX_VERSION, Agent, check_definition, name_problem
@@ -51,7 +51,7 @@ AgentName = Annotated[str, AfterValidator(_dns_label), Field(json_schema_extra={
 PathName = Annotated[str, Path(alias="name", pattern=AGENT_NAME, max_length=63, description="The agent's name.")]
 
 
-class AgentRequest(_Camel):
+class AgentRequest(Camel):
     """An agent definition. Every field but `name` may be left out: a run of the agent then gives it (or
     gets the server's default). Unknown fields are refused."""
 
@@ -103,12 +103,12 @@ def _names(values: list[str] | None) -> tuple[str, ...] | None:
     return tuple(dict.fromkeys(values)) if values is not None else None  # each once, in the order given
 
 
-class AgentCreated(_Camel):
+class AgentCreated(Camel):
     name: str
     version: int
 
 
-class AgentView(_Camel):
+class AgentView(Camel):
     """One version of an agent's definition; null fields are left to the run."""
 
     name: str
@@ -147,7 +147,7 @@ def _list(values: tuple[str, ...] | None) -> list[str] | None:
     return list(values) if values is not None else None
 
 
-class AgentList(_Camel):
+class AgentList(Camel):
     items: list[AgentView] = Field(description="The latest version of each agent, by name.")
 
 
@@ -224,7 +224,6 @@ class AgentRoutes:
         return Response(status_code=204)
 
 
-Responses = dict[int | str, dict[str, Any]]
 CREATE_ERRORS: Responses = {
     200: {"model": AgentCreated, "description": "The body is identical to the latest version: no new version"},
     400: {"model": ErrorBody, "description": "The body is not JSON at all, or over the size limit"},
@@ -239,7 +238,7 @@ def agents_router(
 ) -> APIRouter:
     routes = AgentRoutes(store, tools, prices, providers or Providers(), check_webhook)
     secured = identities.enabled
-    errors = {code: spec for code, spec in ERRORS.items() if code != 404 and (secured or code not in (401, 403))}
+    errors = documented_errors(secured, runs=False)
     router = APIRouter(prefix="/api/agents", tags=["agents"], route_class=OrjsonRoute, responses=errors)
     read, write = access(Scope.READ, secured), access(Scope.SUBMIT, secured)
     router.post("", status_code=201, response_model=AgentCreated, responses=CREATE_ERRORS, **write)(routes.create)

@@ -101,7 +101,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.fields)
+        return error_response(exc.status, exc.message,
+                              [FieldProblem(field=p.field, problem=p.problem) for p in exc.fields])
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:

@@ -1,24 +1,32 @@
 """The API's errors: an answer other than success raised by a route, and a tokens file that cannot be read.
 
-Only the classes, importing no web framework: the CLI's `tokens` commands catch `IdentityFileError`
-without loading FastAPI. How an error becomes an answer is in `api/answers.py`.
+Only the classes, importing no web framework and nothing else of the API (every module of it may import
+this one): the CLI's `tokens` commands catch `IdentityFileError` without loading FastAPI. How an error
+becomes an answer is in `api/answers.py`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from agentrun.worker.api.schemas import FieldProblem
+__all__ = ["ApiError", "IdentityFileError", "Problem"]
 
-__all__ = ["ApiError", "IdentityFileError"]
+
+class Problem(Protocol):
+    """What is wrong with one field: `schemas.FieldProblem` is one, as the answer shows it."""
+
+    @property
+    def field(self) -> str: ...
+
+    @property
+    def problem(self) -> str: ...
 
 
 class ApiError(Exception):
     """An answer other than success, raised by a route."""
 
-    def __init__(self, status: int, message: str, fields: Sequence[FieldProblem] = ()) -> None:
+    def __init__(self, status: int, message: str, fields: Sequence[Problem] = ()) -> None:
         super().__init__(message)
         self.status = status
         self.message = message

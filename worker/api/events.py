@@ -28,10 +28,10 @@ from fastapi import APIRouter, Header, Path
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
+from agentrun.worker.api.common import documented_errors
 from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.guards import ScopedRoute, access
 from agentrun.worker.api.identities import Scope
-from agentrun.worker.api.routes import ERRORS
 from agentrun.worker.api.schemas import DecisionView, RunView, TimelineStep
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import StepKind
@@ -436,10 +436,10 @@ async def stream_events(hub: EventHub, run_id: uuid.UUID, after: Position, first
 
 
 def events_router(store: RunStore, hub: EventHub, secured: bool) -> APIRouter:
-    # The errors every run route documents (routes.ERRORS), 401 and 403 only when tokens are required.
+    # The errors every run route documents (common.ERRORS), 401 and 403 only when tokens are required.
     router = APIRouter(
         prefix="/api/runs", tags=["runs"], route_class=ScopedRoute,
-        responses=ERRORS if secured else {k: v for k, v in ERRORS.items() if k not in (401, 403)},
+        responses=documented_errors(secured),
     )
 
     @router.get(

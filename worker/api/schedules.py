@@ -9,11 +9,11 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 
+from agentrun.worker.api.common import MAX_PAGE, OrjsonRoute, Responses, Submissions, documented_errors
 from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.guards import access, caller_name
 from agentrun.worker.api.identities import Identities, Scope
-from agentrun.worker.api.routes import ERRORS, MAX_PAGE, OrjsonRoute, RunRoutes
-from agentrun.worker.api.schemas import ErrorBody, FieldProblem, RunRequest, RunView, Whole, _Camel
+from agentrun.worker.api.schemas import Camel, ErrorBody, FieldProblem, RunRequest, RunView, Whole
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.schedules import (
     DEFAULT_STARTING_DEADLINE_SECONDS,
@@ -31,7 +31,6 @@ from agentrun.worker.core.schedules import (
     timezone_problem,
 )
 from agentrun.worker.llm.providers import Providers
-from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
@@ -53,7 +52,7 @@ NOT_IN_TEMPLATE: dict[str, Any] = {
     "not": {"anyOf": [{"required": [f]} for f in ("continueFrom", "forkFrom", "runAt", "delaySeconds")]}}
 
 
-class _Timing(_Camel):
+class _Timing(Camel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     cron: Annotated[str, Field(max_length=MAX_CRON_CHARS)] | None = Field(
@@ -105,7 +104,7 @@ class SchedulePatch(_Timing):
     })
 
 
-class ScheduleView(_Camel):
+class ScheduleView(Camel):
     name: str
     cron: str | None
     interval_seconds: int | None
@@ -136,7 +135,7 @@ class ScheduleView(_Camel):
         )
 
 
-class ScheduleList(_Camel):
+class ScheduleList(Camel):
     items: list[ScheduleView]
 
 
@@ -156,8 +155,8 @@ def _not_ours(s: Schedule) -> None:
 
 
 class ScheduleRoutes:
-    def __init__(self, store: RunStore, runs: RunRoutes) -> None:
-        self.store, self.submissions = store, runs
+    def __init__(self, store: RunStore, submissions: Submissions) -> None:
+        self.store, self.submissions = store, submissions
 
     async def _checked(self, name: str, fields: dict[str, Any]) -> Schedule:
         """The schedule `fields` (API names, merged) make, checked as POST /api/runs checks a run: a 4xx
@@ -280,7 +279,6 @@ def _raw(run: RunRequest | None) -> dict[str, Any] | None:
     return run.model_dump(mode="json", by_alias=True, exclude_unset=True) if run is not None else None
 
 
-Responses = dict[int | str, dict[str, Any]]
 CREATE_ERRORS: Responses = {
     409: {"model": ErrorBody, "description": "A schedule of the name exists"},
     400: {"model": ErrorBody, "description": "The body is not JSON at all, or over the size limit"},
@@ -293,11 +291,11 @@ OWNED_ERRORS: Responses = {409: {"model": ErrorBody, "description": "An AgentSch
 
 def schedules_router(
     store: RunStore, tools: ToolBox, settings: WorkerSettings, prices: PriceTable, identities: Identities,
-    metrics: Metrics | None = None, providers: Providers | None = None,
+    providers: Providers | None = None,
 ) -> APIRouter:
-    routes = ScheduleRoutes(store, RunRoutes(store, tools, settings, prices, metrics, providers or Providers()))
+    routes = ScheduleRoutes(store, Submissions(store, tools, settings, prices, providers or Providers()))
     secured = identities.enabled
-    errors = {code: spec for code, spec in ERRORS.items() if code != 404 and (secured or code not in (401, 403))}
+    errors = documented_errors(secured, runs=False)
     router = APIRouter(prefix="/api/schedules", tags=["schedules"], route_class=OrjsonRoute, responses=errors)
     read, write = access(Scope.READ, secured), access(Scope.SUBMIT, secured)
     router.post("", status_code=201, response_model=ScheduleView, responses=CREATE_ERRORS, **write)(routes.create)

@@ -53,7 +53,7 @@ MAX_DELAY_SECONDS = 10 * 366 * 24 * 3600  # ten years: far enough for any schedu
 MAX_MESSAGE_CHARS = 100_000  # a message to a running run: a person's turn, not a document store
 
 
-def _storable(value: str) -> str:
+def storable(value: str) -> str:
     """PostgreSQL TEXT holds neither NUL characters nor unpaired surrogates: say so instead of failing."""
     if why := unstorable(value):
         raise ValueError(why)
@@ -63,7 +63,7 @@ def _storable(value: str) -> str:
 T = TypeVar("T")
 
 
-def _storable_json(value: T) -> T:
+def storable_json(value: T) -> T:
     """Every string of a JSON value (keys too) as PostgreSQL JSONB holds it: no NUL character."""
     stack: list[Any] = [value]
     while stack:
@@ -78,7 +78,7 @@ def _storable_json(value: T) -> T:
     return value
 
 
-def _not_blank(value: str) -> str:
+def not_blank(value: str) -> str:
     if not value.strip():
         raise ValueError("must not be blank")
     return value
@@ -117,11 +117,11 @@ RunAt = Annotated[datetime.datetime, BeforeValidator(rfc3339),
 # An integer as JSON Schema has it: a number without a fractional part; never a string or a bool.
 Whole = Annotated[int, BeforeValidator(_whole)]
 
-Text = Annotated[str, AfterValidator(_storable), Field(json_schema_extra={"pattern": NO_NUL})]
-JsonObject = Annotated[dict[str, Any], AfterValidator(_storable_json)]
+Text = Annotated[str, AfterValidator(storable), Field(json_schema_extra={"pattern": NO_NUL})]
+JsonObject = Annotated[dict[str, Any], AfterValidator(storable_json)]
 Name = Annotated[
     str, Field(min_length=1, max_length=MAX_NAME_CHARS, json_schema_extra={"pattern": NOT_BLANK}),
-    AfterValidator(_storable), AfterValidator(_not_blank),
+    AfterValidator(storable), AfterValidator(not_blank),
 ]
 
 
@@ -181,7 +181,8 @@ def context_shown(stored: dict[str, Any] | None) -> dict[str, Any]:
     return ContextPolicy.of(stored).to_json()
 
 
-class _Camel(BaseModel):
+# The base of every shape of the API: camelCase on the wire, snake_case in Python, values that do not change.
+class Camel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, frozen=True)
 
 
@@ -199,7 +200,7 @@ REQUIRED_FIELDS: list[dict[str, Any]] = [
 ]
 
 
-class ForkFrom(_Camel):
+class ForkFrom(Camel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     run_id: uuid.UUID = Field(strict=False, description="The run to fork.")
@@ -210,7 +211,7 @@ WEBHOOK_URL = r"^[hH][tT][tT][pP][sS]?://([^\s/?#@\[\]:]+|\[[0-9a-fA-F:.]+\])(:[
 """The URL's form as the document states it; which hosts it may name is the server's URL policy."""
 
 
-class WebhookRequest(_Camel):
+class WebhookRequest(Camel):
     """Where to tell of the run's status changes (README "Completion webhooks")."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -232,11 +233,11 @@ class WebhookRequest(_Camel):
         return {"url": self.url, "events": list(dict.fromkeys(self.events)), "secretRef": self.secret_ref}
 
 
-class RunRequest(_Camel):
+class RunRequest(Camel):
     """A run to start. Unknown fields are refused, so a misspelt budget does not pass unnoticed."""
 
     # strict: a number must be a JSON number and text a JSON string; nothing is coerced (but see Whole).
-    model_config = ConfigDict(extra="forbid", strict=True,  # merged with _Camel's
+    model_config = ConfigDict(extra="forbid", strict=True,  # merged with Camel's
                               json_schema_extra={"not": {"anyOf": [
                                   {"required": ["runAt", "delaySeconds"]}, {"required": ["agent", "continueFrom"]},
                                   {"required": ["agent", "forkFrom"]}]}})
@@ -245,7 +246,7 @@ class RunRequest(_Camel):
         str, Field(min_length=1, description="The user's request: the first message (with `continueFrom`, the "
                    "next one). Required, except with `forkFrom`, which takes none.",
                    json_schema_extra={"pattern": NOT_BLANK}),
-        AfterValidator(_storable), AfterValidator(_not_blank),
+        AfterValidator(storable), AfterValidator(not_blank),
     ] | None = None
     model: Name | None = Field(None, description="Model name; when absent the source's (with `continueFrom` or "
                                "`forkFrom`), else the server's default model.")
@@ -363,7 +364,7 @@ class RunRequest(_Camel):
         )
 
 
-class RunCreated(_Camel):
+class RunCreated(Camel):
     id: uuid.UUID
     status: RunStatus
 
@@ -372,7 +373,7 @@ def _usd(value: Decimal | None) -> float | None:
     return float(value) if value is not None else None
 
 
-class RunView(_Camel):
+class RunView(Camel):
     """A run as it is now."""
 
     id: uuid.UUID
@@ -521,7 +522,7 @@ def _tree_fields(run: Run, unknown: bool = False) -> dict[str, Any]:
     )
 
 
-class RunSummary(_Camel):
+class RunSummary(Camel):
     """A run in a list: its counters and the start of its input (GET /api/runs/{id} has all of it)."""
 
     id: uuid.UUID
@@ -557,7 +558,7 @@ class RunSummary(_Camel):
         )
 
 
-class RunPage(_Camel):
+class RunPage(Camel):
     """One page of runs, newest first. `next` is the cursor of the following page: pass it as `after`.
     It is null on the last page."""
 
@@ -565,7 +566,7 @@ class RunPage(_Camel):
     next: uuid.UUID | None
 
 
-class DecisionView(_Camel):
+class DecisionView(Camel):
     """What a person decided about a tool call (or that it waits for them)."""
 
     kind: DecisionKind
@@ -585,7 +586,7 @@ class DecisionView(_Camel):
                    is_error=call.is_error, since=call.since, decided_at=call.decided_at, decided_by=call.decided_by)
 
 
-class TimelineStep(_Camel):
+class TimelineStep(Camel):
     """A step without its request and response bodies. A tool call that waits for a person and has no step
     yet is listed too, with `status: "WAITING"` and no seq; in a run that has ended (cancelled or timed out
     while it waited) such a call never ran: `status: "ABANDONED"`."""
@@ -741,7 +742,7 @@ class PendingView(BaseModel):
                    input={"task": child.input}, kind="children", since=child.created_at, childRunId=child.id)
 
 
-class DecisionRequest(_Camel):
+class DecisionRequest(Camel):
     """A decision on a pending call: `approve`/`deny` for an approval, `retry`/`record`/`fail` for a call in
     doubt. `record` needs `output` (what the call returned; `isError` says whether it failed)."""
 
@@ -768,7 +769,7 @@ class ErrorBody(BaseModel):
     fields: list[FieldProblem] = []
 
 
-class MessageRequest(_Camel):
+class MessageRequest(Camel):
     """A message for a run while it works: the model gets it as a user turn at the run's next turn boundary."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -776,11 +777,11 @@ class MessageRequest(_Camel):
     text: Annotated[
         str, Field(min_length=1, max_length=MAX_MESSAGE_CHARS, json_schema_extra={"pattern": NOT_BLANK},
                    description=f"The message (1 to {MAX_MESSAGE_CHARS} characters, not blank)."),
-        AfterValidator(_storable), AfterValidator(_not_blank),
+        AfterValidator(storable), AfterValidator(not_blank),
     ]
 
 
-class MessageView(_Camel):
+class MessageView(Camel):
     """A message posted to a run: `seq` is the USER step that delivered it, null while it waits."""
 
     run_id: uuid.UUID
@@ -797,7 +798,7 @@ class MessageView(_Camel):
                    created_at=message.created_at, seq=message.seq)
 
 
-class WebhookAttemptView(_Camel):
+class WebhookAttemptView(Camel):
     attempt: int = Field(description="1 for the first attempt.")
     started_at: datetime.datetime
     status_code: int | None = Field(description="The receiver's HTTP status; null when it gave none (refused, "
@@ -807,7 +808,7 @@ class WebhookAttemptView(_Camel):
     worker: str | None = Field(None, description="The worker that sent it.")
 
 
-class WebhookDeliveryView(_Camel):
+class WebhookDeliveryView(Camel):
     """One delivery of a run's webhook: one status change, sent until answered 2xx or given up."""
 
     id: str = Field(description="The `webhook-id` header, the same on every attempt: receivers deduplicate by it.")

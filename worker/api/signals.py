@@ -14,10 +14,10 @@ import orjson
 from fastapi import APIRouter, Header, Request, Response
 from pydantic import AfterValidator, ConfigDict, Field, field_validator
 
+from agentrun.worker.api.common import IDEMPOTENCY_KEY_SCHEMA, OrjsonRoute, checked_idempotency_key
 from agentrun.worker.api.guards import access, caller_name
 from agentrun.worker.api.identities import Scope
-from agentrun.worker.api.routes import MAX_IDEMPOTENCY_KEY, OrjsonRoute, _idempotency_key
-from agentrun.worker.api.schemas import NOT_BLANK, ErrorBody, _Camel, _not_blank, _storable, _storable_json
+from agentrun.worker.api.schemas import NOT_BLANK, Camel, ErrorBody, not_blank, storable, storable_json
 from agentrun.worker.core.waits import MAX_KEY_CHARS
 from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.store import RunStore
@@ -26,7 +26,7 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 """The largest payload, as JSON: it becomes a tool result the model reads, not a file transfer."""
 
 
-class EventRequest(_Camel):
+class EventRequest(Camel):
     """An event: the fact `key` happened, with `payload` (any JSON value) for the runs that wait for it."""
 
     model_config = ConfigDict(extra="forbid")
@@ -35,7 +35,7 @@ class EventRequest(_Camel):
         str, Field(min_length=1, max_length=MAX_KEY_CHARS, json_schema_extra={"pattern": NOT_BLANK},
                    description=f"The event's key (1 to {MAX_KEY_CHARS} characters, not blank), as the waits name "
                    "it: `wait_for_event`'s `key`, or a Python tool's `WaitForEvent(key, ...)`."),
-        AfterValidator(_storable), AfterValidator(_not_blank),
+        AfterValidator(storable), AfterValidator(not_blank),
     ]
     payload: Any = Field(None, description=f"Any JSON value (at most {MAX_PAYLOAD_BYTES} bytes as JSON): the result "
                          "of each wait it ends, as JSON text. Default null.")
@@ -46,11 +46,11 @@ class EventRequest(_Camel):
         # The body was parsed by orjson (OrjsonRoute): no NaN, no integer beyond 64 bits, so it dumps back.
         if len(orjson.dumps(value)) > MAX_PAYLOAD_BYTES:
             raise ValueError(f"must be at most {MAX_PAYLOAD_BYTES} bytes as JSON")
-        _storable_json(value)  # JSONB holds no NUL in any string, keys included
+        storable_json(value)  # JSONB holds no NUL in any string, keys included
         return value
 
 
-class EventPosted(_Camel):
+class EventPosted(Camel):
     woke: list[uuid.UUID] = Field(description="The runs waiting on the key that this event woke (each gets its "
                                   "payload as its wait's result); empty when none waited: the event is kept for "
                                   "AGENTRUN_EVENT_RETENTION, and a wait on its key that begins within it gets it.")
@@ -76,14 +76,14 @@ def signals_router(store: RunStore, secured: bool, metrics: Metrics | None = Non
             alias="Idempotency-Key",
             description="A retry with the same key is answered with the first answer (with "
             "`Idempotent-Replayed: true`) and delivers nothing again.",
-            json_schema_extra={"minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY, "pattern": "^[\\x20-\\x7e]*$"},
+            json_schema_extra=IDEMPOTENCY_KEY_SCHEMA,
         )] = None,
     ) -> EventPosted:
         """Post an event: every run waiting on its key gets its payload as its wait's result and is queued
         again; the event is kept for AGENTRUN_EVENT_RETENTION (default 24 h) for waits that begin later,
         each run receiving it at most once. Scope: `signal` or `submit`."""
         posted = await store.post_event(body.key, body.payload, by=caller_name(request),
-                                        idempotency_key=_idempotency_key(idempotency_key))
+                                        idempotency_key=checked_idempotency_key(idempotency_key))
         if posted.replayed:
             response.headers["Idempotent-Replayed"] = "true"
         elif metrics is not None:

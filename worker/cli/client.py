@@ -71,16 +71,16 @@ class RunsClient:
         return self._call("POST", "/api/runs", json=dict(body), headers=headers)  # type: ignore[no-any-return]
 
     def get(self, run_id: str) -> dict[str, Any]:
-        return self._call("GET", f"/api/runs/{_run_id(run_id)}")  # type: ignore[no-any-return]
+        return self._call("GET", f"/api/runs/{checked_run_id(run_id)}")  # type: ignore[no-any-return]
 
     def timeline(self, run_id: str) -> list[dict[str, Any]]:
-        return self._call("GET", f"/api/runs/{_run_id(run_id)}/timeline")  # type: ignore[no-any-return]
+        return self._call("GET", f"/api/runs/{checked_run_id(run_id)}/timeline")  # type: ignore[no-any-return]
 
     def cancel(self, run_id: str) -> dict[str, Any]:
-        return self._call("POST", f"/api/runs/{_run_id(run_id)}/cancel")  # type: ignore[no-any-return]
+        return self._call("POST", f"/api/runs/{checked_run_id(run_id)}/cancel")  # type: ignore[no-any-return]
 
     def message(self, run_id: str, text: str) -> dict[str, Any]:
-        return self._call("POST", f"/api/runs/{_run_id(run_id)}/messages", json={"text": text})  # type: ignore[no-any-return]
+        return self._call("POST", f"/api/runs/{checked_run_id(run_id)}/messages", json={"text": text})  # type: ignore[no-any-return]
 
     def send_event(self, key: str, payload: Any, idempotency_key: str | None = None) -> tuple[dict[str, Any], bool]:
         """POST /api/events: its answer ({"woke": [...]}) and whether it was a replay of an earlier copy."""
@@ -102,20 +102,20 @@ class RunsClient:
                               "is it an agentrun worker?") from None
 
     def step(self, run_id: str, seq: int) -> dict[str, Any]:
-        return self._call("GET", f"/api/runs/{_run_id(run_id)}/steps/{int(seq)}")  # type: ignore[no-any-return]
+        return self._call("GET", f"/api/runs/{checked_run_id(run_id)}/steps/{int(seq)}")  # type: ignore[no-any-return]
 
     def pending(self, run_id: str) -> list[dict[str, Any]]:
-        return self._call("GET", f"/api/runs/{_run_id(run_id)}/pending")  # type: ignore[no-any-return]
+        return self._call("GET", f"/api/runs/{checked_run_id(run_id)}/pending")  # type: ignore[no-any-return]
 
     def decide(self, run_id: str, tool_use_id: str, body: Mapping[str, Any]) -> dict[str, Any]:
         if not tool_use_id or not tool_use_id.isascii() or not tool_use_id.isprintable() or "/" in tool_use_id:
             raise ClientError(0, f"tool_use id {_shown(tool_use_id)} must be printable ASCII without '/'")
-        path = f"/api/runs/{_run_id(run_id)}/pending/{urllib.parse.quote(tool_use_id, safe='')}"
+        path = f"/api/runs/{checked_run_id(run_id)}/pending/{urllib.parse.quote(tool_use_id, safe='')}"
         return self._call("POST", path, json=dict(body))  # type: ignore[no-any-return]
 
     def children(self, run_id: str) -> list[dict[str, Any]]:
         """The runs the run's sub-agent calls started, in call order."""
-        return self._call("GET", f"/api/runs/{_run_id(run_id)}/children")  # type: ignore[no-any-return]
+        return self._call("GET", f"/api/runs/{checked_run_id(run_id)}/children")  # type: ignore[no-any-return]
 
     def tree(self, run: Mapping[str, Any], max_runs: int = 200) -> list[tuple[int, dict[str, Any]]]:
         """The run's descendants, depth-first in call order, each with its level below `run` (1: a child);
@@ -139,9 +139,9 @@ class RunsClient:
         """A page of runs, newest first. `filters` are the other query parameters of GET /api/runs by their
         API names (labelSelector, model, agent, createdBy, createdAfter, createdBefore, q)."""
         if after is not None:
-            after = _run_id(after, "cursor --after")
+            after = checked_run_id(after, "cursor --after")
         if parent is not None:
-            parent = _run_id(parent, "--parent")
+            parent = checked_run_id(parent, "--parent")
         params = {k: v for k, v in {"status": status, "limit": limit, "after": after, "parent": parent,
                                     **filters}.items() if v is not None}
         return self._call("GET", "/api/runs", params=params)  # type: ignore[no-any-return]
@@ -197,7 +197,7 @@ class RunsClient:
 
     def events(self, run_id: str, last_event_id: str | None = None) -> Iterator[ServerEvent]:
         """The run's server-sent events (GET /api/runs/{id}/events) until the server closes the stream."""
-        path = f"/api/runs/{_run_id(run_id)}/events"
+        path = f"/api/runs/{checked_run_id(run_id)}/events"
         headers = {"Accept": "text/event-stream", **({"Last-Event-ID": last_event_id} if last_event_id else {})}
         try:
             # No read timeout: the server sends a keep-alive comment every 15 s, and a run may take hours.
@@ -223,7 +223,7 @@ class RunsClient:
         as it streams, and `on_run` with the run each time it changes; returns the finished run. A dropped
         stream is resumed (Last-Event-ID) after
         `interval` seconds, up to `reconnects` times in a row."""
-        run_id = _run_id(run_id)  # a bad id is said at once, not retried as if the server were away
+        run_id = checked_run_id(run_id)  # a bad id is said at once, not retried as if the server were away
         seen: dict[int, str] = {}
         last: str | None = None
         failures = 0
@@ -299,7 +299,7 @@ class SseParser:
         return None
 
 
-def _run_id(text: str, what: str = "run id") -> str:
+def checked_run_id(text: str, what: str = "run id") -> str:
     """The id as the server spells it. Checked here so that no argument can steer the request elsewhere
     (`../../metrics`, `?x=1`) or fail to encode (a NUL, bytes that were not UTF-8)."""
     try:
@@ -309,7 +309,7 @@ def _run_id(text: str, what: str = "run id") -> str:
 
 
 def _agent_name(text: str, what: str = "agent") -> str:
-    """An agent's (or schedule's) name, checked here as `_run_id` checks ids: no argument can steer the
+    """An agent's (or schedule's) name, checked here as `checked_run_id` checks ids: no argument can steer the
     request elsewhere."""
     from agentrun.worker.core.agents import name_problem  # here: it imports jsonschema, which `runs` needs not
 

@@ -268,7 +268,7 @@ def _submit(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
                 "subAgents": args.sub_agent,
                 "model": args.model, "maxSteps": args.max_steps, "tools": args.tool,
                 "system": args.system, "costBudgetUsd": args.cost_budget,
-                "continueFrom": client._run_id(args.continue_from, "--continue-from")
+                "continueFrom": client.checked_run_id(args.continue_from, "--continue-from")
                 if args.continue_from else None,
                 "requireApproval": args.require_approval, "priority": args.priority,
                 "delaySeconds": args.delay, "contextManagement": args.context_management,
@@ -289,7 +289,7 @@ def _submit(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
 def _fork(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
     from agentrun.worker.cli import client
 
-    fork: dict[str, object] = {"forkFrom": {"runId": client._run_id(args.id), "seq": args.seq}}
+    fork: dict[str, object] = {"forkFrom": {"runId": client.checked_run_id(args.id), "seq": args.seq}}
     fork.update({k: v for k, v in {"model": args.model, "tokenBudget": args.budget,
                                     "timeoutSeconds": args.timeout}.items() if v is not None})
     created = api.submit(fork)

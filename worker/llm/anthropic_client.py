@@ -37,7 +37,7 @@ from agentrun.worker.core.types import (
 )
 from agentrun.worker.llm.errors import MAX_ERROR_CHARS as MAX_ERROR_CHARS
 from agentrun.worker.llm.errors import Unreadable as Unreadable
-from agentrun.worker.llm.errors import _truncate as _truncate
+from agentrun.worker.llm.errors import truncated
 
 EPHEMERAL: dict[str, str] = {"type": "ephemeral"}
 
@@ -61,7 +61,7 @@ Clock = Callable[[], datetime.datetime]
 AnthropicSdk = anthropic.AsyncAnthropic | anthropic.AsyncAnthropicBedrock | anthropic.AsyncAnthropicVertex
 
 
-def _utcnow() -> datetime.datetime:
+def utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
@@ -83,7 +83,7 @@ class AnthropicClient:
         base_url: str | None = None,
         http_timeout: float = 600.0,
         http_client: HttpClient = "aiohttp",
-        clock: Clock = _utcnow,
+        clock: Clock = utcnow,
         sdk: AnthropicSdk | None = None,
     ) -> None:
         if sdk is None:
@@ -116,9 +116,9 @@ class AnthropicClient:
             ) from e
         except anthropic.APIConnectionError as e:  # includes APITimeoutError
             cause = f" ({type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ is not None else ""
-            raise LlmError(-1, None, _truncate(f"{type(e).__name__}: {e.message}{cause}")) from e
+            raise LlmError(-1, None, truncated(f"{type(e).__name__}: {e.message}{cause}")) from e
         except httpx2.TransportError as e:  # a stream cut off midway surfaces as the SDK's httpx's own error
-            raise LlmError(-1, None, _truncate(f"stream interrupted: {type(e).__name__}: {e}")) from e
+            raise LlmError(-1, None, truncated(f"stream interrupted: {type(e).__name__}: {e}")) from e
 
     async def _post(
         self, sdk: anthropic.AsyncAnthropic, params: dict[str, Any], on_text: Callable[[str], None] | None
@@ -132,7 +132,7 @@ class AnthropicClient:
         try:
             body = orjson.dumps(params if on_text is None else {**params, "stream": True})
         except orjson.JSONEncodeError as e:  # the same request would fail the same way: not retried
-            raise LlmError(400, None, _truncate(f"the request cannot be sent as JSON: {e}")) from e
+            raise LlmError(400, None, truncated(f"the request cannot be sent as JSON: {e}")) from e
         if on_text is None:
             response = await sdk.post("/v1/messages", cast_to=httpx2.Response, content=body, options=options)
             return response_of(_json(response.content))
@@ -382,7 +382,7 @@ def _stream_error(body: dict[str, Any]) -> LlmError:
     error = error if isinstance(error, dict) else {}
     kind = str(error.get("type", ""))
     message = str(error.get("message") or kind or "error event in the stream")
-    return LlmError(STREAM_ERROR_STATUS.get(kind, 500), None, _truncate(message))
+    return LlmError(STREAM_ERROR_STATUS.get(kind, 500), None, truncated(message))
 
 
 def with_message_breakpoints(messages: list[Message], stable: int = 0) -> list[Message]:
@@ -458,5 +458,5 @@ def _number(value: str | None) -> float | None:
 def _status_message(e: anthropic.APIStatusError) -> str:
     """The API's own `error.message` if the body has one, else the body as text."""
     if e.api_message:
-        return _truncate(str(e.api_message))
-    return _truncate(e.response.text or e.message)
+        return truncated(str(e.api_message))
+    return truncated(e.response.text or e.message)

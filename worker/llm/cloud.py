@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from agentrun.worker.core.types import LlmError, LlmRequest, LlmResponse
 from agentrun.worker.llm.errors import ProviderUnavailable as ProviderUnavailable
-from agentrun.worker.llm.errors import _truncate
+from agentrun.worker.llm.errors import truncated
 
 if TYPE_CHECKING:  # the SDK is imported by the provider that uses it, not by the router that names them
     from agentrun.worker.llm.anthropic_client import AnthropicClient
@@ -53,4 +53,4 @@ class Credentialed:
 
 
 def failure(status: int, provider: str, what: str, e: Exception) -> LlmError:
-    return LlmError(status, None, _truncate(f"{provider}: {what}: {type(e).__name__}: {e}"))
+    return LlmError(status, None, truncated(f"{provider}: {what}: {type(e).__name__}: {e}"))

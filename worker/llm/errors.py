@@ -15,7 +15,7 @@ MAX_ERROR_CHARS = 500
 `error` column or a log line."""
 
 
-def _truncate(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+def truncated(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -28,4 +28,4 @@ class Unreadable(LlmError):
     worth another attempt, like a 5xx."""
 
     def __init__(self, what: str) -> None:
-        super().__init__(-1, None, _truncate(f"unreadable answer: {what}"))
+        super().__init__(-1, None, truncated(f"unreadable answer: {what}"))

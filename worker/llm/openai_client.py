@@ -18,7 +18,8 @@ import openai
 from openai.types.chat import ChatCompletion
 
 from agentrun.worker.core.types import Block, LlmError, LlmRequest, LlmResponse, Message, Usage
-from agentrun.worker.llm.anthropic_client import Clock, _truncate, _utcnow, retry_after
+from agentrun.worker.llm.anthropic_client import Clock, retry_after, utcnow
+from agentrun.worker.llm.errors import truncated
 
 Json = dict[str, Any]
 
@@ -45,7 +46,7 @@ class OpenAiClient:
         headers: Mapping[str, str] | None = None,
         max_tokens_param: str = "max_tokens",
         http_timeout: float = 600.0,
-        clock: Clock = _utcnow,
+        clock: Clock = utcnow,
     ) -> None:
         self._sdk = openai.AsyncOpenAI(
             # Local servers (vLLM, Ollama) want no key, but the SDK refuses to send without one.
@@ -79,7 +80,7 @@ class OpenAiClient:
             raise LlmError(e.status_code, retry_after(e.response.headers, self._clock()), _status_message(e)) from e
         except openai.APIConnectionError as e:  # includes APITimeoutError
             cause = f" ({type(e.__cause__).__name__}: {e.__cause__})" if e.__cause__ is not None else ""
-            raise LlmError(-1, None, _truncate(f"{type(e).__name__}: {e.message}{cause}")) from e
+            raise LlmError(-1, None, truncated(f"{type(e).__name__}: {e.message}{cause}")) from e
         return from_chat(completion.model_dump(mode="json"))
 
 
@@ -148,7 +149,7 @@ def from_chat(completion: Json) -> LlmResponse:
         except ValueError:
             args = None
         if not isinstance(args, dict):
-            raise LlmError(502, None, _truncate(
+            raise LlmError(502, None, truncated(
                 f"tool call {function.get('name')!r} has arguments that are not a JSON object: {arguments}"
             ))
         # Some servers leave out the id; the step log needs one, unique in the run (it is the tool's
@@ -191,6 +192,6 @@ def _status_message(e: openai.APIStatusError) -> str:
         error = body.get("error", body)
         message = error.get("message") if isinstance(error, dict) else error
         if isinstance(message, str) and message:
-            return _truncate(message)
-    return _truncate(e.response.text or e.message)
+            return truncated(message)
+    return truncated(e.response.text or e.message)
 

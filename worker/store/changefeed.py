@@ -21,7 +21,7 @@ from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool
 
 from agentrun.worker.core.records import PendingCall, Run, Step
-from agentrun.worker.store.rows import DECISION_COLUMNS, RUN_COLUMNS, TIMELINE_COLUMNS, _pending, _run, _step
+from agentrun.worker.store.rows import DECISION_COLUMNS, RUN_COLUMNS, TIMELINE_COLUMNS, as_pending, as_run, as_step
 
 HORIZON = "SELECT agentrun_event_horizon() AS horizon"
 
@@ -93,11 +93,11 @@ class ChangeFeed:
             steps: dict[uuid.UUID, list[tuple[int, Step]]] = {}
             for row in await cur.fetchall():
                 position = row.pop("event_xid")
-                steps.setdefault(row["run_id"], []).append((position, _step(row)))
+                steps.setdefault(row["run_id"], []).append((position, as_step(row)))
         found: dict[uuid.UUID, RunRows] = {}
         for run_id, row in runs.items():
             position = row.pop("event_xid")
-            found[run_id] = RunRows(_run(row), position, decisions.get(run_id, {}), steps.get(run_id, []))
+            found[run_id] = RunRows(as_run(row), position, decisions.get(run_id, {}), steps.get(run_id, []))
         return found
 
 
@@ -107,6 +107,6 @@ async def _decisions(cur: Any, ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str
     found: dict[uuid.UUID, dict[str, list[Decided]]] = {}
     for row in await cur.fetchall():
         position, place = row.pop("event_xid"), row.pop("position")
-        call = _pending(row)
+        call = as_pending(row)
         found.setdefault(call.run_id, {}).setdefault(call.tool_use_id, []).append(Decided(call, position, place))
     return found

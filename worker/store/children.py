@@ -18,7 +18,7 @@ from agentrun.worker.core.records import NewRun, Run
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.store.gateway import Gateway
 from agentrun.worker.store.insert import INSERT_RUN, run_row
-from agentrun.worker.store.rows import FENCE_ASKED, RUN_COLUMNS, LeaseLost, _run
+from agentrun.worker.store.rows import FENCE_ASKED, RUN_COLUMNS, LeaseLost, as_run
 
 ACTIVE = "('QUEUED', 'RUNNING', 'WAITING')"
 
@@ -103,7 +103,7 @@ class Children(Gateway):
                 ORDER BY r.created_at, r.id""",
             (run_id,),
         )
-        return [_run(r) for r in rows]
+        return [as_run(r) for r in rows]
 
     async def children_counts(self, run_id: uuid.UUID) -> dict[str, int]:
         """The runs the run's sub-agent calls started, counted: `total`, `active` (not finished),

@@ -17,7 +17,7 @@ from agentrun.worker.store.rows import (
     EPOCH,
     RUN_COLUMNS,
     Claim,
-    _run,
+    as_run,
 )
 
 
@@ -68,7 +68,7 @@ class Claims(Gateway):
         for row in rows:
             db_now = row.pop("db_now")
             taken_from = row.pop("taken_from")
-            run = _run(row)
+            run = as_run(row)
             claims.append(Claim(
                 run, Progress(run.tokens_used, run.cost_usd, run.cancel_requested, db_now,
                               run.messages_sent - run.messages_delivered), taken_from, sent_at

@@ -24,7 +24,7 @@ from agentrun.worker.store.rows import (
     OWNED,
     DecideOutcome,
     LeaseLost,
-    _pending,
+    as_pending,
 )
 
 
@@ -100,7 +100,7 @@ class Decisions(Gateway):
         )
         if row is None:
             raise LeaseLost(run_id, worker)
-        return _pending(row)
+        return as_pending(row)
 
     async def decisions(self, run_id: uuid.UUID) -> list[PendingCall]:
         """Every call of the run that needed a person, decided or not, oldest first."""
@@ -108,7 +108,7 @@ class Decisions(Gateway):
             f"SELECT {DECISION_COLUMNS} FROM run_decision WHERE run_id = %s ORDER BY since, position, attempt",
             (run_id,),
         )
-        return [_pending(r) for r in rows]
+        return [as_pending(r) for r in rows]
 
     async def decide(
         self, run_id: uuid.UUID, tool_use_id: str, decision: Decision, *, output: str | None = None,

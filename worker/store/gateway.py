@@ -17,7 +17,7 @@ from agentrun.worker.core.records import (
 from agentrun.worker.store.groupcommit import GroupCommit, Shared
 from agentrun.worker.store.rows import (
     RUN_COLUMNS,
-    _run,
+    as_run,
 )
 
 
@@ -84,4 +84,4 @@ class Gateway:
 
     async def get(self, run_id: uuid.UUID) -> Run | None:
         row = await self._one(f"SELECT {RUN_COLUMNS} FROM run r WHERE r.id = %s", (run_id,))
-        return _run(row) if row else None
+        return as_run(row) if row else None

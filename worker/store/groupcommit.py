@@ -185,7 +185,7 @@ class GroupCommit:
             if len(batch) == 1:
                 answers = [(batch[0], await _alone(conn, batch[0].query, batch[0].params, _lock(batch[0])))]
             else:
-                answers = await _together(conn, batch)
+                answers = await commit_together(conn, batch)
         except psycopg.Error as e:
             if transient(e) or len(batch) == 1:
                 _answer_all(batch, e)
@@ -238,7 +238,7 @@ async def _alone(
     return row
 
 
-async def _together(conn: psycopg.AsyncConnection[Any], batch: list[_Write]) -> list[tuple[_Write, Row | None]]:
+async def commit_together(conn: psycopg.AsyncConnection[Any], batch: list[_Write]) -> list[tuple[_Write, Row | None]]:
     """One transaction, pipelined: BEGIN, the statements and COMMIT leave in one round trip.
 
     The writes of a kind that has a shared statement go as one statement; the rest one each. No lock

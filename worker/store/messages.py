@@ -15,7 +15,7 @@ from agentrun.worker.core.records import Message, Progress, RunStatus, Step, Ste
 from agentrun.worker.core.replay import MESSAGE
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.store.gateway import Gateway
-from agentrun.worker.store.rows import FENCE, OWNED, PROGRESS, LeaseLost, _progress
+from agentrun.worker.store.rows import FENCE, OWNED, PROGRESS, LeaseLost, as_progress
 
 MESSAGE_COLUMNS = "run_id, n, text, created_by, created_at, seq"
 DELIVERY_BATCH = 64
@@ -104,7 +104,7 @@ class Messages(Gateway):
         )
         if row is None:
             raise LeaseLost(run_id, worker)
-        progress = _progress(row)
+        progress = as_progress(row)
         # The steps this write made, or (a copy sent again) the ones its first copy made: read back by the
         # write id, after the commit.
         rows = await self._all(

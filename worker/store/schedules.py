@@ -27,7 +27,7 @@ from agentrun.worker.core.records import NewRun, Run
 from agentrun.worker.core.schedules import ConcurrencyPolicy, Schedule, due, next_time, timing_problem
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.store.groupcommit import transient
-from agentrun.worker.store.rows import RUN_COLUMNS, _run
+from agentrun.worker.store.rows import RUN_COLUMNS, as_run
 from agentrun.worker.store.submit import Submissions, cancel_in, insert_run, run_params
 
 SCHEDULE_COLUMNS = """s.name, s.cron, s.interval_seconds, s.timezone, s.run, s.spec, s.concurrency_policy,
@@ -162,7 +162,7 @@ class Schedules(Submissions):
     async def schedule_runs(self, name: str, limit: int) -> list[Run]:
         rows = await self._all(f"SELECT {RUN_COLUMNS} FROM run r WHERE r.schedule_name = %s "
                                "ORDER BY r.created_at DESC, r.id LIMIT %s", (name, limit))
-        return [_run(r) for r in rows]
+        return [as_run(r) for r in rows]
 
     async def schedule_ticks(self, name: str) -> list[dict[str, Any]]:
         """The schedule's tick rows, oldest first (tests, debugging)."""

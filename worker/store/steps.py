@@ -28,7 +28,7 @@ from agentrun.worker.store.rows import (
     OWNED,
     PROGRESS,
     LeaseLost,
-    _progress,
+    as_progress,
 )
 
 # The shared forms of the three writes every step makes (groupcommit.py): one statement for the copies
@@ -175,7 +175,7 @@ class StepWrites(Gateway):
         )
         if row is None:
             raise LeaseLost(run_id, worker)
-        return row["seq"], _progress(row)
+        return row["seq"], as_progress(row)
 
     async def start_tool(
         self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, write_id: uuid.UUID | None = None,
@@ -217,7 +217,7 @@ class StepWrites(Gateway):
             raise LeaseLost(run_id, worker)
         if row["seq"] is None:
             raise RuntimeError(f"run {run_id}: tool step {tool_use_id} is already finished")
-        return row["seq"], row["attempts"], _progress(row)
+        return row["seq"], row["attempts"], as_progress(row)
 
     async def finish_tool(
         self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, write_id: uuid.UUID | None = None,
@@ -247,7 +247,7 @@ class StepWrites(Gateway):
             raise LeaseLost(run_id, worker)
         if row["seq"] is None:
             raise RuntimeError(f"run {run_id}: tool step {tool_use_id} was not STARTED")
-        return _progress(row)
+        return as_progress(row)
 
     async def finish(
         self, run_id: uuid.UUID, worker: str, status: RunStatus, error: str | None, *, again: bool = False,
@@ -297,7 +297,7 @@ class StepWrites(Gateway):
             params, again=again,
         )
         if row is not None and row["tokens_used"] is None and row["owed"]:
-            return _progress({**row, "tokens_used": row["held_tokens"]})
+            return as_progress({**row, "tokens_used": row["held_tokens"]})
         if row is None or row["tokens_used"] is None:
             raise LeaseLost(run_id, worker)
         return int(row["tokens_used"])
@@ -335,7 +335,7 @@ class StepWrites(Gateway):
             raise LeaseLost(run_id, worker)
         if row["seq"] is None:
             raise RuntimeError(f"run {run_id}: tool step {tool_use_id} is already finished")
-        return _progress(row)
+        return as_progress(row)
 
     async def add_user_step(
         self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, write_id: uuid.UUID | None = None,
@@ -360,4 +360,4 @@ class StepWrites(Gateway):
         )
         if row is None:
             raise LeaseLost(run_id, worker)
-        return _progress(row)
+        return as_progress(row)

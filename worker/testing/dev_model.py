@@ -28,8 +28,8 @@ from agentrun.worker.testing.fake_server import (
     AgentResponder,
     Json,
     Reply,
-    _as_text,
-    _tokens,
+    as_text,
+    token_count,
     tool_results,
     usage_of,
 )
@@ -107,8 +107,8 @@ class DevResponder:
         offered = {str(t.get("name")): t for t in body.get("tools", []) if isinstance(t, dict)}
         turn = sum(1 for m in messages if m.get("role") == "assistant")
         prefix = [body.get("system"), body.get("tools"), messages[:-1]]
-        cached = _tokens(prefix) if len(messages) > 1 else 0
-        write = _tokens(messages[-1:]) + (0 if cached else _tokens(prefix))
+        cached = token_count(prefix) if len(messages) > 1 else 0
+        write = token_count(messages[-1:]) + (0 if cached else token_count(prefix))
         # The demo's tool named without an input gets the demo's input (list_tickets needs a status).
         plan = tuple((n, self.base.input if n == self.base.tool and i is None else i or {}) for n, i in found.tools) \
             or ((self.base.tool, self.base.input),)
@@ -127,10 +127,10 @@ class DevResponder:
         results = [r for m in messages if m.get("role") == "user" for r in tool_results(m)]
         missing = [name for name, _ in plan if name not in offered]
         if results:
-            text = f"Summary of {called[-1] if called else 'the tools'}: {_as_text(results[-1].get('content'))[:300]}"
+            text = f"Summary of {called[-1] if called else 'the tools'}: {as_text(results[-1].get('content'))[:300]}"
         else:
             text = f"No {' or '.join(missing)} tool was offered, so here is an answer without it."
-        return Reply.text(text, usage_of(3, _tokens(text), write, cached))
+        return Reply.text(text, usage_of(3, token_count(text), write, cached))
 
 
 def _called(messages: list[Json]) -> list[str]:

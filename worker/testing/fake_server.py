@@ -109,7 +109,7 @@ def usage_of(input: int, output: int, cache_write: int = 0, cache_read: int = 0)
     }
 
 
-def _tokens(value: Any) -> int:
+def token_count(value: Any) -> int:
     """A rough token count (four characters a token), enough for believable usage numbers."""
     return max(1, len(json.dumps(value)) // 4)
 
@@ -174,8 +174,8 @@ class AgentResponder:
     def _reply(self, body: Json) -> Reply:
         messages: list[Json] = body.get("messages", [])
         prefix = [body.get("system"), body.get("tools"), messages[:-1]]
-        cached = _tokens(prefix) if len(messages) > 1 else 0
-        write = _tokens(messages[-1:]) + (0 if cached else _tokens(prefix))
+        cached = token_count(prefix) if len(messages) > 1 else 0
+        write = token_count(messages[-1:]) + (0 if cached else token_count(prefix))
         results = [r for m in messages if m.get("role") == "user" for r in tool_results(m)]
         offered = any(t.get("name") == self.tool for t in body.get("tools", []))
         if not results and offered:
@@ -184,10 +184,10 @@ class AgentResponder:
                 self.tool, self.input, id=f"toolu_{turn:02d}_{self.tool}", usage=usage_of(3, 40, write, cached)
             )
         if results:
-            text = f"Summary of {self.tool}: {_as_text(results[-1].get('content'))[:300]}"
+            text = f"Summary of {self.tool}: {as_text(results[-1].get('content'))[:300]}"
         else:
             text = f"No {self.tool} tool was offered, so here is an answer without it."
-        return Reply.text(text, usage_of(3, _tokens(text), write, cached))
+        return Reply.text(text, usage_of(3, token_count(text), write, cached))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,7 +207,7 @@ class ScriptResponder:
     @staticmethod
     def plan(body: Json) -> dict[str, str]:
         messages = body.get("messages") or [{}]
-        return dict(re.findall(r"(\w+)=(\S+)", _as_text(messages[0].get("content"))))
+        return dict(re.findall(r"(\w+)=(\S+)", as_text(messages[0].get("content"))))
 
     @classmethod
     def key(cls, body: Json) -> tuple[str, int]:
@@ -243,7 +243,7 @@ class TreeResponder:
     def __call__(self, body: Json) -> Reply:
         messages: list[Json] = body.get("messages") or [{}]
         agents = [t.get("name") for t in body.get("tools", []) if str(t.get("name", "")).startswith("agent__")]
-        task = _as_text(messages[0].get("content")) if not isinstance(messages[0].get("content"), str) \
+        task = as_text(messages[0].get("content")) if not isinstance(messages[0].get("content"), str) \
             else messages[0]["content"]
         results = [r for m in messages if m.get("role") == "user" for r in tool_results(m)]
         if agents and not results:
@@ -251,15 +251,15 @@ class TreeResponder:
                        "input": {"task": f"part {i + 1} of: {task}"}} for i, name in enumerate(agents)]
             return Reply.message(blocks, "tool_use")
         if agents:
-            joined = " | ".join(f"{'ERROR ' if r.get('is_error') else ''}{_as_text(r.get('content'))}"
+            joined = " | ".join(f"{'ERROR ' if r.get('is_error') else ''}{as_text(r.get('content'))}"
                                 if not isinstance(r.get("content"), str) else r["content"] for r in results)
             return Reply.text(f"combined: {joined}")
         system = body.get("system")
-        who = system if isinstance(system, str) else _as_text(system) if system else "agent"
+        who = system if isinstance(system, str) else as_text(system) if system else "agent"
         return Reply.text(f"{who}: {task}").after(self.child_latency)
 
 
-def _as_text(content: Any) -> str:
+def as_text(content: Any) -> str:
     if isinstance(content, list):
         return " ".join(str(b.get("text", "")) for b in content if isinstance(b, dict))
     return str(content or "")
@@ -536,7 +536,7 @@ class FakeAnthropic(FakeApi):
                        f"the newest is {ids[-1] if ids else 'none'}"
                        + (f" (toolu_long_{newest})." if newest >= 0 else "."))
             managed.compaction = {"type": "compaction", "content": summary}
-            managed.compaction_usage = {"type": "compaction", "input_tokens": n, "output_tokens": _tokens(summary),
+            managed.compaction_usage = {"type": "compaction", "input_tokens": n, "output_tokens": token_count(summary),
                                         "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0}
             managed.seen = {**seen, "messages": [{"role": "user", "content": summary}]}
         return managed

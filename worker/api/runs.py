@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import re
 import uuid
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Header, Path, Query, Request, Response
 
+from agentrun.worker.api.common import (
+    IDEMPOTENCY_KEY_SCHEMA,
+    MAX_PAGE,
+    OrjsonRoute,
+    Responses,
+    Submissions,
+    checked_idempotency_key,
+    documented_errors,
+    refusal,
+)
 from agentrun.worker.api.errors import ApiError
-from agentrun.worker.api.guards import ScopedRoute, access, caller_name
+from agentrun.worker.api.guards import access, caller_name
 from agentrun.worker.api.identities import Identities, Scope
 from agentrun.worker.api.schemas import (
     MAX_NAME_CHARS,
@@ -34,64 +42,25 @@ from agentrun.worker.api.schemas import (
     WebhookDeliveryView,
     rfc3339,
 )
-from agentrun.worker.api.webhooks import WebhookCheck
 from agentrun.worker.core import children as sub_agents
 from agentrun.worker.core.agents import parse_ref
 from agentrun.worker.core.answer import system_sent, tools_sent
 from agentrun.worker.core.labels import Selector, parse_selector
 from agentrun.worker.core.pricing import PriceTable
-from agentrun.worker.core.records import Decision, NewRun, Origin, PendingCall, Run, RunStatus, StepKind
+from agentrun.worker.core.records import Decision, NewRun, PendingCall, Run, RunStatus, StepKind
 from agentrun.worker.core.replay import Conversation
-from agentrun.worker.core.submission import Caller, Defaults, Offer, Refusal, Refused, RunSpec
+from agentrun.worker.core.submission import Caller, Refused
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.obs.tracing.context import TRACEPARENT_PATTERN, checked_traceparent
-from agentrun.worker.runtime.door import Door
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import DecideOutcome, RunFilter, RunStore
 from agentrun.worker.tools import ToolBox
 
-MAX_PAGE = 200
 MAX_SELECTOR_CHARS = 4096
-REFUSAL_STATUS = {Refusal.INVALID: 422, Refusal.CONFLICT: 409, Refusal.UNFIT: 422, Refusal.NOT_FOUND: 404}
-MAX_IDEMPOTENCY_KEY = 255
-# Printable ASCII: what every HTTP stack carries unchanged (other bytes arrive as Latin-1 guesses).
-IDEMPOTENCY_KEY = re.compile(rf"[\x20-\x7e]{{1,{MAX_IDEMPOTENCY_KEY}}}")
 
 RunId = Annotated[uuid.UUID, Path(alias="id", description="The run's id (a UUID).")]
-
-ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody, "description": text}
-    for code, text in {
-        401: "Missing or wrong bearer token (only when the server requires tokens)",
-        403: "The token's identity lacks the scope the operation requires: `error` names it",
-        404: "No such run",
-        422: "Invalid input (a field of the body or a query parameter: its shape, or what the server makes "
-        "of it, such as an `outputSchema` that is no JSON Schema, a model no provider serves, a cost budget "
-        "on an unpriced model): `fields` names each field and its problem",
-        503: "Database unavailable",
-    }.items()
-}
-
-
-class _OrjsonRequest(Request):
-    async def json(self) -> Any:
-        # orjson refuses what PostgreSQL or a reader later would choke on (lone surrogates, NaN) and
-        # stops nesting at a fixed depth, raising json.JSONDecodeError subclasses FastAPI turns into 400s.
-        if not hasattr(self, "_json"):
-            self._json = orjson.loads(await self.body())
-        return self._json
-
-
-class OrjsonRoute(ScopedRoute):
-    def get_route_handler(self) -> Any:
-        handler = super().get_route_handler()
-
-        async def route(request: Request) -> Response:
-            return await handler(_OrjsonRequest(request.scope, request.receive))
-
-        return route
 
 
 def _not_found(run_id: uuid.UUID) -> ApiError:
@@ -114,30 +83,12 @@ def _traceparent_schema(schema: dict[str, Any]) -> None:
     schema.update(type="string", examples=["00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"])
 
 
-def _idempotency_key(value: str | None) -> str | None:
-    if value is None:
-        return None
-    if not IDEMPOTENCY_KEY.fullmatch(value):
-        problem = f"must be 1 to {MAX_IDEMPOTENCY_KEY} printable ASCII characters"
-        raise ApiError(422, f"Idempotency-Key: {problem}", [FieldProblem(field="Idempotency-Key", problem=problem)])
-    return value
-
-
 class RunRoutes:
     """The /api/runs handlers over what they need; `runs_router` mounts them."""
 
-    def __init__(
-        self, store: RunStore, tools: ToolBox, settings: WorkerSettings, prices: PriceTable,
-        metrics: Metrics | None, providers: Providers,
-    ) -> None:
-        self.store, self.metrics = store, metrics
-        self.door = Door(store)
-        # The API's policy: a new run names its budgets (no default spends tokens it was not given).
-        self.defaults = Defaults(model=settings.default_model, token_budget=None, timeout_seconds=None)
-        self.tools, self.prices, self.providers = tools, prices, providers
-        # The request's own webhook: http(s), a host the URL policy allows, a configured secret; else 422
-        # naming the field. An inherited one (an agent's, a source's) was checked when it was given.
-        self.check_webhook = WebhookCheck(settings)
+    def __init__(self, store: RunStore, submissions: Submissions, metrics: Metrics | None) -> None:
+        self.store, self.submissions, self.metrics = store, submissions, metrics
+        self.tools, self.prices = submissions.tools, submissions.prices
 
     async def get_run(self, run_id: uuid.UUID) -> Run:
         run = await self.store.get(run_id)
@@ -161,20 +112,6 @@ class RunRoutes:
             return source
         return None
 
-    def offer(self) -> Offer:
-        """What this server's workers can run, as far as the API knows it."""
-        return Offer(has_tool=lambda name: self.tools.get(name) is not None, tool_names=self.tools.names,
-                     prices=self.prices, model_problem=self.providers.problem)
-
-    async def planned(self, spec: RunSpec, source: Run | None, caller: Caller = Caller()) -> NewRun:
-        """The run the door makes of `spec` (its agent applied and pinned, its sub-agents pinned), not
-        written, or its refusal as the API answers it."""
-        try:
-            return await self.door.plan(spec, Origin.API, caller, source=source, defaults=self.defaults,
-                                        offer=self.offer())
-        except Refused as e:
-            raise refusal(e) from None
-
     async def submit(
         self,
         body: RunRequest,
@@ -184,7 +121,7 @@ class RunRoutes:
             alias="Idempotency-Key",
             description="Retrying with the same key returns the run the first request made (201 again, "
             "with `Idempotent-Replayed: true`); reusing it for a different request is a 422.",
-            json_schema_extra={"minLength": 1, "maxLength": MAX_IDEMPOTENCY_KEY, "pattern": "^[\\x20-\\x7e]*$"},
+            json_schema_extra=IDEMPOTENCY_KEY_SCHEMA,
         )] = None,
         traceparent: Annotated[str | None, Header(
             description="W3C Trace Context (version 00, `" + TRACEPARENT_PATTERN + "`): the run's trace (when "
@@ -196,23 +133,19 @@ class RunRoutes:
     ) -> RunCreated:
         """Queue a run. The next free worker claims it: higher `priority` first, not before `runAt` (or
         `delaySeconds` from now). Scope: `submit`; the run records who as `createdBy`."""
-        key = _idempotency_key(idempotency_key)
+        key = checked_idempotency_key(idempotency_key)
         caller_span = _caller_span(traceparent, response)
         spec, source = body.spec(), await self.source(body)
-        self.check_webhook(spec.webhook)
+        self.submissions.check_webhook(spec.webhook)
 
         caller = Caller(created_by=caller_name(request), idempotency_key=key, traceparent=caller_span)
-        try:
-            made = await self.door.submit(spec, Origin.API, caller, source=source, defaults=self.defaults,
-                                          offer=self.offer())
-        except Refused as e:
-            raise refusal(e) from None
+        made = await self.submissions.submit(spec, source, caller)
         run, created, new = made.run, made.created, made.new
         if not created and spec.agent is not None and spec.agent[1] is None and run.agent == new.agent \
                 and run.agent_version is not None and run.agent_version != new.agent_version:
             # A retry after the agent got a new version: the first request was made of the version it pinned.
-            new = await self.planned(dataclasses.replace(spec, agent=(spec.agent[0], run.agent_version)), source,
-                                     caller)
+            pinned = dataclasses.replace(spec, agent=(spec.agent[0], run.agent_version))
+            new = await self.submissions.planned(pinned, source, caller)
         if not created:
             _check_replay(run, new, key)
             response.headers["Idempotent-Replayed"] = "true"
@@ -498,12 +431,6 @@ def _storable_query(text: str | None, name: str) -> str | None:
     return text
 
 
-def refusal(e: Refused) -> ApiError:
-    """A refusal of the submission policy as the API answers it: its status, the fields named."""
-    fields = [FieldProblem(field=p.field, problem=p.problem) for p in e.problems]
-    return ApiError(REFUSAL_STATUS[e.kind], e.message, fields)
-
-
 def _caller_span(traceparent: str | None, response: Response) -> str | None:
     try:
         return checked_traceparent(traceparent)
@@ -538,7 +465,6 @@ def _check_decided(
         raise ApiError(409, f"call {tool_use_id} of run {run_id} was already decided")
 
 
-Responses = dict[int | str, dict[str, Any]]
 SUBMIT_ERRORS: Responses = {
     400: {"model": ErrorBody, "description": "The body is not JSON at all, or over the size limit"},
     404: {"model": ErrorBody, "description": "No run to continue or fork, or no agent (or version of it) named "
@@ -561,12 +487,12 @@ def runs_router(
     store: RunStore, tools: ToolBox, settings: WorkerSettings, prices: PriceTable, identities: Identities | None = None,
     metrics: Metrics | None = None, providers: Providers | None = None,
 ) -> APIRouter:
-    routes = RunRoutes(store, tools, settings, prices, metrics, providers or Providers())
+    routes = RunRoutes(store, Submissions(store, tools, settings, prices, providers or Providers()), metrics)
     # ScopedRoute (OrjsonRoute's base) enforces each route's scope before any parsing; `access` declares it.
     secured = identities.enabled if identities is not None else bool(settings.api_token or settings.api_tokens_file)
     router = APIRouter(
         prefix="/api/runs", tags=["runs"], route_class=OrjsonRoute,
-        responses=ERRORS if secured else {k: v for k, v in ERRORS.items() if k not in (401, 403)},
+        responses=documented_errors(secured),
     )
     read = access(Scope.READ, secured)
     router.post("", status_code=201, response_model=RunCreated, **access(Scope.SUBMIT, secured),

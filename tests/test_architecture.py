@@ -420,12 +420,7 @@ CHECKED = {"worker": "agentrun.worker", "operator": "agentrun.operator", "tests"
 
 # Private names still imported across modules, each while it moves. Each must still be there: once it is
 # gone its entry goes too, so this list never hides a new one.
-PRIVATE_PENDING: dict[tuple[str, str], str] = {
-    ("worker/store/reads.py", "agentrun.worker.store.rows._run"):
-        "store/reads.py is rewritten beside issue 45's item 3 (its scoped reads, item 2): it takes rows.as_run",
-    ("worker/store/reads.py", "agentrun.worker.store.rows._step"):
-        "store/reads.py is rewritten beside issue 45's item 3 (its scoped reads, item 2): it takes rows.as_step",
-}
+PRIVATE_PENDING: dict[tuple[str, str], str] = {}
 
 
 def _private(name: str) -> bool:

@@ -21,8 +21,8 @@ from agentrun.worker.store.rows import (
     RUN_COLUMNS,
     STEP_COLUMNS,
     TIMELINE_COLUMNS,
-    _run,
-    _step,
+    as_run,
+    as_step,
 )
 
 
@@ -102,32 +102,32 @@ class Reads(Gateway):
         if parent is not None:
             where = dataclasses.replace(where, parent=parent)
         rows = await self._all(LIST_RUNS, {**_filter_params(where), "after": after, "limit": limit})
-        return [_run(r) for r in rows]
+        return [as_run(r) for r in rows]
 
     async def steps(self, run_id: uuid.UUID, after_seq: int = 0) -> list[Step]:
         rows = await self._all(
             f"SELECT {STEP_COLUMNS} FROM run_step WHERE run_id = %s AND seq > %s ORDER BY seq",
             (run_id, after_seq),
         )
-        return [_step(r) for r in rows]
+        return [as_step(r) for r in rows]
 
     async def steps_before(self, run_id: uuid.UUID, seq: int) -> list[Step]:
         """The steps before `seq`, in order: what a replay rebuilds that step's request from."""
         rows = await self._all(
             f"SELECT {STEP_COLUMNS} FROM run_step WHERE run_id = %s AND seq < %s ORDER BY seq", (run_id, seq)
         )
-        return [_step(r) for r in rows]
+        return [as_step(r) for r in rows]
 
     async def step(self, run_id: uuid.UUID, seq: int) -> Step | None:
         row = await self._one(f"SELECT {STEP_COLUMNS} FROM run_step WHERE run_id = %s AND seq = %s", (run_id, seq))
-        return _step(row) if row else None
+        return as_step(row) if row else None
 
     async def timeline(self, run_id: uuid.UUID) -> list[Step]:
         """The steps without their request and response bodies."""
         rows = await self._all(
             f"SELECT {TIMELINE_COLUMNS} FROM run_step WHERE run_id = %s ORDER BY seq", (run_id,)
         )
-        return [_step(r) for r in rows]
+        return [as_step(r) for r in rows]
 
     async def count_by_status(self) -> dict[str, int]:
         """How many runs there are in each status (for the metrics gauge)."""
@@ -141,7 +141,7 @@ class Reads(Gateway):
         if not run_ids:
             return []
         rows = await self._all(f"SELECT {RUN_COLUMNS} FROM run r WHERE r.id = ANY(%s)", (list(run_ids),))
-        return [_run(r) for r in rows]
+        return [as_run(r) for r in rows]
 
     async def find_linked(self, namespace: str, name: str) -> Run | None:
         """The run mirrored from the AgentRun `namespace/name`, if any (the newest, should names repeat)."""
@@ -150,7 +150,7 @@ class Reads(Gateway):
                 ORDER BY r.created_at DESC LIMIT 1""",
             (namespace, name),
         )
-        return _run(row) if row else None
+        return as_run(row) if row else None
 
     async def unfinished_linked(self) -> list[Run]:
         """Every queued or running run mirrored from an AgentRun: the operator's periodic resync."""
@@ -159,4 +159,4 @@ class Reads(Gateway):
                 WHERE r.k8s_name IS NOT NULL AND r.status IN ('QUEUED', 'RUNNING', 'WAITING')""",
             (),
         )
-        return [_run(r) for r in rows]
+        return [as_run(r) for r in rows]

@@ -147,7 +147,3 @@ def as_progress(row: dict[str, Any]) -> Progress:
     return Progress(row["tokens_used"], row["cost_usd"], row["cancel_requested"], row["db_now"],
                     row.get("messages_waiting") or 0)
 
-
-# store/reads.py's names for two of these, until it takes the public ones: it is being rewritten beside this
-# change (issue 45, item 2), and tests/test_architecture.py lists its two imports until then.
-_run, _step = as_run, as_step

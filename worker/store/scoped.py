@@ -19,7 +19,7 @@ from agentrun.worker.core.records import Message, PendingCall, Run, RunStatus, S
 from agentrun.worker.core.viewer import Viewer
 from agentrun.worker.core.webhooks import Delivery
 from agentrun.worker.store.reads import RunFilter
-from agentrun.worker.store.rows import RUN_COLUMNS, _run
+from agentrun.worker.store.rows import RUN_COLUMNS, as_run
 from agentrun.worker.store.waits import PendingWait
 
 
@@ -66,7 +66,7 @@ class ScopedReads:
     async def get(self, run_id: uuid.UUID) -> Run | None:
         """The run, if the viewer sees it."""
         row = await self._run_row(run_id, RUN_COLUMNS)
-        return _run(row) if row else None
+        return as_run(row) if row else None
 
     async def sees(self, run_id: uuid.UUID) -> bool:
         """Whether the run exists and the viewer sees it."""

@@ -24,17 +24,18 @@ from typing import Annotated, Any
 
 import orjson
 import psycopg
-from fastapi import APIRouter, Header, Path
+from fastapi import APIRouter, Header, Path, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from agentrun.worker.api.common import documented_errors
 from agentrun.worker.api.errors import ApiError
-from agentrun.worker.api.guards import ScopedRoute, access
+from agentrun.worker.api.guards import ScopedRoute, access, caller_name
 from agentrun.worker.api.identities import Scope
 from agentrun.worker.api.schemas import DecisionView, RunView, TimelineStep
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import StepKind
+from agentrun.worker.core.viewer import Viewer
 from agentrun.worker.store import RunStore, channels
 from agentrun.worker.store.changefeed import ChangeFeed, RunRows
 from agentrun.worker.store.channels import DELTA_CHANNEL, EVENTS_CHANNEL
@@ -452,6 +453,7 @@ def events_router(store: RunStore, hub: EventHub, secured: bool) -> APIRouter:
     )
     async def events(
         run_id: Annotated[uuid.UUID, Path(alias="id", description="The run's id (a UUID).")],
+        request: Request,
         # A plain string (absent: empty), so the document states its form on the string itself.
         last_event_id: Annotated[str, Header(
             alias="Last-Event-ID", description="Resume after this event: what the stream missed, nothing twice "
@@ -466,6 +468,8 @@ def events_router(store: RunStore, hub: EventHub, secured: bool) -> APIRouter:
         run is terminal; the stream closes). Every event has an `id`; a client that connects late gets the
         stored steps first, then live ones. A comment line
         (`: keep-alive`) comes after 15 s of silence. Scope: `read`."""
+        if not await store.scoped(Viewer(identity=caller_name(request))).sees(run_id):
+            raise ApiError(404, f"no run with id {run_id}")
         after = parse_event_id(last_event_id) if last_event_id else START
         first = await hub.catch_up(run_id, after)
         if first is None:

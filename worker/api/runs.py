@@ -51,11 +51,12 @@ from agentrun.worker.core.records import Decision, NewRun, PendingCall, Run, Run
 from agentrun.worker.core.replay import Conversation
 from agentrun.worker.core.submission import Caller, Refused
 from agentrun.worker.core.text import unstorable
+from agentrun.worker.core.viewer import Viewer
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.obs.tracing.context import TRACEPARENT_PATTERN, checked_traceparent
 from agentrun.worker.settings import WorkerSettings
-from agentrun.worker.store import DecideOutcome, RunFilter, RunStore
+from agentrun.worker.store import DecideOutcome, RunFilter, RunStore, ScopedReads
 from agentrun.worker.tools import ToolBox
 
 MAX_SELECTOR_CHARS = 4096
@@ -90,22 +91,26 @@ class RunRoutes:
         self.store, self.submissions, self.metrics = store, submissions, metrics
         self.tools, self.prices = submissions.tools, submissions.prices
 
-    async def get_run(self, run_id: uuid.UUID) -> Run:
-        run = await self.store.get(run_id)
+    def reads(self, request: Request) -> ScopedReads:
+        """The caller's reads: every read of runs a route makes goes through them (store/scoped.py)."""
+        return self.store.scoped(Viewer(identity=caller_name(request)))
+
+    async def get_run(self, reads: ScopedReads, run_id: uuid.UUID) -> Run:
+        run = await reads.get(run_id)
         if run is None:
             raise _not_found(run_id)
         return run
 
-    async def source(self, body: RunRequest) -> Run | None:
+    async def source(self, reads: ScopedReads, body: RunRequest) -> Run | None:
         """The run a new one continues or forks: 404 if there is none (the policy checks the rest)."""
         if body.continue_from is not None:
-            source = await self.store.get(body.continue_from)
+            source = await reads.get(body.continue_from)
             if source is None:
                 raise ApiError(404, f"continueFrom: no run with id {body.continue_from}",
                                [FieldProblem(field="continueFrom", problem="names no run")])
             return source
         if body.fork_from is not None:
-            source = await self.store.get(body.fork_from.run_id)
+            source = await reads.get(body.fork_from.run_id)
             if source is None:
                 raise ApiError(404, f"forkFrom: no run with id {body.fork_from.run_id}",
                                [FieldProblem(field="forkFrom.runId", problem="names no run")])
@@ -135,7 +140,7 @@ class RunRoutes:
         `delaySeconds` from now). Scope: `submit`; the run records who as `createdBy`."""
         key = checked_idempotency_key(idempotency_key)
         caller_span = _caller_span(traceparent, response)
-        spec, source = body.spec(), await self.source(body)
+        spec, source = body.spec(), await self.source(self.reads(request), body)
         self.submissions.check_webhook(spec.webhook)
 
         caller = Caller(created_by=caller_name(request), idempotency_key=key, traceparent=caller_span)
@@ -155,6 +160,7 @@ class RunRoutes:
 
     async def list_runs(
         self,
+        request: Request,
         status: Annotated[str | None, Query(
             description="Only runs in these statuses, any case, comma-separated: `status=running,waiting`.",
             max_length=200)] = None,
@@ -196,35 +202,37 @@ class RunRoutes:
             created_after=_aware(created_after, "createdAfter"), created_before=_aware(created_before, "createdBefore"),
             text=_storable_query(q, "q"),
         )
-        runs = await self.store.list_runs(None, limit + 1, after, where=where)
+        reads = self.reads(request)
+        runs = await reads.list_runs(None, limit + 1, after, where=where)
         # A cursor naming no run yields an empty page; only then is it worth a query to tell the two apart.
-        if after is not None and not runs and await self.store.get(after) is None:
+        if after is not None and not runs and await reads.get(after) is None:
             problem = "names no run; pass the `next` of a previous page"
             raise ApiError(422, f"after: {problem}", [FieldProblem(field="after", problem=problem)])
         page = runs[:limit]
         return RunPage(items=[RunSummary.of(r, self.prices) for r in page],
                        next=page[-1].id if len(runs) > limit else None)
 
-    async def get(self, run_id: RunId) -> RunView:
+    async def get(self, run_id: RunId, request: Request) -> RunView:
         """A run: status, input, model, budgets, tokens and cost so far, error, times, the holding worker,
         who created it and who cancelled it. Scope: `read`."""
-        return RunView.of(await self.get_run(run_id), self.prices)
+        return RunView.of(await self.get_run(self.reads(request), run_id), self.prices)
 
-    async def children(self, run_id: RunId) -> list[RunView]:
+    async def children(self, run_id: RunId, request: Request) -> list[RunView]:
         """The runs the run's sub-agent calls started, in the order of the calls (empty when none). Each
         has `parentRunId` (this run), `parentToolUseId` (the call) and its own totals. Scope: `read`."""
-        children = await self.store.children(run_id)
-        if not children:
-            await self.get_run(run_id)
+        children = await self.reads(request).children(run_id)
+        if children is None:
+            raise _not_found(run_id)
         return [RunView.of(c, self.prices) for c in children]
 
-    async def timeline(self, run_id: RunId) -> list[TimelineStep]:
+    async def timeline(self, run_id: RunId, request: Request) -> list[TimelineStep]:
         """The run's steps in seq order, without their request and response bodies. Scope: `read`."""
-        steps = await self.store.timeline(run_id)
-        if not steps:  # a run without steps yet, or no run at all
-            await self.get_run(run_id)
+        reads = self.reads(request)
+        steps = await reads.timeline(run_id)
+        if steps is None:
+            raise _not_found(run_id)
         by_call: dict[str, list[PendingCall]] = {}
-        for call in await self.store.decisions(run_id):
+        for call in await reads.decisions(run_id) or []:
             by_call.setdefault(call.tool_use_id, []).append(call)
         rows = [TimelineStep.of(s) for s in steps]
         for i, s in enumerate(steps):
@@ -235,30 +243,33 @@ class RunRoutes:
         # Calls that wait for a person and have no step yet (approvals not given) follow the steps; those of
         # a run that has ended (cancelled or timed out while it waited) will never be made: ABANDONED.
         if by_call:
-            ended = (await self.get_run(run_id)).status.terminal
+            ended = (await self.get_run(reads, run_id)).status.terminal
             rows.extend(TimelineStep.waiting(c[-1], c, abandoned=ended) for c in by_call.values())
         return rows
 
-    async def webhooks(self, run_id: RunId) -> list[WebhookDeliveryView]:
+    async def webhooks(self, run_id: RunId, request: Request) -> list[WebhookDeliveryView]:
         """The run's webhook deliveries, oldest first, each with every attempt (status code, latency, error)
         and its state: PENDING (retried with backoff), DELIVERED, or FAILED (given up). Scope: `read`."""
-        await self.get_run(run_id)
-        return [WebhookDeliveryView.of(d) for d in await self.store.webhooks_of(run_id)]
+        found = await self.reads(request).webhooks_of(run_id)
+        if found is None:
+            raise _not_found(run_id)
+        return [WebhookDeliveryView.of(d) for d in found]
 
-    async def pending(self, run_id: RunId) -> list[PendingView]:
+    async def pending(self, run_id: RunId, request: Request) -> list[PendingView]:
         """The tool calls waiting for a person's decision, oldest first (empty when none); for a run that
         waits for its sub-agents, one entry (kind `children`) per child run not finished yet, in call order;
         for a run that waits for a timer or an event, that wait (kind `timer` with `wakeAt`, kind `event`
         with `key` and `timeoutAt`). Scope: `read`."""
-        run = await self.get_run(run_id)
+        reads = self.reads(request)
+        run = await self.get_run(reads, run_id)
         if run.status is not RunStatus.WAITING:
             return []
         if run.waiting_for == "children":
-            return [PendingView.of_child(c) for c in await self.store.children(run_id) if not c.status.terminal]
+            return [PendingView.of_child(c) for c in await reads.children(run_id) or [] if not c.status.terminal]
         if run.waiting_for in ("timer", "event"):
-            wait = await self.store.pending_wait(run_id)
-            return [] if wait is None else [PendingView.of_wait(wait, await self.store.steps(run_id))]
-        return [PendingView.of(c) for c in await self.store.decisions(run_id) if c.decision is None]
+            wait = await reads.pending_wait(run_id)
+            return [] if wait is None else [PendingView.of_wait(wait, await reads.steps(run_id) or [])]
+        return [PendingView.of(c) for c in await reads.decisions(run_id) or [] if c.decision is None]
 
     async def decide(
         self, run_id: RunId, body: DecisionRequest, request: Request,
@@ -271,8 +282,9 @@ class RunRoutes:
         if body.decision is Decision.RECORD and body.output is None:
             problem = "is required with the decision record: what the call returned"
             raise ApiError(422, f"output {problem}", [FieldProblem(field="output", problem=problem)])
-        await self._not_a_child_call(run_id, tool_use_id)
-        before = await self.store.decisions(run_id)
+        reads = self.reads(request)
+        await self._not_a_child_call(reads, run_id, tool_use_id)
+        before = await reads.decisions(run_id) or []
         outcome, run = await self.store.decide(
             run_id, tool_use_id, body.decision, output=body.output, is_error=body.is_error, reason=body.reason,
             by=caller_name(request),
@@ -287,15 +299,13 @@ class RunRoutes:
             self.metrics.decided(body.decision.kind.value, body.decision.value, waited)
         return RunView.of(run, self.prices)
 
-    async def _not_a_child_call(self, run_id: uuid.UUID, tool_use_id: str) -> None:
+    async def _not_a_child_call(self, reads: ScopedReads, run_id: uuid.UUID, tool_use_id: str) -> None:
         """A 409 for a decision on a sub-agent call, or on any call of a run that waits for its sub-agents:
         such a run goes on when its children finish, and no decision is asked of anyone."""
-        run = await self.store.get(run_id)
-        if run is None:
-            raise _not_found(run_id)
+        run = await self.get_run(reads, run_id)
         waits = run.status is RunStatus.WAITING and run.waiting_for == "children"
         if waits or run.sub_agents:  # only a run with sub-agents has calls that started one
-            calls = {c.parent_tool_use_id: c for c in await self.store.children(run_id)}
+            calls = {c.parent_tool_use_id: c for c in await reads.children(run_id) or []}
             if tool_use_id in calls:
                 raise ApiError(409, f"call {tool_use_id} of run {run_id} started the sub-agent run "
                                f"{calls[tool_use_id].id}: it takes no decision, the run goes on when that run ends")
@@ -303,30 +313,32 @@ class RunRoutes:
                 raise ApiError(409, f"run {run_id} waits for its sub-agents, not for a decision")
 
     async def step(
-        self, run_id: RunId, seq: Annotated[int, Path(ge=1, le=MAX_SEQ, description="The step's seq (from 1).")]
+        self, run_id: RunId, seq: Annotated[int, Path(ge=1, le=MAX_SEQ, description="The step's seq (from 1).")],
+        request: Request,
     ) -> StepDetail:
         """One step with its request and response bodies, for debugging. Scope: `read`."""
-        found = await self.store.step(run_id, seq)
+        reads = self.reads(request)
+        found = await reads.step(run_id, seq)
         if found is None:
-            await self.get_run(run_id)
+            await self.get_run(reads, run_id)
             raise ApiError(404, f"run {run_id} has no step {seq}")
         detail = StepDetail.of(found)
         if found.kind is StepKind.MODEL:
-            detail = detail.model_copy(update={"sent": await self.sent(run_id, seq)})
+            detail = detail.model_copy(update={"sent": await self.sent(reads, run_id, seq)})
         if found.kind is StepKind.TOOL and found.tool_use_id is not None:  # its decisions, as the timeline shows
-            decided = [DecisionView.of(c) for c in await self.store.decisions(run_id)
+            decided = [DecisionView.of(c) for c in await reads.decisions(run_id) or []
                        if c.tool_use_id == found.tool_use_id]
             detail = detail.model_copy(update={"decisions": decided})
         return detail
 
-    async def sent(self, run_id: uuid.UUID, seq: int) -> dict[str, Any] | None:
+    async def sent(self, reads: ScopedReads, run_id: uuid.UUID, seq: int) -> dict[str, Any] | None:
         """A MODEL step's request as it was sent: the conversation rebuilt by replay of the steps before it, as
         the engine rebuilds it, with the system prompt and the tool definitions the engine adds (this server's
         tool box and the run's pinned sub-agents)."""
-        run = await self.store.get(run_id)
+        run = await reads.get(run_id)
         if run is None:
             return None
-        conv = Conversation.replay(run.input, await self.store.steps_before(run_id, seq))
+        conv = Conversation.replay(run.input, await reads.steps_before(run_id, seq) or [])
         agents = []
         for name, version in sub_agents.refs_by_tool(run.sub_agents).values():
             agent = await self.store.agent(name, version, deleted=True)
@@ -344,6 +356,8 @@ class RunRoutes:
         to stop) takes none: a 409; go on with its conversation in a new run with `continueFrom`. A run that
         ends by its guard (budget, deadline, step cap) before the next boundary does not deliver it (`seq`
         stays null); one never succeeds with a message undelivered. Scope: `submit`; recorded as `createdBy`."""
+        if not await self.reads(request).sees(run_id):
+            raise _not_found(run_id)
         message, status = await self.store.post_message(run_id, body.text, caller_name(request))
         if status is None:
             raise _not_found(run_id)
@@ -353,19 +367,19 @@ class RunRoutes:
                            f'"continueFrom": "{run_id}" and your message as its input')
         return MessageView.of(message)
 
-    async def messages(self, run_id: RunId) -> list[MessageView]:
+    async def messages(self, run_id: RunId, request: Request) -> list[MessageView]:
         """The messages posted to the run, in the order received; `seq` is null for those not delivered yet.
         Scope: `read`."""
-        found = await self.store.messages(run_id)
-        if not found:
-            await self.get_run(run_id)
+        found = await self.reads(request).messages(run_id)
+        if found is None:
+            raise _not_found(run_id)
         return [MessageView.of(m) for m in found]
 
     async def cancel(self, run_id: RunId, request: Request) -> RunView:
         """Ask a run to stop: a queued run is CANCELLED at once, a running one at its next step boundary.
 
         Scope: `cancel`. The first caller to ask is recorded as `cancelledBy`."""
-        before = await self.get_run(run_id)
+        before = await self.get_run(self.reads(request), run_id)
         if before.status.terminal:
             raise ApiError(409, f"run {run_id} has already finished: {before.status.value}")
         after = await self.store.cancel(run_id, by=caller_name(request))

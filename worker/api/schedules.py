@@ -30,6 +30,7 @@ from agentrun.worker.core.schedules import (
     template_problems,
     timezone_problem,
 )
+from agentrun.worker.core.viewer import Viewer
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
@@ -265,11 +266,11 @@ class ScheduleRoutes:
         return Response(status_code=204)
 
     async def runs(
-        self, name: PathName,
+        self, name: PathName, request: Request,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="Most runs returned.")] = 50,
     ) -> list[RunView]:
         """The runs the schedule created, newest first; each has `scheduleName` and `scheduledTime`. Scope: `read`."""
-        found = await self.store.schedule_runs(name, limit)
+        found = await self.store.scoped(Viewer(identity=caller_name(request))).schedule_runs(name, limit)
         if not found and await self.store.schedule(name) is None:
             raise _no_schedule(name)
         return [RunView.of(r, self.submissions.prices) for r in found]

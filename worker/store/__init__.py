@@ -13,4 +13,5 @@ from agentrun.worker.store.rows import TIMELINE_COLUMNS as TIMELINE_COLUMNS
 from agentrun.worker.store.rows import Claim as Claim
 from agentrun.worker.store.rows import DecideOutcome as DecideOutcome
 from agentrun.worker.store.runs import RunStore as RunStore
+from agentrun.worker.store.scoped import ScopedReads as ScopedReads
 from agentrun.worker.store.workers import WorkerRow as WorkerRow

@@ -39,6 +39,7 @@ class Readable(Protocol):
     async def children(self, run_id: uuid.UUID) -> list[Run]: ...
     async def pending_wait(self, run_id: uuid.UUID) -> PendingWait | None: ...
     async def webhooks_of(self, run_id: uuid.UUID) -> list[Delivery]: ...
+    async def schedule_runs(self, name: str, limit: int) -> list[Run]: ...
 
 
 def _visible(viewer: Viewer) -> tuple[str, dict[str, Any]]:
@@ -78,6 +79,12 @@ class ScopedReads:
         if not self.viewer.sees_everything:  # pragma: no cover - tenants add the filter to the list's own query
             raise NotImplementedError
         return await self._store.list_runs(status, limit, after, parent=parent, where=where)
+
+    async def schedule_runs(self, name: str, limit: int) -> list[Run]:
+        """The runs the scope sees that the schedule made, newest first (store/schedules.py)."""
+        if not self.viewer.sees_everything:  # pragma: no cover - tenants add the filter to its query
+            raise NotImplementedError
+        return await self._store.schedule_runs(name, limit)
 
     async def steps(self, run_id: uuid.UUID, after_seq: int = 0) -> list[Step] | None:
         return await self._store.steps(run_id, after_seq) if await self.sees(run_id) else None

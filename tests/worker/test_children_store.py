@@ -185,6 +185,28 @@ async def test_a_cancel_racing_the_spawn_reaches_every_child(database_url: str, 
         assert after is not None and after.cancel_requested
 
 
+async def test_a_cancel_that_deadlocks_with_a_childs_end_is_taken_again(database_url: str, store: RunStore) -> None:
+    """The cancel locks the parent's row, then its children's; a child's end locks the child's row, then its
+    parent's (it counts itself there). Met halfway, PostgreSQL breaks the circle by failing one of them:
+    when it is the cancel, the cancel is taken again, not answered with an error."""
+    parent, _ = await store.create(new_run())
+    parent = await held(store, parent.id)
+    await store.spawn(parent.id, "w-parent", [child_of(parent, "toolu_a")], epoch=parent.lease_epoch)
+    (child,) = await store.children(parent.id)
+    async with await psycopg.AsyncConnection.connect(database_url) as ending:
+        await ending.execute("UPDATE run SET priority = priority WHERE id = %s", (child.id,))  # the child's row
+        cancel = asyncio.create_task(store.cancel(parent.id, by="alice"))
+        await eventually(lambda: _waiting_on_a_lock(database_url, 1), 30, "the cancel to wait for the child's row")
+        # The child's end now wants its parent's row, which the cancel holds: a circle. The cancel waited
+        # first, so it is the one PostgreSQL fails (deadlock_timeout after it began to wait).
+        await ending.execute("UPDATE run SET children_active = children_active WHERE id = %s", (parent.id,))
+        await ending.commit()
+    after = await asyncio.wait_for(cancel, 30)
+    assert after is not None and after.status is RunStatus.CANCELLED and after.cancelled_by == "alice"
+    got = await store.get(child.id)
+    assert got is not None and got.status is RunStatus.CANCELLED
+
+
 async def test_children_of_an_ended_parent_are_cancelled_by_the_sweep(store: RunStore, db: Any) -> None:
     """A cancel whose cascade was lost (its caller died between the two statements), or a parent that
     timed out while waiting: the housekeeping sweep cancels the children left."""

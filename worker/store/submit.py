@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
@@ -145,6 +146,10 @@ async def cancel_in(cur: psycopg.AsyncCursor[dict[str, Any]], run_id: uuid.UUID,
                           {"id": run_id, "by": by, "reason": "cancelled with its parent run"})
 
 
+CANCEL_ATTEMPTS = 5
+"""How often a cancel is tried when PostgreSQL breaks a deadlock with a child's end by failing it."""
+
+
 class Submissions(Gateway):
     async def create(self, new: NewRun) -> tuple[Run, bool]:
         """Insert a run; returns it and whether it is new.
@@ -180,6 +185,16 @@ class Submissions(Gateway):
         Returns the run afterwards, or None if there is no such run. A finished run is left as it is.
         `by` is recorded as `cancelled_by` unless someone asked before.
         """
-        async with self.pool.connection() as conn, conn.transaction():
-            await cancel_in(conn.cursor(row_factory=dict_row), run_id, by)
+        for attempt in range(CANCEL_ATTEMPTS):
+            try:
+                async with self.pool.connection() as conn, conn.transaction():
+                    await cancel_in(conn.cursor(row_factory=dict_row), run_id, by)
+                break
+            except psycopg.errors.DeadlockDetected:
+                # It locks the run's row, then its children's; a child's end locks its own, then its parent's
+                # (store/children.py). Met halfway, PostgreSQL fails one of the two, rolled back whole: asking
+                # again is safe (the first to ask stays `cancelled_by`), and the child has ended by then.
+                if attempt == CANCEL_ATTEMPTS - 1:
+                    raise
+                await asyncio.sleep(0.01 * 2 ** attempt)
         return await self.get(run_id)

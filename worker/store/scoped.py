@@ -1,7 +1,7 @@
 """The one scoped door for reads that serve a caller: a run, the runs listed, and a run's steps, timeline,
 decisions, messages, sub-agents, wait and webhook deliveries, as far as the caller (its viewer) sees them.
 
-What a viewer sees is decided here and nowhere else (`_visible`): a run outside it reads as no run (None),
+What a viewer sees is decided here and nowhere else (VISIBLE): a run outside it reads as no run (None),
 so the API answers 404 for it as for a run that does not exist, never revealing it. Reads of a run's rows
 look at the run first, in the same way. The API reads runs only through this door (tests/api/test_scope.py
 walks every route of its OpenAPI document to hold it to that)."""
@@ -42,10 +42,17 @@ class Readable(Protocol):
     async def schedule_runs(self, name: str, limit: int) -> list[Run]: ...
 
 
-def _visible(viewer: Viewer) -> tuple[str, dict[str, Any]]:
-    """The one rule of what a viewer sees, as a condition on `run r` and its parameters: today, every run."""
+# The one rule of what a viewer sees, as a condition on `run r`; `_visible` gives its parameters. Today every
+# viewer sees every run: tenants make it `r.tenant = %(tenant)s` for a viewer of one tenant.
+VISIBLE = "true"
+GET_VISIBLE = f"SELECT {RUN_COLUMNS} FROM run r WHERE r.id = %(id)s AND {VISIBLE}"
+SEES = f"SELECT 1 AS found FROM run r WHERE r.id = %(id)s AND {VISIBLE}"
+
+
+def _visible(viewer: Viewer) -> dict[str, Any]:
+    """The parameters of VISIBLE for this viewer."""
     if viewer.sees_everything:
-        return "true", {}
+        return {}
     raise NotImplementedError("a viewer that does not see every run comes with tenants")  # pragma: no cover
 
 
@@ -56,22 +63,20 @@ class ScopedReads:
         self._store = store
         self.viewer = viewer
 
-    async def _run_row(self, run_id: uuid.UUID, columns: str) -> dict[str, Any] | None:
-        where, params = _visible(self.viewer)
+    async def _run_row(self, query: str, run_id: uuid.UUID) -> dict[str, Any] | None:
         async with self._store.pool.connection() as conn:
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(f"SELECT {columns} FROM run r WHERE r.id = %(id)s AND ({where})".encode(),
-                              {**params, "id": run_id})
+            await cur.execute(query.encode(), {**_visible(self.viewer), "id": run_id})
             return await cur.fetchone()
 
     async def get(self, run_id: uuid.UUID) -> Run | None:
         """The run, if the viewer sees it."""
-        row = await self._run_row(run_id, RUN_COLUMNS)
+        row = await self._run_row(GET_VISIBLE, run_id)
         return as_run(row) if row else None
 
     async def sees(self, run_id: uuid.UUID) -> bool:
         """Whether the run exists and the viewer sees it."""
-        return await self._run_row(run_id, "1 AS found") is not None
+        return await self._run_row(SEES, run_id) is not None
 
     async def list_runs(self, status: RunStatus | None = None, limit: int = 50, after: uuid.UUID | None = None, *,
                         parent: uuid.UUID | None = None, where: RunFilter | None = None) -> list[Run]:

@@ -238,6 +238,29 @@ async def test_a_park_after_a_cancel_asks_nobody_and_raises(store: RunStore, kin
     assert await store.decisions(run.id) == []
 
 
+async def test_housekeeping_ends_a_run_left_waiting_though_asked_to_stop(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """A run parked for people while a cancel asked it to stop, before the park was fenced on the ask (the
+    state issue 44 found): no worker holds it, so the housekeeping pass ends it, as the cancel would have."""
+    run, _ = await store.create(new_run())
+    claimed = await store.claim("w", 30)
+    assert claimed is not None and claimed.run.id == run.id
+    await store.park(run.id, "w", [("t_pay", DecisionKind.APPROVAL, "pay", "{}", 0)], epoch=claimed.run.lease_epoch)
+    other, _ = await store.create(new_run())  # waiting too, and not asked to stop: left as it is
+    claimed = await store.claim("w", 30)
+    assert claimed is not None and claimed.run.id == other.id
+    await store.park(other.id, "w", [("t_pay", DecisionKind.APPROVAL, "pay", "{}", 0)], epoch=claimed.run.lease_epoch)
+    await db.execute("UPDATE run SET cancel_requested = true, cancelled_by = 'alice' WHERE id = %s", (run.id,))
+    assert await store.end_cancelled_waiting() == [run.id]
+    after = await store.get(run.id)
+    assert after is not None and (after.status, after.error, after.cancelled_by) == (
+        RunStatus.CANCELLED, "cancelled while waiting for a decision", "alice")
+    still = await store.get(other.id)
+    assert still is not None and still.status is RunStatus.WAITING
+    assert await store.end_cancelled_waiting() == []
+
+
 async def test_a_waiting_run_holds_no_lease_and_spends_nothing(
     store: RunStore, toolbox: ToolBox, settings: Any, metrics: Any, db: psycopg.AsyncConnection[Any]
 ) -> None:

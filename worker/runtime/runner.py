@@ -234,14 +234,16 @@ class Worker:
             honour_cancel()
 
     async def _housekeeping(self) -> None:
-        """Every couple of seconds, end the waiting runs whose deadline has passed, and cancel the children
-        of parents that have ended: no worker holds them, so none would notice otherwise. Cheap (indexes on
-        both) and harmless from many workers."""
+        """Every couple of seconds, end the waiting runs whose deadline has passed or that were asked to stop,
+        and cancel the children of parents that have ended: no worker holds them, so none would notice
+        otherwise. Cheap (indexes on each) and harmless from many workers."""
         while True:
             await asyncio.sleep(random.uniform(1.0, 2.0))
             try:
                 for run_id in await self.store.expire_waiting():
                     log.info("%s run=%s TIMED_OUT while waiting", self.id, run_id.hex[:8])
+                for run_id in await self.store.end_cancelled_waiting():
+                    log.info("%s run=%s CANCELLED while waiting: it was asked to stop", self.id, run_id.hex[:8])
                 for run_id in await self.store.cancel_orphans():
                     log.info("%s run=%s cancelled: its parent run ended", self.id, run_id.hex[:8])
             except Exception as e:

@@ -155,6 +155,21 @@ class Decisions(Gateway):
             )
         return DecideOutcome.DECIDED, await self.get(run_id)
 
+    async def end_cancelled_waiting(self) -> list[uuid.UUID]:
+        """End CANCELLED the waiting runs that were asked to stop: a backstop, as no worker holds them to
+        notice. A cancel ends a waiting run at once and a park refuses a run asked to stop, so none is left
+        so today; a run parked before that park was fenced on the ask (before issue 44) could be."""
+        rows = await self._all(
+            """UPDATE run SET status = 'CANCELLED', finished_at = now(),
+                   error = CASE WHEN waiting_for = 'children' THEN 'cancelled while waiting for its sub-agents'
+                                WHEN waiting_for = 'timer' THEN 'cancelled while waiting (a timer)'
+                                WHEN waiting_for = 'event' THEN 'cancelled while waiting for event ' || wait_key
+                                ELSE 'cancelled while waiting for a decision' END
+               WHERE status = 'WAITING' AND cancel_requested RETURNING id""",
+            (),
+        )
+        return [r["id"] for r in rows]
+
     async def expire_waiting(self) -> list[uuid.UUID]:
         """End the waiting runs whose deadline has passed (no worker holds them to notice)."""
         rows = await self._all(

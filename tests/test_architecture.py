@@ -91,10 +91,10 @@ MAX_TOP_LEVEL_MODULES = 8
 PACKAGES = {"worker": "agentrun.worker", "operator": "agentrun.operator"}
 
 
-def _modules() -> dict[str, Path]:
-    """Every module of ours by its dotted name."""
+def _modules(packages: dict[str, str] = PACKAGES) -> dict[str, Path]:
+    """Every module of `packages` (folder: dotted package) by its dotted name."""
     found = {}
-    for folder, package in PACKAGES.items():
+    for folder, package in packages.items():
         for path in sorted((ROOT / folder).rglob("*.py")):
             parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
             if parts[-1] == "__init__":
@@ -427,18 +427,7 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
-def _checked_modules() -> dict[str, Path]:
-    found = {}
-    for folder, package in CHECKED.items():
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            parts = list(path.relative_to(ROOT / folder).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join([package, *parts])] = path
-    return found
-
-
-CHECKED_MODULES = _checked_modules()
+CHECKED_MODULES = _modules(CHECKED)
 OURS = {"agentrun", "tests", "bench"}
 
 

@@ -35,3 +35,24 @@ async def test_a_run_that_is_not_there_reads_as_none(store: RunStore) -> None:
         assert await getattr(reads, name)(nobody) is None, name
     assert await reads.step(nobody, 1) is None
     assert await reads.steps_before(nobody, 1) is None
+
+
+async def test_a_run_is_looked_up_once_per_reader(store: RunStore) -> None:
+    """One reader serves one request: the run's visibility is read by its first read, not by every one."""
+    run, _ = await store.create(new_run())
+    reads = store.scoped(Viewer(identity="alice"))
+    looked: list[str] = []
+    real = reads._run_row
+
+    async def counted(query: str, run_id: uuid.UUID) -> object:
+        looked.append(query)
+        return await real(query, run_id)
+
+    reads._run_row = counted  # type: ignore[method-assign]
+    assert await reads.timeline(run.id) == [] and await reads.decisions(run.id) == []
+    assert await reads.messages(run.id) == [] and await reads.sees(run.id)
+    assert len(looked) == 1
+    assert await reads.get(run.id) is not None and len(looked) == 2  # a get reads the run itself
+    nobody = uuid.uuid4()
+    assert await reads.steps(nobody) is None and await reads.steps(nobody) is None
+    assert len(looked) == 4  # a run not seen is looked up again: it may have been made meanwhile

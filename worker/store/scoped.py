@@ -57,11 +57,13 @@ def _visible(viewer: Viewer) -> dict[str, Any]:
 
 
 class ScopedReads:
-    """The reads of one caller, as far as its viewer sees."""
+    """The reads of one caller, as far as its viewer sees: made for one request, so a run found visible once
+    (whom a run belongs to never changes) is not looked up again by the request's next read of it."""
 
     def __init__(self, store: Readable, viewer: Viewer) -> None:
         self._store = store
         self.viewer = viewer
+        self._seen: set[uuid.UUID] = set()
 
     async def _run_row(self, query: str, run_id: uuid.UUID) -> dict[str, Any] | None:
         async with self._store.pool.connection() as conn:
@@ -72,11 +74,16 @@ class ScopedReads:
     async def get(self, run_id: uuid.UUID) -> Run | None:
         """The run, if the viewer sees it."""
         row = await self._run_row(GET_VISIBLE, run_id)
-        return as_run(row) if row else None
+        if row is None:
+            return None
+        self._seen.add(run_id)
+        return as_run(row)
 
     async def sees(self, run_id: uuid.UUID) -> bool:
         """Whether the run exists and the viewer sees it."""
-        return await self._run_row(SEES, run_id) is not None
+        if run_id not in self._seen and await self._run_row(SEES, run_id) is not None:
+            self._seen.add(run_id)
+        return run_id in self._seen
 
     async def list_runs(self, status: RunStatus | None = None, limit: int = 50, after: uuid.UUID | None = None, *,
                         parent: uuid.UUID | None = None, where: RunFilter | None = None) -> list[Run]:
@@ -86,7 +93,7 @@ class ScopedReads:
         return await self._store.list_runs(status, limit, after, parent=parent, where=where)
 
     async def schedule_runs(self, name: str, limit: int) -> list[Run]:
-        """The runs the scope sees that the schedule made, newest first (store/schedules.py)."""
+        """The runs the viewer sees that the schedule made, newest first (store/schedules.py)."""
         if not self.viewer.sees_everything:  # pragma: no cover - tenants add the filter to its query
             raise NotImplementedError
         return await self._store.schedule_runs(name, limit)

@@ -17,6 +17,7 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from agentrun.worker.core import children as sub
@@ -110,6 +111,8 @@ class RunDriver:
         self.stopping = stopping or asyncio.Event()
         self.observer: Observer = observer or NoObserver()
         self._rng = random.Random()
+        self.parked_wait: Callable[[], None] = lambda: None
+        """Called when a run parks for a timer or an event: the worker's sweep looks at its wake time."""
         self.settings = settings  # and the parts, made with them
         self.deltas = DeltaPublisher(store.pool)  # the text of a call in flight, for live watchers only
 
@@ -125,10 +128,7 @@ class RunDriver:
         self.durable = Durable(settings.worker_id, settings.lease_seconds, store, store, self._rng)
         self.messages = Messages(self.durable, store)
         self.people = People(self.durable, store, keeper, tools, self.observer)
-        before: Waits | None = getattr(self, "waits", None)
-        self.waits = Waits(self.durable, store, keeper, settings.event_retention)
-        if before is not None:  # whom the worker told to hear of a park stays told
-            self.waits.parked = before.parked
+        self.waits = Waits(self.durable, store, keeper, settings.event_retention, parked=lambda: self.parked_wait())
         self.sub_agents = SubAgents(self.durable, store, store, Door(store), keeper, tools, self.observer,
                                     max_children_per_turn=settings.max_children_per_turn,
                                     max_agent_depth=settings.max_agent_depth)

@@ -84,7 +84,7 @@ class Worker:
         )
         self.driving: dict[uuid.UUID, asyncio.Task[RunStatus | None]] = {}  # run id → its driver task
         self.sweep_poke = asyncio.Event()  # a run parked for a timer or an event: the sweep looks again
-        self.driver.waits.parked = self.sweep_poke.set
+        self.driver.parked_wait = self.sweep_poke.set
         self.sweeps = 0  # sweep statements sent (tests count them)
         self.ticker = Ticker(store, settings.worker_id, settings.default_model, self.observer)  # schedules
 

@@ -18,14 +18,15 @@ from agentrun.worker.store.waits import WaitState
 
 
 class Waits:
-    def __init__(self, durable: Durable, store: WaitStore, keeper: LeaseKeeper, event_retention: float) -> None:
+    def __init__(self, durable: Durable, store: WaitStore, keeper: LeaseKeeper, event_retention: float, *,
+                 parked: Callable[[], None]) -> None:
         self.durable = durable
         self.store = store
         self.keeper = keeper
         self.event_retention = event_retention
         # The last wait of each run driven (a timer or an event), read once per drive when a call is owed.
         self._waits: dict[uuid.UUID, WaitState | None] = {}
-        self.parked: Callable[[], None] = lambda: None
+        self.parked = parked
         """Called when a run parks for a timer or an event: the worker's sweep looks at its wake time."""
 
     def forget(self, run_id: uuid.UUID) -> None:

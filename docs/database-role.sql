@@ -52,6 +52,10 @@ GRANT SELECT, INSERT, UPDATE ON agent, agent_version TO agentrun_runtime;
 -- Schedules (migration 0018): made, changed and deleted via the API and the operator; the workers' tickers
 -- insert the ticks, advance the due times and prune ticks older than a day.
 GRANT SELECT, INSERT, UPDATE, DELETE ON schedule, schedule_tick TO agentrun_runtime;
+-- Tenants (migration 0023): a tenant's row is made with its first run, its quotas set via the API and the
+-- CLI; the workers add what each tenant's model steps spent, and prune the minutes older than a day.
+GRANT SELECT, INSERT, UPDATE ON tenant TO agentrun_runtime;
+GRANT SELECT, INSERT, UPDATE, DELETE ON tenant_usage TO agentrun_runtime;
 -- Live events (migration 0013): each transaction that changes a run, step or decision takes a position
 -- from the sequence agentrun_event_position, which the migration grants to PUBLIC (a role made before
 -- the upgrade goes on writing steps); nothing to grant here.

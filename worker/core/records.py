@@ -109,6 +109,7 @@ class NewRun:
     context_management: dict[str, Any] | None = None  # ContextPolicy.to_json() (core/context.py); None: auto
     labels: dict[str, str] = dataclasses.field(default_factory=dict)  # Kubernetes syntax (core/labels.py)
     origin: Origin | None = None  # the way it came in, set by the door (runtime/door.py)
+    tenant: str = "default"  # whose run it is (core/tenants.py): its identity's, its namespace's, its source's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,6 +171,8 @@ class Run:
     # The way it came in (an Origin's value); None for a run made before it was recorded (0022_origin.sql).
     # Text, not Origin: a worker must read a run a newer version made, by a way in it does not know.
     origin: str | None = None
+    tenant: str = "default"  # whose run it is (core/tenants.py)
+    throttled: dict[str, Any] | None = None  # QUEUED, held back by its tenant's quota: {"quota", "until", "reason"}
 
     @property
     def tokens_used_total(self) -> int:

@@ -42,7 +42,7 @@ RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_bu
     r.lease_epoch, r.messages_sent, r.messages_delivered, r.agent, r.agent_version, r.sub_agents,
     r.parent_tool_use_id, r.root_run_id, r.depth,
     r.children_active, r.children_tokens, r.children_cost, r.waiting_for, r.schedule_name, r.scheduled_time, r.webhook,
-    r.context_management, r.labels, r.origin,
+    r.context_management, r.labels, r.origin, r.tenant, r.throttled,
     CASE WHEN r.children_active > 0 THEN (SELECT row(coalesce(sum(t.tokens_used + t.children_tokens), 0),
                                                      coalesce(sum(t.cost_usd + t.children_cost), 0))
         FROM ({ACTIVE_DESCENDANTS}) t) END AS live,

@@ -91,13 +91,19 @@ def run_params(new: NewRun) -> dict[str, Any]:
     """The parameters of a run made alone (`insert_run`): its row, and what its inherited steps are copied
     by. Raises ValueError naming the field if a text cannot be stored (store/insert.run_row)."""
     row = run_row(new)
-    return {"id": uuid.UUID(row["id"]), "input": new.input, "key": new.idempotency_key,
+    return {"id": uuid.UUID(row["id"]), "input": new.input, "key": new.idempotency_key, "tenant": new.tenant,
             "runs": Jsonb([row]),
             "parent": new.continue_from or (new.fork_from[0] if new.fork_from else None),
             "fork_seq": new.fork_from[1] if new.fork_from else None}
 
 
-_INSERT = INSERT_RUN.format(gate="").encode()
+# A run made alone is the first of its tenant's maybe: the tenant's row is made with it (the claim counts a
+# tenant's running runs under that row's lock, and the fair share walks the tenants). A child's tenant is its
+# parent's, whose row exists.
+KNOWN_TENANT = """WITH known AS (
+    INSERT INTO tenant (name) SELECT %(tenant)s WHERE NOT EXISTS (SELECT 1 FROM tenant WHERE name = %(tenant)s)
+    ON CONFLICT DO NOTHING)"""
+_INSERT = f"{KNOWN_TENANT}\n{INSERT_RUN.format(gate='')}".encode()
 
 
 async def insert_run(cur: psycopg.AsyncCursor[dict[str, Any]], params: dict[str, Any]) -> uuid.UUID | None:
@@ -169,7 +175,8 @@ class Submissions(Gateway):
             return run, True
         # The conflicting row may have been committed after this statement's snapshot: look again.
         found = await self._one(
-            "SELECT id FROM run WHERE id = %(id)s OR (%(key)s::text IS NOT NULL AND idempotency_key = %(key)s)",
+            """SELECT id FROM run WHERE id = %(id)s
+               OR (%(key)s::text IS NOT NULL AND tenant = %(tenant)s AND idempotency_key = %(key)s)""",
             params,
         )
         run = await self.get(found["id"]) if found else None

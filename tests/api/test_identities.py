@@ -155,10 +155,12 @@ async def test_health_readiness_metrics_and_the_document_stay_open(http: httpx.A
 
 async def test_whoami_names_the_identity_and_its_scopes(http: httpx.AsyncClient) -> None:
     assert (await http.get("/api/whoami", headers=auth("operator-bot"))).json() == {
-        "name": "operator-bot", "scopes": ["read", "cancel"]}
+        "name": "operator-bot", "scopes": ["read", "cancel"], "tenant": "default"}
     everything = ["read", "submit", "decide", "cancel", "signal", "admin"]
-    assert (await http.get("/api/whoami", headers=auth("root"))).json() == {"name": "root", "scopes": everything}
-    assert (await http.get("/api/whoami", headers=auth("default"))).json() == {"name": "default", "scopes": everything}
+    assert (await http.get("/api/whoami", headers=auth("root"))).json() == {
+        "name": "root", "scopes": everything, "tenant": "default"}
+    assert (await http.get("/api/whoami", headers=auth("default"))).json() == {
+        "name": "default", "scopes": everything, "tenant": "*"}
 
 
 async def test_who_created_and_who_cancelled_are_recorded(http: httpx.AsyncClient, store: RunStore) -> None:
@@ -255,7 +257,8 @@ async def test_an_open_server_records_no_identity(store: RunStore, toolbox: Tool
         assert r.status_code == 201
         view = (await http.get(f"/api/runs/{r.json()['id']}")).json()
         assert view["createdBy"] is None
-        assert (await http.get("/api/whoami")).json() == {"name": None, "scopes": [s.value for s in Scope]}
+        assert (await http.get("/api/whoami")).json() == {"name": None, "scopes": [s.value for s in Scope],
+                                                              "tenant": "*"}
 
 
 async def test_openapi_documents_the_scheme_and_each_operations_scope(http: httpx.AsyncClient) -> None:
@@ -300,7 +303,8 @@ def test_the_file_is_checked_and_errors_name_the_entry(tmp_path: Path) -> None:
 def test_yaml_and_new_tokens_round_trip(tmp_path: Path) -> None:
     made = new_token("alice", frozenset({Scope.READ, Scope.DECIDE}))
     assert made.token.startswith("agrt_") and len(made.token) > 40
-    assert made.entry == {"name": "alice", "sha256": sha(made.token), "scopes": ["read", "decide"]}
+    assert made.entry == {"name": "alice", "sha256": sha(made.token), "scopes": ["read", "decide"],
+                          "tenant": "default"}
     path = tmp_path / "tokens.yaml"
     path.write_text(f"# rotated by hand\nidentities:\n  - {json.dumps(made.entry)}\n")
     identities = Identities(None, str(path))

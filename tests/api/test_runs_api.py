@@ -348,7 +348,7 @@ async def test_openapi_documents_the_api(client: httpx.AsyncClient) -> None:
     props = doc["components"]["schemas"]["RunRequest"]["properties"]
     assert {"input", "model", "tokenBudget", "timeoutSeconds", "maxSteps", "tools", "system", "costBudgetUsd",
             "requireApproval", "continueFrom", "forkFrom", "outputSchema", "priority", "runAt", "delaySeconds",
-            "agent", "subAgents", "webhook", "contextManagement", "labels"} == set(props)
+            "agent", "subAgents", "webhook", "contextManagement", "labels", "tenant"} == set(props)
     assert "/api/workers" in doc["paths"]
     assert "next" in doc["paths"]["/api/runs"]["get"]["description"]
 

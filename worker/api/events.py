@@ -30,12 +30,11 @@ from pydantic import BaseModel
 
 from agentrun.worker.api.common import documented_errors
 from agentrun.worker.api.errors import ApiError
-from agentrun.worker.api.guards import ScopedRoute, access, caller_name
+from agentrun.worker.api.guards import ScopedRoute, access, viewer_of
 from agentrun.worker.api.identities import Scope
 from agentrun.worker.api.schemas import DecisionView, RunView, TimelineStep
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import StepKind
-from agentrun.worker.core.viewer import Viewer
 from agentrun.worker.store import RunStore, channels
 from agentrun.worker.store.changefeed import ChangeFeed, RunRows
 from agentrun.worker.store.channels import DELTA_CHANNEL, EVENTS_CHANNEL
@@ -468,7 +467,7 @@ def events_router(store: RunStore, hub: EventHub, secured: bool) -> APIRouter:
         run is terminal; the stream closes). Every event has an `id`; a client that connects late gets the
         stored steps first, then live ones. A comment line
         (`: keep-alive`) comes after 15 s of silence. Scope: `read`."""
-        if not await store.scoped(Viewer(identity=caller_name(request))).sees(run_id):
+        if not await store.scoped(viewer_of(request)).sees(run_id):
             raise ApiError(404, f"no run with id {run_id}")
         after = parse_event_id(last_event_id) if last_event_id else START
         first = await hub.catch_up(run_id, after)

@@ -16,9 +16,11 @@ from fastapi.security import HTTPBearer
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentrun.worker.api.answers import error_response
+from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.identities import Identities, Identity
 from agentrun.worker.api.identities import Scope as AccessScope
 from agentrun.worker.api.schemas import FieldProblem
+from agentrun.worker.core.viewer import Viewer
 
 API_PREFIX = "/api"
 SCOPE_KEY = "x-required-scope"
@@ -56,6 +58,29 @@ def caller_name(request: Request) -> str | None:
     """What a route records as who did it (`createdBy`, `cancelledBy`, `decidedBy`); None on an open API."""
     identity = identity_of(request.scope)
     return identity.name if identity else None
+
+
+def viewer_of(request: Request) -> Viewer:
+    """Who the caller reads as: its identity and the tenant whose runs it sees (every tenant's for an
+    identity of tenant `*` and on an open API). Another tenant's run reads as none: a 404, never a 403."""
+    identity = identity_of(request.scope)
+    if identity is None or identity.all_tenants:
+        return Viewer(identity.name if identity else None)
+    return Viewer(identity.name, identity.tenant)
+
+
+def tenant_for(request: Request, named: str | None, field: str = "tenant") -> str | None:
+    """The tenant of what the caller makes (a run, an event, an agent, a schedule): its identity's tenant; a
+    platform operator's identity (tenant `*`) or an open API may name one (None: not named, so the source's
+    or `default`). An identity of one tenant naming another is a 403 naming `field`."""
+    identity = identity_of(request.scope)
+    if identity is None or identity.all_tenants:
+        return named
+    if named is not None and named != identity.tenant:
+        problem = f"not the identity's tenant, {identity.tenant!r}"
+        raise ApiError(403, f"{field}: identity {identity.name!r} acts for tenant {identity.tenant!r} only, not "
+                       f"{named!r}", [FieldProblem(field=field, problem=problem)])
+    return identity.tenant
 
 
 class BearerAuth:

@@ -1,7 +1,9 @@
 """Who may call the API: named identities with scopes, from the tokens file and AGENTRUN_API_TOKEN.
 
-The file (`AGENTRUN_API_TOKENS`, YAML or JSON) holds `identities: [{name, sha256, scopes}]`: the hex
-SHA-256 of each token, never the token. It is re-read when it changes, so tokens rotate without a restart.
+The file (`AGENTRUN_API_TOKENS`, YAML or JSON) holds `identities: [{name, sha256, scopes, tenant}]`: the
+hex SHA-256 of each token, never the token, and the tenant whose runs the identity sees and acts on
+(`default` when not given; `"*"` for a platform operator's identity, which acts for every tenant; so does
+AGENTRUN_API_TOKEN's). It is re-read when it changes, so tokens rotate without a restart.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from agentrun.worker.api.errors import IdentityFileError as IdentityFileError
+from agentrun.worker.core.tenants import ALL_TENANTS, DEFAULT_TENANT, tenant_problem
 from agentrun.worker.core.watched import Look, WatchedFile
 
 log = logging.getLogger("agentrun.worker.api")
@@ -47,6 +50,12 @@ class Scope(str, enum.Enum):
 class Identity:
     name: str
     scopes: frozenset[Scope]
+    tenant: str = DEFAULT_TENANT  # whose runs it sees and acts on; "*": every tenant's (a platform operator's)
+
+    @property
+    def all_tenants(self) -> bool:
+        """A platform operator's identity: it sees and acts on every tenant's runs."""
+        return self.tenant == ALL_TENANTS
 
     def allows(self, scope: Scope) -> bool:
         if scope is Scope.SIGNAL and Scope.SUBMIT in self.scopes:  # submit is the wider of the two
@@ -94,8 +103,8 @@ def parse(text: str, source: str, reserved: Sequence[str] = ()) -> list[tuple[Id
     for i, entry in enumerate(doc["identities"]):
         where = f"{source}: identities[{i}]"
         if not isinstance(entry, Mapping):
-            raise IdentityFileError(f"{where}: must be a mapping of name, sha256 and scopes")
-        unknown = set(entry) - {"name", "sha256", "scopes"}
+            raise IdentityFileError(f"{where}: must be a mapping of name, sha256, scopes and tenant")
+        unknown = set(entry) - {"name", "sha256", "scopes", "tenant"}
         if unknown:
             raise IdentityFileError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
         name, hexdigest, scopes = entry.get("name"), entry.get("sha256"), entry.get("scopes")
@@ -114,10 +123,19 @@ def parse(text: str, source: str, reserved: Sequence[str] = ()) -> list[tuple[Id
             raise IdentityFileError(f"{where}.sha256: the same token is given to two identities")
         if not isinstance(scopes, list | str):
             raise IdentityFileError(f"{where}.scopes: must be a list of scopes")
-        found.append((Identity(name, parse_scopes(scopes, f"{where}.scopes")), hashed))
+        tenant = _tenant(entry.get("tenant", DEFAULT_TENANT), f"{where}.tenant")
+        found.append((Identity(name, parse_scopes(scopes, f"{where}.scopes"), tenant), hashed))
         names.add(name)
         hashes.add(hashed)
     return found
+
+
+def _tenant(tenant: object, where: str) -> str:
+    """`tenant` if it names a tenant or every one ("*"); IdentityFileError naming `where` if not."""
+    if tenant != ALL_TENANTS and (bad := tenant_problem(tenant, where)) is not None:
+        raise IdentityFileError(f'{bad}, or "*" for an identity of every tenant')
+    assert isinstance(tenant, str)
+    return tenant
 
 
 class Identities:
@@ -135,7 +153,7 @@ class Identities:
         self._clock = clock
         self._fixed: list[tuple[Identity, bytes]] = []
         if token:
-            self._fixed.append((Identity(DEFAULT_IDENTITY, frozenset(Scope)), digest(token)))
+            self._fixed.append((Identity(DEFAULT_IDENTITY, frozenset(Scope), ALL_TENANTS), digest(token)))
         self._from_file: list[tuple[Identity, bytes]] = []
         self._file = WatchedFile(path, recheck_seconds, clock) if path is not None else None
         if self._file is not None:
@@ -191,12 +209,14 @@ class NewToken:
     entry: dict[str, Any]
 
 
-def new_token(name: str, scopes: frozenset[Scope]) -> NewToken:
-    """A random token for `name` and the entry of the tokens file that admits it."""
+def new_token(name: str, scopes: frozenset[Scope], tenant: str = DEFAULT_TENANT) -> NewToken:
+    """A random token for `name`, of `tenant`, and the entry of the tokens file that admits it."""
     if not _NAME.fullmatch(name):
         raise IdentityFileError(f"name {name!r}: must be 1 to 128 letters, digits or ._@:/- starting with a "
                                 "letter or digit")
+    tenant = _tenant(tenant, "tenant")
     token = TOKEN_PREFIX + secrets.token_urlsafe(32)
     hexdigest = hashlib.sha256(token.encode()).hexdigest()
-    entry = {"name": name, "sha256": hexdigest, "scopes": [s.value for s in Scope if s in scopes]}
+    entry = {"name": name, "sha256": hexdigest, "scopes": [s.value for s in Scope if s in scopes],
+             "tenant": tenant}
     return NewToken(token, hexdigest, entry)

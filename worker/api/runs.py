@@ -20,7 +20,7 @@ from agentrun.worker.api.common import (
     refusal,
 )
 from agentrun.worker.api.errors import ApiError
-from agentrun.worker.api.guards import access, caller_name
+from agentrun.worker.api.guards import access, caller_name, tenant_for, viewer_of
 from agentrun.worker.api.identities import Identities, Scope
 from agentrun.worker.api.schemas import (
     MAX_NAME_CHARS,
@@ -51,7 +51,6 @@ from agentrun.worker.core.records import Decision, NewRun, PendingCall, Run, Run
 from agentrun.worker.core.replay import Conversation
 from agentrun.worker.core.submission import Caller, Refused
 from agentrun.worker.core.text import unstorable
-from agentrun.worker.core.viewer import Viewer
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.obs.tracing.context import TRACEPARENT_PATTERN, checked_traceparent
@@ -93,7 +92,7 @@ class RunRoutes:
 
     def reads(self, request: Request) -> ScopedReads:
         """The caller's reads: every read of runs a route makes goes through them (store/scoped.py)."""
-        return self.store.scoped(Viewer(identity=caller_name(request)))
+        return self.store.scoped(viewer_of(request))
 
     async def get_run(self, reads: ScopedReads, run_id: uuid.UUID) -> Run:
         run = await reads.get(run_id)
@@ -143,7 +142,8 @@ class RunRoutes:
         spec, source = body.spec(), await self.source(self.reads(request), body)
         self.submissions.check_webhook(spec.webhook)
 
-        caller = Caller(created_by=caller_name(request), idempotency_key=key, traceparent=caller_span)
+        caller = Caller(created_by=caller_name(request), idempotency_key=key, traceparent=caller_span,
+                        tenant=tenant_for(request, body.tenant))
         made = await self.submissions.submit(spec, source, caller)
         run, created, new = made.run, made.created, made.new
         if not created and spec.agent is not None and spec.agent[1] is None and run.agent == new.agent \

@@ -11,7 +11,7 @@ from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 
 from agentrun.worker.api.common import MAX_PAGE, OrjsonRoute, Responses, Submissions, documented_errors
 from agentrun.worker.api.errors import ApiError
-from agentrun.worker.api.guards import access, caller_name
+from agentrun.worker.api.guards import access, caller_name, viewer_of
 from agentrun.worker.api.identities import Identities, Scope
 from agentrun.worker.api.schemas import Camel, ErrorBody, FieldProblem, RunRequest, RunView, Whole
 from agentrun.worker.core.pricing import PriceTable
@@ -30,7 +30,6 @@ from agentrun.worker.core.schedules import (
     template_problems,
     timezone_problem,
 )
-from agentrun.worker.core.viewer import Viewer
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
@@ -270,7 +269,7 @@ class ScheduleRoutes:
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="Most runs returned.")] = 50,
     ) -> list[RunView]:
         """The runs the schedule created, newest first; each has `scheduleName` and `scheduledTime`. Scope: `read`."""
-        found = await self.store.scoped(Viewer(identity=caller_name(request))).schedule_runs(name, limit)
+        found = await self.store.scoped(viewer_of(request)).schedule_runs(name, limit)
         if not found and await self.store.schedule(name) is None:
             raise _no_schedule(name)
         return [RunView.of(r, self.submissions.prices) for r in found]

@@ -330,6 +330,12 @@ class RunRequest(Camel):
         "digits, `-`, `_` or `.` starting and ending with a letter or digit; a value is empty or a name. A bad one "
         "is a 422 naming `labels.<key>`. When absent the source's (with `continueFrom` or `forkFrom`), else none. "
         "`GET /api/runs?labelSelector=` filters on them.")
+    tenant: str | None = Field(
+        None, min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="The tenant the run belongs to. When absent the caller's: its identity's tenant (`tenant` in "
+        "AGENTRUN_API_TOKENS), or with `continueFrom`/`forkFrom` the source's; `default` for a platform "
+        "operator's identity (tenant `\"*\"`) and on an open API. Only a platform operator's identity may name a "
+        "tenant other than its own (else 403); a continuation or fork is always its source's tenant's.")
 
     @model_validator(mode="after")
     def _one_schedule(self) -> RunRequest:
@@ -458,6 +464,11 @@ class RunView(Camel):
 
     schedule_name: str | None = Field(None, description="The schedule whose tick created the run (null: none).")
     scheduled_time: datetime.datetime | None = Field(None, description="That tick, RFC 3339.")
+    tenant: str = Field("default", description="The tenant the run belongs to: only identities of that tenant "
+                        "(or of every tenant, `\"*\"`) see it.")
+    throttled: dict[str, Any] | None = Field(
+        None, description="While QUEUED and held back by its tenant's quota, why: `{quota, until, reason}` "
+        "(`until`: when the quota's window allows it again, RFC 3339); null otherwise.")
     origin: str | None = Field(
         None, description="Which way the run came in: `api` (POST /api/runs: a new run, a continuation or a "
         "fork), `operator` (an AgentRun), `schedule` (a schedule's tick) or `child` (a parent's sub-agent call); "
@@ -491,7 +502,7 @@ class RunView(Camel):
             sub_agents=list(run.sub_agents) if run.sub_agents is not None else None,
             messages_sent=run.messages_sent, messages_delivered=run.messages_delivered,
             schedule_name=run.schedule_name, scheduled_time=run.scheduled_time, origin=run.origin,
-            webhook=run.webhook,
+            tenant=run.tenant, throttled=run.throttled, webhook=run.webhook,
             context_management=context_shown(run.context_management), labels=dict(run.labels),
             **_tree_fields(run, unknown),
         )
@@ -695,6 +706,8 @@ class WhoAmI(BaseModel):
 
     name: str | None = Field(description="The identity's name; null when the server requires no token.")
     scopes: list[Scope] = Field(description="Its scopes, `admin` expanded into all the others.")
+    tenant: str = Field("*", description="The tenant whose runs it sees and acts on; `*` for every tenant's (a "
+                        "platform operator's identity, AGENTRUN_API_TOKEN's, or anyone on an open API).")
 
 
 class PendingView(BaseModel):

@@ -1,4 +1,5 @@
-"""GET /api/whoami: the caller's identity and scopes, so a client (the UI) can hide what it may not do."""
+"""GET /api/whoami: the caller's identity, scopes and tenant, so a client (the UI) can hide what it may not do
+and say whose runs it shows."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from fastapi import APIRouter, Request
 from agentrun.worker.api.guards import ScopedRoute, access, identity_of
 from agentrun.worker.api.identities import Scope
 from agentrun.worker.api.schemas import ErrorBody, WhoAmI
+from agentrun.worker.core.tenants import ALL_TENANTS
 
 
 def whoami_router(secured: bool) -> APIRouter:
@@ -21,10 +23,10 @@ def whoami_router(secured: bool) -> APIRouter:
     async def whoami(request: Request) -> WhoAmI:
         """The identity the bearer token stands for and its scopes (`admin` expanded). Any valid token.
 
-        On a server that requires no token the name is null and every scope is listed."""
+        On a server that requires no token the name is null, every scope is listed and the tenant is `*`."""
         identity = identity_of(request.scope)
         if identity is None:
-            return WhoAmI(name=None, scopes=list(Scope))
-        return WhoAmI(name=identity.name, scopes=identity.effective_scopes)
+            return WhoAmI(name=None, scopes=list(Scope), tenant=ALL_TENANTS)
+        return WhoAmI(name=identity.name, scopes=identity.effective_scopes, tenant=identity.tenant)
 
     return router

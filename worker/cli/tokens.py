@@ -24,6 +24,9 @@ def add_token(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("name", help="the identity's name, recorded as createdBy and cancelledBy of what it does")
     p.add_argument("--scopes", required=True, metavar="LIST",
                    help=f"comma-separated scopes: {', '.join(s.value for s in Scope)} (admin: all of them)")
+    p.add_argument("--tenant", default="default", metavar="NAME",
+                   help='the tenant whose runs the identity sees and acts on (default: default); "*" for a '
+                   "platform operator's identity, which acts for every tenant")
     p.set_defaults(func=cmd_token)
 
 
@@ -33,7 +36,7 @@ def cmd_token(args: argparse.Namespace) -> int:
     from agentrun.worker.api.identities import IdentityFileError, new_token, parse_scopes
 
     try:
-        made = new_token(args.name, parse_scopes(args.scopes, "--scopes"))
+        made = new_token(args.name, parse_scopes(args.scopes, "--scopes"), args.tenant)
     except IdentityFileError as e:
         raise SystemExit(f"agentrun: {e}") from None
     # The token first and alone on its line, so `| head -n 1` takes it; it is stored nowhere.

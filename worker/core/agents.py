@@ -140,7 +140,14 @@ def planned(
     the submission policy applied, the agent and sub-agents pinned, and what its way in attaches. The
     pure half of the door (runtime/door.py); raises Refused as `new_run` does."""
     spec, agent, sub_agents = resolved
-    return caller.stamped(pinned(new_run(spec, source, defaults, offer), agent, sub_agents, source), origin)
+    new = caller.stamped(pinned(new_run(spec, source, defaults, offer), agent, sub_agents, source), origin)
+    if source is not None and caller.tenant is None:
+        new = dataclasses.replace(new, tenant=source.tenant)
+    elif source is not None and caller.tenant != source.tenant:
+        field = "continueFrom" if spec.continue_from is not None else "forkFrom"
+        raise Refused.of(Refusal.INVALID, [Problem("tenant", f"a run made from {field} is its source's tenant's, "
+                                                   f"{source.tenant!r}, not {caller.tenant!r}")])
+    return new
 
 
 def check_definition(agent: Agent, offer: Offer) -> None:

@@ -93,6 +93,7 @@ class Caller:
     spawned_by: tuple[uuid.UUID, str] | None = None  # a sub-agent's run: (the parent run, its tool_use id)
     root_run_id: uuid.UUID | None = None
     depth: int | None = None
+    tenant: str | None = None  # whose run: the identity's, the namespace's, the schedule's, the parent's
 
     def stamped(self, new: NewRun, origin: Origin) -> NewRun:
         """`new` as this caller, come in by `origin`, has it made."""

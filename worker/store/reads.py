@@ -40,6 +40,7 @@ class RunFilter:
     created_after: datetime.datetime | None = None
     created_before: datetime.datetime | None = None
     text: str | None = None  # a case-insensitive substring of the input
+    tenant: str | None = None  # the tenant whose runs (store/scoped.py narrows it to the viewer's)
 
 
 # One statement whatever the filter: each condition is off when its parameter is NULL, so the SQL text is a
@@ -48,6 +49,7 @@ class RunFilter:
 # `present` / `absent` text arrays of keys. An absent key satisfies `!=` and `notin`, as in Kubernetes.
 LIST_RUNS = f"""SELECT {RUN_COLUMNS} FROM run r
     WHERE (%(statuses)s::text[] IS NULL OR r.status = ANY(%(statuses)s::text[]))
+      AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s)
       AND (%(parent)s::uuid IS NULL OR r.parent_run_id = %(parent)s)
       AND (%(model)s::text IS NULL OR r.model = %(model)s)
       AND (%(agent)s::text IS NULL OR r.agent = %(agent)s)
@@ -78,7 +80,7 @@ def _filter_params(f: RunFilter) -> dict[str, Any]:
         "statuses": [s.value for s in f.statuses] if f.statuses else None,
         "parent": f.parent, "model": f.model, "agent": f.agent, "agent_version": f.agent_version,
         "created_by": f.created_by, "created_after": f.created_after, "created_before": f.created_before,
-        "text": f.text or None,
+        "text": f.text or None, "tenant": f.tenant,
         "eq": Jsonb(sel.equal) if sel and sel.equal else None,
         "present": sel.present if sel and sel.present else None,
         "absent": sel.absent if sel and sel.absent else None,

@@ -159,9 +159,13 @@ class Schedules(Submissions):
         """Delete the schedule and its ticks; the runs it created stay (with their `scheduleName`)."""
         return await self._one("DELETE FROM schedule WHERE name = %s RETURNING name", (name,)) is not None
 
-    async def schedule_runs(self, name: str, limit: int) -> list[Run]:
-        rows = await self._all(f"SELECT {RUN_COLUMNS} FROM run r WHERE r.schedule_name = %s "
-                               "ORDER BY r.created_at DESC, r.id LIMIT %s", (name, limit))
+    async def schedule_runs(self, name: str, limit: int, tenant: str | None = None) -> list[Run]:
+        """The runs the schedule made, newest first (of `tenant` only, if given)."""
+        rows = await self._all(
+            f"""SELECT {RUN_COLUMNS} FROM run r WHERE r.schedule_name = %(name)s
+                AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s)
+                ORDER BY r.created_at DESC, r.id LIMIT %(limit)s""",
+            {"name": name, "limit": limit, "tenant": tenant})
         return [as_run(r) for r in rows]
 
     async def schedule_ticks(self, name: str) -> list[dict[str, Any]]:

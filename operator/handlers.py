@@ -187,7 +187,8 @@ class Operator:
         try:
             asked = mapping.run_spec(spec, source)
             caller = mapping.caller(str(ref.uid), ref.namespace, ref.name, body.metadata.annotations,
-                                    body.metadata.labels, created_by=mapping.requester(body))
+                                    body.metadata.labels, created_by=mapping.requester(body),
+                                    tenant=None if source is not None else self.settings.tenant_of(ref.namespace))
             made = await self.submit(asked, caller, source, ref, patch, retry, now, agent_unseen)
         except mapping.InvalidSpec as e:
             # Nothing a retry would fix: say so in the status, make no run.

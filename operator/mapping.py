@@ -133,13 +133,14 @@ def new_run(
 
 def caller(
     uid: str, namespace: str, name: str, annotations: Mapping[str, str] | None = None,
-    labels: Mapping[str, str] | None = None, created_by: str | None = None,
+    labels: Mapping[str, str] | None = None, created_by: str | None = None, tenant: str | None = None,
 ) -> Caller:
     """What an AgentRun attaches to its run: its uid as the run's id (a retry finds the run), its namespace and
-    name, the trace of its `agentrun.dev/traceparent` annotation, its labels (when it has any) and who made it.
+    name, the trace of its `agentrun.dev/traceparent` annotation, its labels (when it has any), who made it,
+    and its tenant (its namespace's, OperatorSettings.tenant_of; a continuation or fork its source's: None).
     Raises InvalidSpec for a malformed annotation."""
     return Caller(id=uuid.UUID(uid), k8s_namespace=namespace, k8s_name=name, traceparent=_traceparent(annotations),
-                  labels=dict(labels) if labels else None, created_by=created_by)
+                  labels=dict(labels) if labels else None, created_by=created_by, tenant=tenant)
 
 
 def offer(known_tools: Collection[str] | None, prices: PriceTable | None) -> Offer:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Mapping
 
 from agentrun.worker.core.pricing import PriceTable
+from agentrun.worker.core.tenants import tenant_problem
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,6 +56,31 @@ class OperatorSettings:
     health_host: str = "0.0.0.0"
     """Address the health endpoints listen on: the kubelet probes the pod's IP."""
 
+    namespace_tenants: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    """The tenant of each namespace's AgentRuns, Agents and AgentSchedules (AGENTRUN_NAMESPACE_TENANTS, the
+    chart's `tenants.namespaces`); a namespace not named is the tenant of its own name."""
+
+    def tenant_of(self, namespace: str) -> str:
+        """The tenant whose runs a namespace's resources make."""
+        return self.namespace_tenants.get(namespace, namespace)
+
     db_retry_max_seconds: float = 10.0
     """Longest pause between two attempts to reach and migrate the database at start: an outage is
     waited out (not-ready), never a crash loop."""
+
+
+def namespace_tenants(text: str | None) -> dict[str, str]:
+    """AGENTRUN_NAMESPACE_TENANTS: a JSON object of namespace → tenant (empty or unset: none). ValueError
+    saying what is wrong."""
+    if not text or not text.strip():
+        return {}
+    try:
+        found = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"AGENTRUN_NAMESPACE_TENANTS: not JSON: {e}") from None
+    if not isinstance(found, dict):
+        raise ValueError("AGENTRUN_NAMESPACE_TENANTS: must be a JSON object of namespace to tenant")
+    for namespace, tenant in found.items():
+        if (bad := tenant_problem(tenant, f"AGENTRUN_NAMESPACE_TENANTS[{namespace!r}]")) is not None:
+            raise ValueError(bad)
+    return dict(found)

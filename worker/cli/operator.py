@@ -14,7 +14,7 @@ log = logging.getLogger("agentrun.cli")
 
 def cmd_operator(args: argparse.Namespace) -> int:
     from agentrun.operator.handlers import run
-    from agentrun.operator.settings import OperatorSettings
+    from agentrun.operator.settings import OperatorSettings, namespace_tenants
     from agentrun.worker.core.pricing import PriceTable
 
     tool_names = None
@@ -31,6 +31,10 @@ def cmd_operator(args: argparse.Namespace) -> int:
         prices = PriceTable.load(os.environ.get("AGENTRUN_PRICES_FILE") or None)
     except (OSError, ValueError) as e:
         raise SystemExit(f"agentrun: cannot read the price table (AGENTRUN_PRICES_FILE): {e}") from None
+    try:
+        tenants = namespace_tenants(os.environ.get("AGENTRUN_NAMESPACE_TENANTS"))
+    except ValueError as e:
+        raise SystemExit(f"agentrun: {e}") from None
     settings = OperatorSettings(
         database_url=database_url(args),
         namespaces=tuple(args.namespace or ()),
@@ -40,6 +44,7 @@ def cmd_operator(args: argparse.Namespace) -> int:
         resync_seconds=args.resync_seconds,
         prices=prices,
         port=args.port or None,
+        namespace_tenants=tenants,
     )
     asyncio.run(run(settings, migrate_first=not args.no_migrate))
     return 0

@@ -152,7 +152,7 @@ class SubAgents:
             own = {sub.tool_name(ref) for ref in spec.sub_agents or ()}
             spec = dataclasses.replace(spec, require_approval=tuple(
                 name for name in run.require_approval if not name.startswith(sub.TOOL_PREFIX) or name in own))
-        caller = Caller(id=uuid.uuid4(), created_by=run.created_by,
+        caller = Caller(id=uuid.uuid4(), created_by=run.created_by, tenant=run.tenant,
                         traceparent=self.observer.traceparent(run) or sub.traceparent(run, use["id"]),
                         spawned_by=(run.id, use["id"]), root_run_id=run.root_run_id or run.id, depth=run.depth + 1)
         return await self.door.plan(spec, Origin.CHILD, caller, agent=agent, offer=Offer(

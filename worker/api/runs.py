@@ -189,6 +189,10 @@ class RunRoutes:
             description="Only runs created before this ISO 8601 time, with its offset.")] = None,
         q: Annotated[str | None, Query(max_length=MAX_NAME_CHARS,
                                        description="Only runs whose input contains this text, any case.")] = None,
+        tenant: Annotated[str | None, Query(
+            max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+            description="Only runs of this tenant. An identity sees its own tenant's runs only, whatever it "
+            "asks; a platform operator's (tenant `*`) sees every tenant's, and narrows them with this.")] = None,
     ) -> RunPage:
         """Runs, newest first, a page at a time (keyset pagination: stable while runs are added).
 
@@ -200,7 +204,7 @@ class RunRoutes:
             statuses=_statuses(status), selector=_selector(label_selector), model=_storable_query(model, "model"),
             **_agent_filter(agent), created_by=_storable_query(created_by, "createdBy"), parent=parent,
             created_after=_aware(created_after, "createdAfter"), created_before=_aware(created_before, "createdBefore"),
-            text=_storable_query(q, "q"),
+            text=_storable_query(q, "q"), tenant=tenant,
         )
         reads = self.reads(request)
         runs = await reads.list_runs(None, limit + 1, after, where=where)

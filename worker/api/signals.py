@@ -15,9 +15,10 @@ from fastapi import APIRouter, Header, Request, Response
 from pydantic import AfterValidator, ConfigDict, Field, field_validator
 
 from agentrun.worker.api.common import IDEMPOTENCY_KEY_SCHEMA, OrjsonRoute, checked_idempotency_key
-from agentrun.worker.api.guards import access, caller_name
+from agentrun.worker.api.guards import access, caller_name, tenant_for
 from agentrun.worker.api.identities import Scope
 from agentrun.worker.api.schemas import NOT_BLANK, Camel, ErrorBody, not_blank, storable, storable_json
+from agentrun.worker.core.tenants import DEFAULT_TENANT
 from agentrun.worker.core.waits import MAX_KEY_CHARS
 from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.store import RunStore
@@ -39,6 +40,12 @@ class EventRequest(Camel):
     ]
     payload: Any = Field(None, description=f"Any JSON value (at most {MAX_PAYLOAD_BYTES} bytes as JSON): the result "
                          "of each wait it ends, as JSON text. Default null.")
+
+    tenant: str | None = Field(
+        None, min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="The tenant whose waits the event is for: only its runs get it. When absent the caller's "
+        "(its identity's tenant; `default` for a platform operator's identity and on an open API). Only a "
+        "platform operator's identity (tenant `\"*\"`) may name another (else 403).")
 
     @field_validator("payload")
     @classmethod
@@ -65,7 +72,8 @@ def signals_router(store: RunStore, secured: bool, metrics: Metrics | None = Non
     if secured:
         responses.update({
             401: {"model": ErrorBody, "description": "Missing or wrong bearer token"},
-            403: {"model": ErrorBody, "description": "The token's identity lacks the `signal` (or `submit`) scope"},
+            403: {"model": ErrorBody, "description": "The token's identity lacks the `signal` (or `submit`) scope, "
+                  "or names a tenant not its own"},
         })
     router = APIRouter(prefix="/api", tags=["events"], responses=responses, route_class=OrjsonRoute)
 
@@ -83,7 +91,8 @@ def signals_router(store: RunStore, secured: bool, metrics: Metrics | None = Non
         again; the event is kept for AGENTRUN_EVENT_RETENTION (default 24 h) for waits that begin later,
         each run receiving it at most once. Scope: `signal` or `submit`."""
         posted = await store.post_event(body.key, body.payload, by=caller_name(request),
-                                        idempotency_key=checked_idempotency_key(idempotency_key))
+                                        idempotency_key=checked_idempotency_key(idempotency_key),
+                                        tenant=tenant_for(request, body.tenant) or DEFAULT_TENANT)
         if posted.replayed:
             response.headers["Idempotent-Replayed"] = "true"
         elif metrics is not None:

@@ -17,6 +17,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from agentrun.worker.core.tenants import DEFAULT_TENANT
 from agentrun.worker.store.channels import SIGNAL_IDEMPOTENCY_LOCK_CLASS, SIGNAL_KEY_LOCK_CLASS
 from agentrun.worker.store.gateway import Gateway
 from agentrun.worker.store.rows import EPOCH, FENCE, LeaseLost
@@ -56,6 +57,7 @@ PARK_EVENT = f"""WITH {FENCE}, since AS (SELECT now() AS at),
     prior AS (SELECT event_id, payload FROM run_event_delivery WHERE run_id = %(id)s AND tool_use_id = %(tuid)s),
     ev AS (SELECT e.id, e.payload FROM run_event e, fence
            WHERE e.key = %(key)s AND e.created_at > now() - make_interval(secs => %(retention)s::float8)
+             AND e.tenant = (SELECT tenant FROM run WHERE id = %(id)s)
              AND NOT EXISTS (SELECT 1 FROM run_event_delivery d WHERE d.run_id = %(id)s AND d.event_id = e.id)
              AND NOT EXISTS (SELECT 1 FROM prior)
            ORDER BY e.id LIMIT 1),
@@ -68,11 +70,12 @@ PARK_EVENT = f"""WITH {FENCE}, since AS (SELECT now() AS at),
            coalesce((SELECT payload FROM took), (SELECT payload FROM prior)) AS payload, {FOUND}"""
 
 POST_EVENT = """WITH ev AS (
-        INSERT INTO run_event (key, payload, created_by, idempotency_key)
-        VALUES (%(key)s, %(payload)s, %(by)s, %(idem)s) RETURNING id, payload),
+        INSERT INTO run_event (key, payload, created_by, idempotency_key, tenant)
+        VALUES (%(key)s, %(payload)s, %(by)s, %(idem)s, %(tenant)s) RETURNING id, payload),
     woke AS (
         UPDATE run r SET status = 'QUEUED', waiting_for = NULL, run_at = now()
         FROM ev WHERE r.status = 'WAITING' AND r.waiting_for = 'event' AND r.wait_key = %(key)s
+          AND r.tenant = %(tenant)s
           AND NOT EXISTS (SELECT 1 FROM run_event_delivery d
                           WHERE d.run_id = r.id AND d.tool_use_id = r.wait_tool_use_id)
         RETURNING r.id, r.wait_tool_use_id),
@@ -193,8 +196,10 @@ class Waits(Gateway):
 
     async def post_event(
         self, key: str, payload: Any, *, by: str | None = None, idempotency_key: str | None = None,
+        tenant: str = DEFAULT_TENANT,
     ) -> Posted:
-        """Keep the event and deliver it to every run waiting on `key` now (each queued again): the runs woken.
+        """Keep the event and deliver it to every run of `tenant` waiting on `key` now (each queued again): the
+        runs woken. An event is its tenant's: no other tenant's wait ever gets it, and its key is its tenant's.
 
         With `idempotency_key`, a copy of a POST already answered gets the first answer (`replayed`) and
         delivers nothing: the key and the answer are stored with the event, in the same transaction, and
@@ -202,15 +207,16 @@ class Waits(Gateway):
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             if idempotency_key is not None:
-                await cur.execute(b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))",
-                                  (SIGNAL_IDEMPOTENCY_LOCK_CLASS, idempotency_key))
-                await cur.execute(b"SELECT answer FROM run_event WHERE idempotency_key = %s", (idempotency_key,))
+                await cur.execute(b"SELECT pg_advisory_xact_lock(%s, hashtext(%s || '/' || %s))",
+                                  (SIGNAL_IDEMPOTENCY_LOCK_CLASS, tenant, idempotency_key))
+                await cur.execute(b"SELECT answer FROM run_event WHERE tenant = %s AND idempotency_key = %s",
+                                  (tenant, idempotency_key))
                 first = await cur.fetchone()
                 if first is not None:
                     return Posted([uuid.UUID(i) for i in first["answer"].get("woke", [])], True)
             await cur.execute(b"SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (SIGNAL_KEY_LOCK_CLASS, key))
             await cur.execute(POST_EVENT.encode(), {"key": key, "payload": Jsonb(payload), "by": by,
-                                                    "idem": idempotency_key})
+                                                    "idem": idempotency_key, "tenant": tenant})
             row = await cur.fetchone()
             assert row is not None
             await cur.execute(b"UPDATE run_event SET answer = %s WHERE id = %s",

@@ -10,6 +10,7 @@ over a definition made through the REST API.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 from collections.abc import Awaitable, Callable
@@ -32,9 +33,11 @@ Guarded = Callable[[Callable[[RunStore], Awaitable[T]], str, int], Awaitable[T]]
 class Agents:
     """Agent resources ⇄ the agent table, through the store."""
 
-    def __init__(self, known_tools: frozenset[str] | None, prices: PriceTable, guarded: Guarded[Any]) -> None:
+    def __init__(self, known_tools: frozenset[str] | None, prices: PriceTable, guarded: Guarded[Any],
+                 tenant_of: Callable[[str], str] = lambda namespace: namespace) -> None:
         self.known_tools = known_tools
         self.prices = prices
+        self.tenant_of = tenant_of  # a namespace's tenant, whose agent an Agent of it is
         # Runs a call on the store; a database not there yet or unreachable becomes a TemporaryError
         # kopf retries with backoff.
         self.guarded = guarded
@@ -51,18 +54,20 @@ class Agents:
             status = mapping.agent_refused_status(reason, message, generation, previous, now)
             patch.status.update(mapping.status_patch(previous, status))
 
+        tenant = self.tenant_of(namespace)
         try:
-            agent = mapping.agent_definition(name, spec, self.known_tools, self.prices)
+            agent = dataclasses.replace(mapping.agent_definition(name, spec, self.known_tools, self.prices),
+                                        tenant=tenant)
         except mapping.InvalidSpec as e:
             return refuse("InvalidSpec", str(e))
-        latest: Agent | None = await self.guarded(lambda s: s.agent(name), "read the agent", retry)
+        latest: Agent | None = await self.guarded(lambda s: s.agent(name, tenant=tenant), "read the agent", retry)
         owner = mapping.agent_owner(latest.created_by) if latest is not None else None
         if owner is not None and owner != namespace:
-            return refuse("NameConflict", _conflict(name, owner))
+            return refuse("NameConflict", _conflict(name, owner, tenant))
         if agent.sub_agents:
             try:
                 subs = agent.sub_agents
-                await self.guarded(lambda s: s.resolve_sub_agents(subs), "check the sub-agents", retry)
+                await self.guarded(lambda s: s.resolve_sub_agents(subs, tenant), "check the sub-agents", retry)
             except Refused as e:
                 return refuse("InvalidSpec", f"spec.{e.message}")
         by = mapping.agent_creator(body)
@@ -76,7 +81,8 @@ class Agents:
         its latest version: not when another namespace's Agent or the REST API did."""
         meta = body.get("metadata") or {}
         namespace, name = meta.get("namespace") or "", meta["name"]
-        latest: Agent | None = await self.guarded(lambda s: s.agent(name), "read the agent", retry)
+        tenant = self.tenant_of(namespace)
+        latest: Agent | None = await self.guarded(lambda s: s.agent(name, tenant=tenant), "read the agent", retry)
         if latest is None:
             return
         owner = mapping.agent_owner(latest.created_by)
@@ -85,10 +91,10 @@ class Agents:
             log.info("agent %s/%s deleted: its latest version is %s's, left alone", namespace, name,
                      f"namespace {owner}'s" if owner else "the REST API's")
             return
-        await self.guarded(lambda s: s.delete_agent(name), "delete the agent", retry)
+        await self.guarded(lambda s: s.delete_agent(name, tenant), "delete the agent", retry)
         log.info("agent %s/%s deleted", namespace, name)
 
 
-def _conflict(name: str, owner: str) -> str:
+def _conflict(name: str, owner: str, tenant: str) -> str:
     return (f"the agent name {name!r} is taken by the Agent in namespace {owner!r} (agent names are one per "
-            "database): rename this one, or delete that one first")
+            f"tenant, and both namespaces are tenant {tenant!r}'s): rename this one, or delete that one first")

@@ -380,7 +380,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
     async def delete(body: kopf.Body, retry: int, **_: Any) -> None:
         await op.deleted(body, retry)
 
-    agents = Agents(op.settings.tool_names, op.prices, op.guarded)
+    agents = Agents(op.settings.tool_names, op.prices, op.guarded, op.settings.tenant_of)
 
     # An Agent's spec is stored when it is created or changed, and again (as no new version, if it is
     # the same) when the operator starts: a change made while no operator ran is not lost.

@@ -289,23 +289,38 @@ async def test_a_bad_agent_spec_stores_no_version_and_says_why(cluster: Cluster,
     assert [a.version for a in await store.agent_versions("tools")] == [1]
 
 
-@pytest.mark.usefixtures("operator")
-async def test_one_agent_name_per_database_the_first_namespace_keeps_it(cluster: Cluster, store: RunStore) -> None:
-    await cluster.create_agent("researcher", **RESEARCHER)
-    await cluster.wait_agent("researcher", "version 1", _has_version(1))
-    await cluster.create_agent("researcher", namespace="team-b", system="Another team's agent.")
-    status = await cluster.wait_agent("researcher", "conflict", lambda s: bool(s.get("message")), namespace="team-b")
-    assert "taken by the Agent in namespace 'default'" in status["message"] and "version" not in status
-    assert status["conditions"][0]["reason"] == "NameConflict"
-    # Deleting the other namespace's Agent leaves the definition alone.
-    await cluster.delete_agent("researcher", namespace="team-b")
+async def test_one_agent_name_per_tenant_the_first_namespace_keeps_it(
+    cluster: Cluster, store: RunStore, database_url: str,
+) -> None:
+    # Two namespaces of one tenant share its agent names.
+    async with operator_running(cluster, settings_for(database_url, namespace_tenants={"team-b": "default"})):
+        await cluster.create_agent("researcher", **RESEARCHER)
+        await cluster.wait_agent("researcher", "version 1", _has_version(1))
+        await cluster.create_agent("researcher", namespace="team-b", system="Another team's agent.")
+        status = await cluster.wait_agent("researcher", "conflict", lambda s: bool(s.get("message")),
+                                          namespace="team-b")
+        assert "taken by the Agent in namespace 'default'" in status["message"] and "version" not in status
+        assert status["conditions"][0]["reason"] == "NameConflict"
+        # Deleting the other namespace's Agent leaves the definition alone.
+        await cluster.delete_agent("researcher", namespace="team-b")
 
-    async def gone() -> bool:
-        return await cluster.get_agent("researcher", namespace="team-b") is None
+        async def gone() -> bool:
+            return await cluster.get_agent("researcher", namespace="team-b") is None
 
-    await eventually(gone, 60, "team-b's Agent deleted")
+        await eventually(gone, 60, "team-b's Agent deleted")
     latest = await store.agent("researcher")
     assert latest is not None and latest.version == 1 and latest.system == "You research."
+
+
+@pytest.mark.usefixtures("operator")
+async def test_two_tenants_each_have_an_agent_of_one_name(cluster: Cluster, store: RunStore) -> None:
+    await cluster.create_agent("researcher", **RESEARCHER)
+    await cluster.create_agent("researcher", namespace="team-b", system="Another team's agent.")
+    await cluster.wait_agent("researcher", "version 1", _has_version(1))
+    await cluster.wait_agent("researcher", "version 1", _has_version(1), namespace="team-b")
+    ours, theirs = await store.agent("researcher"), await store.agent("researcher", tenant="team-b")
+    assert ours is not None and ours.system == "You research." and ours.tenant == "default"
+    assert theirs is not None and theirs.system == "Another team's agent." and theirs.tenant == "team-b"
 
 
 @pytest.mark.usefixtures("operator")

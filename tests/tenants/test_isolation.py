@@ -5,48 +5,18 @@ platform operator's identity (tenant `*`) sees every tenant's runs."""
 
 from __future__ import annotations
 
-import hashlib
-import json
 import uuid
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from agentrun.worker.api.app import create_app
 from agentrun.worker.core.records import DecisionKind
-from agentrun.worker.obs.metrics import Metrics
-from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox
-from tests.support.builders import MODEL, new_run, worker
-from tests.support.serving import asgi_client
-
-# alice and bob are admins of their own tenants; root is a platform operator's admin; carol reads team-a.
-IDENTITIES = {"alice": ("team-a", ["admin"]), "bob": ("team-b", ["admin"]), "root": ("*", ["admin"]),
-              "carol": ("team-a", ["read"])}
-
-
-def token_of(name: str) -> str:
-    return f"agrt_{name}-tenant-token-0123456789"
-
-
-def auth(name: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token_of(name)}"}
-
-
-@pytest.fixture
-async def http(store: RunStore, toolbox: ToolBox, metrics: Metrics, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    path = tmp_path / "tokens.json"
-    path.write_text(json.dumps({"identities": [
-        {"name": n, "sha256": hashlib.sha256(token_of(n).encode()).hexdigest(), "scopes": s, "tenant": t}
-        for n, (t, s) in IDENTITIES.items()]}))
-    settings = WorkerSettings(database_url="unused", default_model=MODEL, api_tokens_file=str(path))
-    async with asgi_client(create_app(store, toolbox, settings, metrics)) as client:
-        yield client
+from tests.support.builders import new_run, worker
+from tests.support.tenants import auth
 
 
 @pytest.fixture

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import AfterValidator, ConfigDict, Field
 
 from agentrun.worker.api.common import OrjsonRoute, Responses, documented_errors, refusal
 from agentrun.worker.api.errors import ApiError
-from agentrun.worker.api.guards import access, caller_name
+from agentrun.worker.api.guards import access, caller_name, tenant_for
 from agentrun.worker.api.identities import Identities, Scope
 from agentrun.worker.api.schemas import (
     MAX_COST_BUDGET_USD,
@@ -36,6 +37,7 @@ from agentrun.worker.core.agents import AGENT_NAME, MAX_VERSION, Agent, check_de
 from agentrun.worker.core.errors import Refused
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.submission import Offer
+from agentrun.worker.core.tenants import DEFAULT_TENANT
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
@@ -129,6 +131,7 @@ class AgentView(Camel):
                                                       "theirs, else the default `auto`).")
     created_at: datetime.datetime | None = Field(description="When this version was made.")
     created_by: str | None = Field(description="Who made this version, named as a run's `createdBy`.")
+    tenant: str = Field("default", description="The tenant whose agent it is: its runs are that tenant's.")
 
     @classmethod
     def of(cls, a: Agent) -> AgentView:
@@ -139,7 +142,7 @@ class AgentView(Camel):
             cost_budget_usd=float(a.cost_budget_usd) if a.cost_budget_usd is not None else None,
             timeout_seconds=a.timeout_seconds, sub_agents=_list(a.sub_agents), webhook=a.webhook,
             context_management=a.context_management, created_at=a.created_at,
-            created_by=a.created_by,
+            created_by=a.created_by, tenant=a.tenant,
         )
 
 
@@ -149,6 +152,18 @@ def _list(values: tuple[str, ...] | None) -> list[str] | None:
 
 class AgentList(Camel):
     items: list[AgentView] = Field(description="The latest version of each agent, by name.")
+
+
+TenantQuery = Annotated[str | None, Query(
+    max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+    description="The tenant whose agents (agents are a tenant's: each has its own names). When absent the caller's: "
+    "its identity's tenant; `default` for a platform operator's identity (tenant `*`) and on an open API. Only a "
+    "platform operator's identity may name another (else 403).")]
+
+
+def _tenant(request: Request, named: str | None) -> str:
+    """The tenant whose agents the request is about."""
+    return tenant_for(request, named) or DEFAULT_TENANT
 
 
 def _no_agent(name: str, version: int | None = None) -> ApiError:
@@ -165,17 +180,20 @@ class AgentRoutes:
         self.offer = Offer(has_tool=lambda name: tools.get(name) is not None, tool_names=tools.names,
                            prices=prices, model_problem=providers.problem)
 
-    async def create(self, body: AgentRequest, request: Request, response: Response) -> AgentCreated:
+    async def create(
+        self, body: AgentRequest, request: Request, response: Response, tenant: TenantQuery = None,
+    ) -> AgentCreated:
         """Create the agent, or a new version of it (201). A body identical to the latest version makes
         none: 200 with that version. Versions count from 1; runs in flight keep the version they were
         pinned to. Putting a deleted agent's name undeletes it. Scope: `submit`; the version records who
         as `createdBy`."""
-        agent = body.agent()
+        whose = _tenant(request, tenant)
+        agent = dataclasses.replace(body.agent(), tenant=whose)
         if self.check_webhook is not None:
             self.check_webhook(agent.webhook)
         try:
             check_definition(agent, self.offer)
-            await self.store.resolve_sub_agents(agent.sub_agents or ())  # each must exist (404 naming it)
+            await self.store.resolve_sub_agents(agent.sub_agents or (), whose)  # each must exist (404 naming it)
         except Refused as e:
             raise refusal(e) from None
         try:
@@ -186,21 +204,21 @@ class AgentRoutes:
         response.headers["Location"] = f"/api/agents/{stored.name}/versions/{stored.version}"
         return AgentCreated(name=stored.name, version=stored.version)
 
-    async def list_agents(self) -> AgentList:
+    async def list_agents(self, request: Request, tenant: TenantQuery = None) -> AgentList:
         """Every agent not deleted, at its latest version, by name. Scope: `read`."""
-        return AgentList(items=[AgentView.of(a) for a in await self.store.agents()])
+        return AgentList(items=[AgentView.of(a) for a in await self.store.agents(_tenant(request, tenant))])
 
-    async def get(self, name: PathName) -> AgentView:
+    async def get(self, name: PathName, request: Request, tenant: TenantQuery = None) -> AgentView:
         """The agent's latest version; 404 for an unknown or deleted agent. Scope: `read`."""
-        found = await self.store.agent(name)
+        found = await self.store.agent(name, tenant=_tenant(request, tenant))
         if found is None:
             raise _no_agent(name)
         return AgentView.of(found)
 
-    async def versions(self, name: PathName) -> AgentList:
+    async def versions(self, name: PathName, request: Request, tenant: TenantQuery = None) -> AgentList:
         """Every version of the agent, oldest first; a deleted agent's too (runs stay pinned to them).
         Scope: `read`."""
-        found = await self.store.agent_versions(name)
+        found = await self.store.agent_versions(name, _tenant(request, tenant))
         if not found:
             raise _no_agent(name)
         return AgentList(items=[AgentView.of(a) for a in found])
@@ -208,18 +226,19 @@ class AgentRoutes:
     async def version(
         self, name: PathName,
         n: Annotated[int, Path(ge=1, le=MAX_VERSION, description="The version, from 1.")],
+        request: Request, tenant: TenantQuery = None,
     ) -> AgentView:
         """One version of the agent, as runs pinned to it got it; a deleted agent's too. Scope: `read`."""
-        found = await self.store.agent(name, n, deleted=True)
+        found = await self.store.agent(name, n, deleted=True, tenant=_tenant(request, tenant))
         if found is None:
             raise _no_agent(name, n)
         return AgentView.of(found)
 
-    async def delete(self, name: PathName) -> Response:
+    async def delete(self, name: PathName, request: Request, tenant: TenantQuery = None) -> Response:
         """Delete the agent: new runs naming it are refused (404); runs in flight, and the continuations
         of finished ones, go on with the version they are pinned to. Its versions stay readable. Putting
         the name again undeletes it. Scope: `submit`."""
-        if not await self.store.delete_agent(name):
+        if not await self.store.delete_agent(name, _tenant(request, tenant)):
             raise _no_agent(name)
         return Response(status_code=204)
 

@@ -345,7 +345,7 @@ class RunRoutes:
         conv = Conversation.replay(run.input, await reads.steps_before(run_id, seq) or [])
         agents = []
         for name, version in sub_agents.refs_by_tool(run.sub_agents).values():
-            agent = await self.store.agent(name, version, deleted=True)
+            agent = await self.store.agent(name, version, deleted=True, tenant=run.tenant)
             if agent is not None:
                 agents.append(sub_agents.definition(agent.name, agent.version, agent.description))
         return {"system": system_sent(run.system, run.output_schema),

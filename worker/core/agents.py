@@ -54,6 +54,7 @@ class Agent:
     context_management: dict[str, Any] | None = None  # its runs' contextManagement unless they name one
     created_at: datetime.datetime | None = None
     created_by: str | None = None
+    tenant: str = "default"  # whose agent: a run finds its agent among its own tenant's only
 
     @property
     def ref(self) -> str:

@@ -14,6 +14,7 @@ from agentrun.worker.core.agents import Agent, planned
 from agentrun.worker.core.records import NewRun, Origin, Run
 from agentrun.worker.core.schedules import Schedule
 from agentrun.worker.core.submission import Caller, Defaults, Offer, RunSpec
+from agentrun.worker.core.tenants import DEFAULT_TENANT
 from agentrun.worker.store import RunStore
 from agentrun.worker.store.schedules import Planner, Tick
 
@@ -43,7 +44,8 @@ class Door:
         `source` is the run it continues or forks, looked up by the caller (each way in tells a missing one
         its own way). `agent` is a sub-agent's, already applied to `spec` with the budgets its parent carved
         (its parent pinned the version, which runs even if deleted since)."""
-        resolved = await self.store.for_run(spec)
+        tenant = caller.tenant or (source.tenant if source is not None else DEFAULT_TENANT)
+        resolved = await self.store.for_run(spec, tenant)
         if agent is not None:
             resolved = (resolved[0], agent, resolved[2])
         return planned(resolved, source, origin, caller, defaults, offer)

@@ -126,7 +126,7 @@ class SubAgents:
         agents = self._agents.setdefault(run.id, {})
         if tool not in agents:
             name, version = sub.refs_by_tool(run.sub_agents)[tool]
-            found = await self.agents.agent(name, version, deleted=True)
+            found = await self.agents.agent(name, version, deleted=True, tenant=run.tenant)
             if found is None:
                 raise ValueError(f"sub-agent {name}@{version} is no longer defined")
             agents[tool] = found

@@ -190,7 +190,7 @@ class AgentRoutes:
         whose = _tenant(request, tenant)
         agent = dataclasses.replace(body.agent(), tenant=whose)
         if self.check_webhook is not None:
-            self.check_webhook(agent.webhook)
+            self.check_webhook(agent.webhook, tenant=whose)
         try:
             check_definition(agent, self.offer)
             await self.store.resolve_sub_agents(agent.sub_agents or (), whose)  # each must exist (404 naming it)

@@ -50,6 +50,7 @@ from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import Decision, NewRun, PendingCall, Run, RunStatus, StepKind
 from agentrun.worker.core.replay import Conversation
 from agentrun.worker.core.submission import Caller, Refused
+from agentrun.worker.core.tenants import DEFAULT_TENANT
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.obs.metrics import Metrics
@@ -140,10 +141,10 @@ class RunRoutes:
         key = checked_idempotency_key(idempotency_key)
         caller_span = _caller_span(traceparent, response)
         spec, source = body.spec(), await self.source(self.reads(request), body)
-        self.submissions.check_webhook(spec.webhook)
+        tenant = tenant_for(request, body.tenant)
+        self.submissions.check_webhook(spec.webhook, tenant=tenant or (source.tenant if source else DEFAULT_TENANT))
 
-        caller = Caller(created_by=caller_name(request), idempotency_key=key, traceparent=caller_span,
-                        tenant=tenant_for(request, body.tenant))
+        caller = Caller(created_by=caller_name(request), idempotency_key=key, traceparent=caller_span, tenant=tenant)
         made = await self.submissions.submit(spec, source, caller)
         run, created, new = made.run, made.created, made.new
         if not created and spec.agent is not None and spec.agent[1] is None and run.agent == new.agent \

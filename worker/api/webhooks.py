@@ -7,6 +7,7 @@ from typing import Any
 
 from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.schemas import FieldProblem
+from agentrun.worker.core.tenants import DEFAULT_TENANT
 from agentrun.worker.core.webhooks import Allow, WebhookProblem, check_webhook
 from agentrun.worker.runtime.webhooks import WebhookSecrets, sendable
 from agentrun.worker.settings import WorkerSettings
@@ -19,10 +20,12 @@ class WebhookCheck:
         self.secrets = WebhookSecrets(settings.webhook_secrets_file)
         self.allow = Allow.parse(settings.webhook_allow)
 
-    def __call__(self, webhook: dict[str, Any] | None, prefix: str = "") -> None:
+    def __call__(self, webhook: dict[str, Any] | None, prefix: str = "", tenant: str = DEFAULT_TENANT) -> None:
+        """`webhook` of a run (or agent, or schedule) of `tenant`: its `secretRef` must name a secret that
+        tenant's runs may use (its own, or one of no tenant)."""
         if webhook is None:
             return
         try:
-            sendable(check_webhook(webhook, self.secrets.names(), self.allow)["url"], self.allow)
+            sendable(check_webhook(webhook, self.secrets.names(tenant), self.allow)["url"], self.allow)
         except WebhookProblem as e:
             raise ApiError(422, f"{prefix}{e}", [FieldProblem(field=prefix + e.field, problem=e.problem)]) from None

@@ -25,6 +25,7 @@ import httpx
 from standardwebhooks import Webhook
 
 from agentrun.worker.core.records import Run
+from agentrun.worker.core.tenants import DEFAULT_TENANT, tenant_problem
 from agentrun.worker.core.watched import Look, WatchedFile
 from agentrun.worker.core.webhooks import (
     Allow,
@@ -50,8 +51,10 @@ BATCH = 16
 """Deliveries one claim takes, and so sent at once by one worker."""
 
 
-def parse_secrets(text: str, source: str) -> dict[str, str]:
-    """`{"secrets": [{"name", "secret"}]}` (YAML or JSON) as name → secret; SecretsFileError saying what is wrong."""
+def parse_secrets(text: str, source: str) -> dict[tuple[str | None, str], str]:
+    """`{"secrets": [{"name", "secret", "tenant"?}]}` (YAML or JSON) as (tenant, name) → secret: a secret with a
+    `tenant` signs only that tenant's runs' webhooks; one without (None) any tenant's. SecretsFileError saying
+    what is wrong."""
     import yaml  # YAML is a superset of JSON: one parser reads both
 
     try:
@@ -60,16 +63,19 @@ def parse_secrets(text: str, source: str) -> dict[str, str]:
         raise SecretsFileError(f"webhook secrets file {source} is neither YAML nor JSON: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("secrets"), list):
         raise SecretsFileError(f"webhook secrets file {source} must be an object with a list `secrets`")
-    found: dict[str, str] = {}
+    found: dict[tuple[str | None, str], str] = {}
     for i, entry in enumerate(doc["secrets"]):
         where = f"webhook secrets file {source}: secrets[{i}]"
-        if not isinstance(entry, dict) or set(entry) != {"name", "secret"}:
-            raise SecretsFileError(f"{where} must have exactly `name` and `secret`")
-        name, secret = entry["name"], entry["secret"]
+        if not isinstance(entry, dict) or not {"name", "secret"} <= set(entry) <= {"name", "secret", "tenant"}:
+            raise SecretsFileError(f"{where} must have `name` and `secret`, and may have `tenant`")
+        name, secret, tenant = entry["name"], entry["secret"], entry.get("tenant")
         if not isinstance(name, str) or not name.strip():
             raise SecretsFileError(f"{where}.name must be a non-empty string")
-        if name in found:
-            raise SecretsFileError(f"{where}.name {name!r} is given twice")
+        if tenant is not None and (bad := tenant_problem(tenant, f"{where}.tenant")) is not None:
+            raise SecretsFileError(bad)
+        if (tenant, name) in found:
+            whose = f" for tenant {tenant!r}" if tenant is not None else ""
+            raise SecretsFileError(f"{where}.name {name!r} is given twice{whose}")
         if not isinstance(secret, str) or not secret.startswith(SECRET_PREFIX):
             raise SecretsFileError(f"{where}.secret must be of the form {SECRET_PREFIX}<base64> (Standard Webhooks)")
         try:
@@ -78,7 +84,7 @@ def parse_secrets(text: str, source: str) -> dict[str, str]:
             raise SecretsFileError(f"{where}.secret is not {SECRET_PREFIX} followed by base64") from None
         if len(key) < 24:
             raise SecretsFileError(f"{where}.secret must hold at least 24 bytes (it holds {len(key)})")
-        found[name] = secret
+        found[(tenant, name)] = secret
     return found
 
 
@@ -91,7 +97,7 @@ class WebhookSecrets:
     def __init__(self, path: str | None, recheck_seconds: float = 1.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.path = path
-        self._secrets: dict[str, str] = {}
+        self._secrets: dict[tuple[str | None, str], str] = {}
         self._file = WatchedFile(path, recheck_seconds, clock) if path is not None else None
         self._refresh()
 
@@ -116,13 +122,15 @@ class WebhookSecrets:
             return
         log.info("webhook secrets file %s read: %d secrets", self.path, len(self._secrets))
 
-    def names(self) -> list[str]:
+    def names(self, tenant: str = DEFAULT_TENANT) -> list[str]:
+        """The secrets `tenant`'s runs may name: its own and those of no tenant."""
         self._refresh()
-        return sorted(self._secrets)
+        return sorted({name for whose, name in self._secrets if whose in (None, tenant)})
 
-    def get(self, name: str) -> str | None:
+    def get(self, name: str, tenant: str = DEFAULT_TENANT) -> str | None:
+        """The secret `name` as `tenant`'s runs know it: its own of that name, else the one of no tenant."""
         self._refresh()
-        return self._secrets.get(name)
+        return self._secrets.get((tenant, name), self._secrets.get((None, name)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -288,13 +296,13 @@ class WebhookSender:
             return Outcome(kind == "delivered", status, int((time.monotonic() - t0) * 1000),
                            _truncate(error) if error else None, kind)
 
-        secret = self.secrets.get(delivery.secret_ref)
-        if secret is None:
-            return done("no_secret", f"no webhook secret named {delivery.secret_ref!r} is configured "
-                        "(AGENTRUN_WEBHOOK_SECRETS)")
         run = await self.store.get(delivery.run_id)
         if run is None:
             return done("no_run", "the run is gone")
+        secret = self.secrets.get(delivery.secret_ref, run.tenant)
+        if secret is None:
+            return done("no_secret", f"no webhook secret named {delivery.secret_ref!r} is configured for tenant "
+                        f"{run.tenant!r} (AGENTRUN_WEBHOOK_SECRETS)")
         try:
             target, parsed = sendable(delivery.url, self.settings.allow)
             address = await self._address(target.host, target.port)

@@ -300,7 +300,7 @@ async def test_the_page_shows_who_you_are_and_hides_what_you_may_not_do(
             "if (!sessionStorage.getItem('agentrun.token')) sessionStorage.setItem('agentrun.token', 'reader-token-1')"
         )
         await page.goto(f"{url}/ui/")
-        await expect(page.locator("#me")).to_have_text("reader · read")
+        await expect(page.locator("#me")).to_have_text("reader · tenant default · read")
         await expect(page.locator(f"tr[data-run='{waiting}']")).to_be_visible()
         await expect(page.locator("#new-input")).to_have_count(0)  # no submit form without `submit`
         await page.goto(f"{url}/ui/#/runs/{waiting}")

@@ -551,6 +551,7 @@ class RunSummary(Camel):
     finished_at: datetime.datetime | None
     created_by: str | None = Field(default=None, description="Who created the run, as in the run's `createdBy`.")
     labels: dict[str, str] = Field(default_factory=dict, description="The run's labels.")
+    tenant: str = Field("default", description="The tenant the run belongs to.")
     parent_run_id: uuid.UUID | None = Field(None, description="The run it continues, forks, or was started by "
                                             "(a sub-agent's).")
     agent: str | None = Field(None, description="The agent it was made from, pinned: `name@version`.")
@@ -564,7 +565,7 @@ class RunSummary(Camel):
             cost_usd=None if unknown else float(run.cost_usd),
             cost_usd_total=None if unknown else float(run.cost_usd_total), steps=run.steps, error=run.error,
             locked_by=run.locked_by, created_at=run.created_at, started_at=run.started_at,
-            finished_at=run.finished_at, created_by=run.created_by, labels=dict(run.labels),
+            finished_at=run.finished_at, created_by=run.created_by, labels=dict(run.labels), tenant=run.tenant,
             parent_run_id=run.parent_run_id, agent=agent_ref(run),
         )
 

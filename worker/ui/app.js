@@ -74,8 +74,11 @@ function connState(text) {
 const FILTERS = [
   ["status", "Status", "running,waiting"], ["labelSelector", "Labels", "team=billing,env!=prod"], ["model", "Model", ""],
   ["agent", "Agent", "name or name@version"], ["createdBy", "Created by", ""], ["createdAfter", "Created after", ""],
-  ["createdBefore", "Created before", ""], ["q", "Input contains", ""],
+  ["createdBefore", "Created before", ""], ["q", "Input contains", ""], ["tenant", "Tenant", "team-a"],
 ];
+// Whether the caller sees every tenant's runs (a platform operator's identity, or an open API); an identity of one
+// tenant sees its own only, so the list has no tenant to filter by or to show.
+const allTenants = () => me === null || me.tenant === "*";
 const isoOf = (local) => (local ? new Date(local).toISOString() : ""); // datetime-local (the browser's zone) → ISO 8601
 const localOf = (iso) => { // ISO 8601 → datetime-local's value, in the browser's zone
   if (!iso) return "";
@@ -111,7 +114,7 @@ function listView(params) {
   let older = []; // pages past it, loaded with "Load older runs"
   let next = null;
 
-  const fields = FILTERS.map(([k, label, placeholder]) => {
+  const fields = FILTERS.filter(([k]) => k !== "tenant" || allTenants()).map(([k, label, placeholder]) => {
     const type = k.startsWith("created") && k !== "createdBy" ? "datetime-local" : "text";
     const input = h("input", { id: `f-${k}`, name: k, type, placeholder: placeholder || null,
       value: type === "datetime-local" ? localOf(filters[k]) : filters[k] });
@@ -124,6 +127,7 @@ function listView(params) {
     const q = new URLSearchParams();
     for (const [k] of FILTERS) {
       const el = document.getElementById(`f-${k}`);
+      if (!el) continue;
       const v = el.type === "datetime-local" ? isoOf(el.value) : el.value.trim();
       if (v) q.set(k, v);
     }
@@ -176,7 +180,8 @@ function listView(params) {
       h("td", { class: "pick" }, can("cancel") && !TERMINAL.has(r.status)
         ? h("input", { type: "checkbox", class: "pick-run", "aria-label": `select run ${shortId(r.id)}`, checked: selected.has(r.id),
           onchange: (e) => { if (e.target.checked) selected.add(r.id); else selected.delete(r.id); drawBulk(); } }) : null),
-      h("td", {}, h("a", { href: `#/runs/${r.id}`, class: "mono" }, shortId(r.id))),
+      h("td", {}, h("a", { href: `#/runs/${r.id}`, class: "mono" }, shortId(r.id)),
+        allTenants() ? h("span", { class: "tenant muted small", title: "tenant" }, ` ${r.tenant}`) : null),
       h("td", {}, badge(r.status)),
       h("td", { class: "input", title: r.inputPreview }, r.inputPreview),
       h("td", { class: "labels" }, labelTags(r.labels)),
@@ -982,6 +987,9 @@ function runView(id) {
       lineage(run, descendants, children),
       h("section", { class: "card facts" },
         h("dl", {},
+          h("dt", {}, "Tenant"), h("dd", { class: "mono", id: "run-tenant" }, run.tenant),
+          run.throttled ? [h("dt", {}, "Held back"), h("dd", { id: "run-throttled", class: "warn" },
+            `${run.throttled.reason || run.throttled.quota}${run.throttled.until ? ` until ${new Date(run.throttled.until).toLocaleTimeString()}` : ""}`)] : null,
           h("dt", {}, "Model"), h("dd", { class: "mono" }, run.model),
           run.agent ? [h("dt", {}, "Agent"), h("dd", { class: "mono" }, agentOf(run))] : null,
           h("dt", {}, "Steps"), h("dd", {}, `${run.steps} of at most ${run.maxSteps}`),
@@ -1084,8 +1092,10 @@ async function start() {
   }
   const who = document.getElementById("me");
   if (me !== null && who) {
-    who.textContent = me.name === null ? "open API" : `${me.name} · ${me.scopes.join(", ")}`;
-    who.title = me.name === null ? "this server asks for no token" : "the identity of your token, and its scopes";
+    const tenant = me.tenant === "*" ? "all tenants" : `tenant ${me.tenant}`;
+    who.textContent = me.name === null ? "open API" : `${me.name} · ${tenant} · ${me.scopes.join(", ")}`;
+    who.title = me.name === null ? "this server asks for no token"
+      : "the identity of your token, the tenant whose runs it sees, and its scopes";
   }
   window.addEventListener("hashchange", route);
   route();

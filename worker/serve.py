@@ -294,7 +294,7 @@ class Serving:
         if self.parts.limiter is not None:
             self.parts.limiter.attach(pool)
         self.start_retention(pool)
-        self.parts.metrics.count_runs_with(store.count_by_status)
+        self.parts.metrics.count_runs_with(store.count_by_status, store.count_by_tenant)
         self.parts.metrics.watch_writes(store.writes.stats)
         return store
 

@@ -79,7 +79,7 @@ def test_rules_cover_the_four_alerts(render: Callable[..., list[Manifest]]) -> N
     rule = find(render(_everything()), "PrometheusRule")
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
     assert set(alerts) == {"AgentrunRunsFailing", "AgentrunCostPerRunHigh", "AgentrunRunsStuck",
-                           "AgentrunLeaseTakeoversSpiking", "AgentrunWebhooksFailing"}
+                           "AgentrunLeaseTakeoversSpiking", "AgentrunWebhooksFailing", "AgentrunTenantThrottled"}
     for alert in alerts.values():
         assert alert["labels"]["severity"] in ("warning", "critical")
         assert alert["annotations"]["summary"]

@@ -141,7 +141,7 @@ async def test_dashboard_and_alerts_against_a_real_prometheus(
     require("prometheus")
     manifests = render(extra=RULES_VALUES)
     rules = write_rules(manifests, tmp_path)
-    metrics = Metrics(count_runs=store.count_by_status, cache_seconds=0)
+    metrics = Metrics(count_runs=store.count_by_status, cache_seconds=0, count_tenants=store.count_by_tenant)
     app = create_app(store, ToolBox([noop, lookup, broken]), WorkerSettings(database_url="unused", default_model=MODEL),
                      metrics)
     async with serving(app) as url, prometheus(url.removeprefix("http://"), rules, tmp_path) as prom:

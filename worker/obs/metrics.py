@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, Protocol
 
@@ -56,6 +56,11 @@ METRIC_NAMES: tuple[str, ...] = (
     # Completion webhooks (README "Completion webhooks").
     "agentrun_webhook_deliveries_total",
     "agentrun_webhook_failures_total",
+    # Tenants (README "Tenants"), read from the database.
+    "agentrun_tenant_runs",
+    "agentrun_tenant_throttled_runs",
+    "agentrun_tenant_tokens_day",
+    "agentrun_tenant_cost_usd_day",
 )
 
 WEBHOOK_OUTCOMES = ("delivered", "http_error", "redirect", "timeout", "refused", "connect_error", "no_secret",
@@ -66,6 +71,9 @@ WEBHOOK_OUTCOMES = ("delivered", "http_error", "redirect", "timeout", "refused",
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 300)
 
 RunCounter = Callable[[], Awaitable[Mapping[str, int]]]
+TenantCounter = Callable[[], Awaitable[Sequence[Mapping[str, Any]]]]
+"""Each tenant's load (store/reads.py `count_by_tenant`): `tenant`, `queued`, `running`, `waiting`, `throttled`,
+`tokens` and `cost_usd` of the rolling day."""
 
 
 class ThreadCounts(Protocol):
@@ -92,6 +100,33 @@ class _RunsByStatus(Collector):
         yield family
 
 
+class _Tenants(Collector):
+    """`agentrun_tenant_*`: each tenant's runs by status, runs held back by a quota, and what it spent in the
+    rolling last day, from the last database count (as `agentrun_runs`)."""
+
+    def __init__(self) -> None:
+        self.rows: Sequence[Mapping[str, Any]] = ()
+
+    def collect(self) -> Iterator[Metric]:
+        runs = GaugeMetricFamily("agentrun_tenant_runs", "Unfinished runs of each tenant by status",
+                                 labels=["tenant", "status"])
+        throttled = GaugeMetricFamily(
+            "agentrun_tenant_throttled_runs", "Queued runs of each tenant held back by its quotas: by a daily "
+            "budget, or ready while the tenant is at its maxRunning", labels=["tenant"])
+        tokens = GaugeMetricFamily("agentrun_tenant_tokens_day", "Tokens each tenant's model steps spent in the "
+                                   "rolling last day (what tokensPerDay bounds)", labels=["tenant"])
+        cost = GaugeMetricFamily("agentrun_tenant_cost_usd_day", "Cost in USD of each tenant's model steps in the "
+                                 "rolling last day (what costPerDayUsd bounds)", labels=["tenant"])
+        for row in self.rows:
+            name = str(row["tenant"])
+            for status in ("queued", "running", "waiting"):
+                runs.add_metric([name, status.upper()], int(row[status]))
+            throttled.add_metric([name], int(row["throttled"]))
+            tokens.add_metric([name], int(row["tokens"]))
+            cost.add_metric([name], float(row["cost_usd"]))
+        yield from (runs, throttled, tokens, cost)
+
+
 class _GroupCommit(Collector):
     """`agentrun_writes_total` and `agentrun_write_batches_total`, read from the batcher at scrape time."""
 
@@ -115,6 +150,7 @@ class Metrics(NoObserver):
         registry: CollectorRegistry | None = None,
         count_runs: RunCounter | None = None,
         cache_seconds: float = 5.0,
+        count_tenants: TenantCounter | None = None,
     ) -> None:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self._count_runs = count_runs
@@ -199,6 +235,9 @@ class Metrics(NoObserver):
         r.register(self._runs)
         self._writes = _GroupCommit()
         r.register(self._writes)
+        self._tenants = _Tenants()
+        r.register(self._tenants)
+        self._count_tenants = count_tenants
         for kind in ("MODEL", "TOOL"):  # so dashboards see the series before the first step
             for outcome in ("ok", "error"):
                 self.latency.labels(kind, outcome)
@@ -256,9 +295,10 @@ class Metrics(NoObserver):
         """Read the group-commit counters from `stats` at scrape time."""
         self._writes.stats = stats
 
-    def count_runs_with(self, count_runs: RunCounter) -> None:
-        """Set where the runs-by-status gauge reads from, once the database pool exists."""
+    def count_runs_with(self, count_runs: RunCounter, count_tenants: TenantCounter | None = None) -> None:
+        """Set where the runs-by-status and the tenant gauges read from, once the database pool exists."""
         self._count_runs = count_runs
+        self._count_tenants = count_tenants
 
     def model_retry(self, status: int) -> None:
         self.retries.labels(str(status)).inc()
@@ -293,8 +333,10 @@ class Metrics(NoObserver):
             return
         try:
             self._runs.counts = dict(await self._count_runs())
+            if self._count_tenants is not None:
+                self._tenants.rows = list(await self._count_tenants())
         except Exception as e:
-            log.warning("metrics: cannot count runs by status: %s", e)
+            log.warning("metrics: cannot count runs by status and tenant: %s", e)
             return
         self._counted_at = now
 

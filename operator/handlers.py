@@ -401,7 +401,7 @@ def register(registry: kopf.OperatorRegistry, op: Operator) -> None:
         await agents.deleted(body, retry)
 
     # AgentSchedules (issue 27): the spec stored as the schedule, as an Agent's; a timer shows the ticks.
-    schedules = Schedules(op.settings.tool_names, op.prices, op.guarded)
+    schedules = Schedules(op.settings.tool_names, op.prices, op.guarded, op.settings.tenant_of)
 
     @kopf.on.create(GROUP, VERSION, SCHEDULE_PLURAL, **on)  # type: ignore[arg-type]
     async def schedule_created(body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int, **_: Any) -> None:

@@ -13,6 +13,7 @@ big) ends as a status message, never as an exception kopf would retry for ever.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import logging
 import uuid
@@ -160,8 +161,10 @@ def refused_status(reason: str, message: str, generation: int | None, previous: 
 class Schedules:
     """AgentSchedule resources ⇄ the schedule table, through the store."""
 
-    def __init__(self, known_tools: frozenset[str] | None, prices: PriceTable, guarded: Guarded[Any]) -> None:
+    def __init__(self, known_tools: frozenset[str] | None, prices: PriceTable, guarded: Guarded[Any],
+                 tenant_of: Callable[[str], str] = lambda namespace: namespace) -> None:
         self.known_tools, self.prices, self.guarded = known_tools, prices, guarded
+        self.tenant_of = tenant_of  # a namespace's tenant, whose schedule an AgentSchedule of it is
 
     async def reconcile(self, body: kopf.Body, spec: kopf.Spec, patch: kopf.Patch, retry: int) -> None:
         """Store the spec as the schedule (replacing its definition) and show it."""
@@ -175,19 +178,21 @@ class Schedules:
             patch.status.update(mapping.status_patch(previous, refused_status(reason, message, generation, previous,
                                                                                now)))
 
+        tenant = self.tenant_of(namespace)
         try:
-            s = schedule_definition(name, namespace, spec)
+            s = dataclasses.replace(schedule_definition(name, namespace, spec), tenant=tenant)
         except mapping.InvalidSpec as e:
             return refuse("InvalidSpec", str(e))
-        existing: Schedule | None = await self.guarded(lambda st: st.schedule(name), "read the schedule", retry)
+        existing: Schedule | None = await self.guarded(lambda st: st.schedule(name, tenant), "read the schedule",
+                                                       retry)
         if existing is not None and existing.k8s_namespace != namespace:
             owner = f"the AgentSchedule in namespace {existing.k8s_namespace!r}" if existing.k8s_namespace else \
                 "the REST API"
             return refuse("NameConflict", f"the schedule name {name!r} is taken by {owner} (schedule names are one "
-                          "per database): rename this one, or delete that one first")
+                          f"per tenant, and this is tenant {tenant!r}): rename this one, or delete that one first")
         try:
             asked = spec_of(s.spec)
-            resolved = await self.guarded(lambda st: st.for_run(asked), "check the run template", retry)
+            resolved = await self.guarded(lambda st: st.for_run(asked, tenant), "check the run template", retry)
             mapping.new_run(s.run, str(uuid.uuid4()), namespace, name, self.known_tools, self.prices,
                             resolved=resolved)
         except Refused as e:
@@ -210,7 +215,8 @@ class Schedules:
         previous = dict(body.get("status") or {})
         if previous.get("observedGeneration") != meta.get("generation"):
             return  # its spec is being stored (or was refused): that handler writes the status
-        found: Schedule | None = await self.guarded(lambda st: st.schedule(name), "read the schedule", retry)
+        tenant = self.tenant_of(namespace)
+        found: Schedule | None = await self.guarded(lambda st: st.schedule(name, tenant), "read the schedule", retry)
         if found is None or found.k8s_namespace != namespace:
             return
         now = datetime.datetime.now(datetime.UTC)
@@ -224,8 +230,9 @@ class Schedules:
         """Delete the schedule if this AgentSchedule stored it (not another namespace's, nor the REST API's)."""
         meta = body.get("metadata") or {}
         namespace, name = meta.get("namespace") or "", meta["name"]
-        found: Schedule | None = await self.guarded(lambda st: st.schedule(name), "read the schedule", retry)
+        tenant = self.tenant_of(namespace)
+        found: Schedule | None = await self.guarded(lambda st: st.schedule(name, tenant), "read the schedule", retry)
         if found is None or found.k8s_namespace != namespace:
             return
-        await self.guarded(lambda st: st.delete_schedule(name), "delete the schedule", retry)
+        await self.guarded(lambda st: st.delete_schedule(name, tenant), "delete the schedule", retry)
         log.info("schedule %s/%s deleted", namespace, name)

@@ -7,12 +7,12 @@ import datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Request, Response
 from pydantic import AfterValidator, ConfigDict, Field
 
 from agentrun.worker.api.common import OrjsonRoute, Responses, documented_errors, refusal
 from agentrun.worker.api.errors import ApiError
-from agentrun.worker.api.guards import access, caller_name, tenant_for
+from agentrun.worker.api.guards import TenantQuery, access, caller_name, whose_tenant
 from agentrun.worker.api.identities import Identities, Scope
 from agentrun.worker.api.schemas import (
     MAX_COST_BUDGET_USD,
@@ -37,7 +37,6 @@ from agentrun.worker.core.agents import AGENT_NAME, MAX_VERSION, Agent, check_de
 from agentrun.worker.core.errors import Refused
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.submission import Offer
-from agentrun.worker.core.tenants import DEFAULT_TENANT
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox
@@ -154,18 +153,6 @@ class AgentList(Camel):
     items: list[AgentView] = Field(description="The latest version of each agent, by name.")
 
 
-TenantQuery = Annotated[str | None, Query(
-    max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
-    description="The tenant whose agents (agents are a tenant's: each has its own names). When absent the caller's: "
-    "its identity's tenant; `default` for a platform operator's identity (tenant `*`) and on an open API. Only a "
-    "platform operator's identity may name another (else 403).")]
-
-
-def _tenant(request: Request, named: str | None) -> str:
-    """The tenant whose agents the request is about."""
-    return tenant_for(request, named) or DEFAULT_TENANT
-
-
 def _no_agent(name: str, version: int | None = None) -> ApiError:
     return ApiError(404, f"no agent {name!r}" if version is None else f"agent {name!r} has no version {version}")
 
@@ -187,7 +174,7 @@ class AgentRoutes:
         none: 200 with that version. Versions count from 1; runs in flight keep the version they were
         pinned to. Putting a deleted agent's name undeletes it. Scope: `submit`; the version records who
         as `createdBy`."""
-        whose = _tenant(request, tenant)
+        whose = whose_tenant(request, tenant)
         agent = dataclasses.replace(body.agent(), tenant=whose)
         if self.check_webhook is not None:
             self.check_webhook(agent.webhook, tenant=whose)
@@ -206,11 +193,11 @@ class AgentRoutes:
 
     async def list_agents(self, request: Request, tenant: TenantQuery = None) -> AgentList:
         """Every agent not deleted, at its latest version, by name. Scope: `read`."""
-        return AgentList(items=[AgentView.of(a) for a in await self.store.agents(_tenant(request, tenant))])
+        return AgentList(items=[AgentView.of(a) for a in await self.store.agents(whose_tenant(request, tenant))])
 
     async def get(self, name: PathName, request: Request, tenant: TenantQuery = None) -> AgentView:
         """The agent's latest version; 404 for an unknown or deleted agent. Scope: `read`."""
-        found = await self.store.agent(name, tenant=_tenant(request, tenant))
+        found = await self.store.agent(name, tenant=whose_tenant(request, tenant))
         if found is None:
             raise _no_agent(name)
         return AgentView.of(found)
@@ -218,7 +205,7 @@ class AgentRoutes:
     async def versions(self, name: PathName, request: Request, tenant: TenantQuery = None) -> AgentList:
         """Every version of the agent, oldest first; a deleted agent's too (runs stay pinned to them).
         Scope: `read`."""
-        found = await self.store.agent_versions(name, _tenant(request, tenant))
+        found = await self.store.agent_versions(name, whose_tenant(request, tenant))
         if not found:
             raise _no_agent(name)
         return AgentList(items=[AgentView.of(a) for a in found])
@@ -229,7 +216,7 @@ class AgentRoutes:
         request: Request, tenant: TenantQuery = None,
     ) -> AgentView:
         """One version of the agent, as runs pinned to it got it; a deleted agent's too. Scope: `read`."""
-        found = await self.store.agent(name, n, deleted=True, tenant=_tenant(request, tenant))
+        found = await self.store.agent(name, n, deleted=True, tenant=whose_tenant(request, tenant))
         if found is None:
             raise _no_agent(name, n)
         return AgentView.of(found)
@@ -238,7 +225,7 @@ class AgentRoutes:
         """Delete the agent: new runs naming it are refused (404); runs in flight, and the continuations
         of finished ones, go on with the version they are pinned to. Its versions stay readable. Putting
         the name again undeletes it. Scope: `submit`."""
-        if not await self.store.delete_agent(name, _tenant(request, tenant)):
+        if not await self.store.delete_agent(name, whose_tenant(request, tenant)):
             raise _no_agent(name)
         return Response(status_code=204)
 

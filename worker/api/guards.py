@@ -8,9 +8,9 @@ validation, and an oversized body is never buffered whole.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import Request, Response, Security
+from fastapi import Query, Request, Response, Security
 from fastapi.routing import APIRoute
 from fastapi.security import HTTPBearer
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -20,6 +20,7 @@ from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.identities import Identities, Identity
 from agentrun.worker.api.identities import Scope as AccessScope
 from agentrun.worker.api.schemas import FieldProblem
+from agentrun.worker.core.tenants import DEFAULT_TENANT
 from agentrun.worker.core.viewer import Viewer
 
 API_PREFIX = "/api"
@@ -81,6 +82,18 @@ def tenant_for(request: Request, named: str | None, field: str = "tenant") -> st
         raise ApiError(403, f"{field}: identity {identity.name!r} acts for tenant {identity.tenant!r} only, not "
                        f"{named!r}", [FieldProblem(field=field, problem=problem)])
     return identity.tenant
+
+
+TenantQuery = Annotated[str | None, Query(
+    max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+    description="The tenant whose agents or schedules (each tenant has its own names). When absent the caller's: "
+    "its identity's tenant; `default` for a platform operator's identity (tenant `*`) and on an open API. Only a "
+    "platform operator's identity may name another (else 403).")]
+
+
+def whose_tenant(request: Request, named: str | None) -> str:
+    """The tenant whose agent or schedule a request is about: `tenant_for`, `default` when none is named."""
+    return tenant_for(request, named) or DEFAULT_TENANT
 
 
 class BearerAuth:

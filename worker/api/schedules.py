@@ -11,7 +11,7 @@ from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 
 from agentrun.worker.api.common import MAX_PAGE, OrjsonRoute, Responses, Submissions, documented_errors
 from agentrun.worker.api.errors import ApiError
-from agentrun.worker.api.guards import access, caller_name, viewer_of
+from agentrun.worker.api.guards import TenantQuery, access, caller_name, viewer_of, whose_tenant
 from agentrun.worker.api.identities import Identities, Scope
 from agentrun.worker.api.schemas import Camel, ErrorBody, FieldProblem, RunRequest, RunView, Whole
 from agentrun.worker.core.pricing import PriceTable
@@ -30,6 +30,7 @@ from agentrun.worker.core.schedules import (
     template_problems,
     timezone_problem,
 )
+from agentrun.worker.core.submission import Caller
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
@@ -123,6 +124,7 @@ class ScheduleView(Camel):
                                    "(its time zone no longer known, say); a PATCH or resume starts it again.")
     created_at: datetime.datetime | None
     created_by: str | None
+    tenant: str = Field("default", description="The tenant whose schedule it is: its runs are that tenant's.")
 
     @classmethod
     def of(cls, s: Schedule) -> ScheduleView:
@@ -131,7 +133,7 @@ class ScheduleView(Camel):
             concurrency_policy=s.concurrency_policy.value, starting_deadline_seconds=s.starting_deadline_seconds,
             suspend=s.suspend, last_schedule_time=s.last_schedule_time, next_schedule_time=s.next_due_at,
             active=s.active, missed=s.missed, last_error=s.last_error, created_at=s.created_at,
-            created_by=s.created_by,
+            created_by=s.created_by, tenant=s.tenant,
         )
 
 
@@ -158,7 +160,7 @@ class ScheduleRoutes:
     def __init__(self, store: RunStore, submissions: Submissions) -> None:
         self.store, self.submissions = store, submissions
 
-    async def _checked(self, name: str, fields: dict[str, Any]) -> Schedule:
+    async def _checked(self, name: str, fields: dict[str, Any], tenant: str) -> Schedule:
         """The schedule `fields` (API names, merged) make, checked as POST /api/runs checks a run: a 4xx
         naming the field otherwise."""
         cron, interval = fields.get("cron"), fields.get("intervalSeconds")
@@ -177,12 +179,15 @@ class ScheduleRoutes:
             problems = [FieldProblem(field="run." + ".".join(str(p) for p in err["loc"]), problem=err["msg"])
                         for err in e.errors()]
             raise ApiError(422, f"{problems[0].field}: {problems[0].problem}", problems) from None
+        if request.tenant not in (None, tenant):
+            raise _problem("run.tenant", f"a schedule's runs are its own tenant's, {tenant!r}")
         spec = request.spec()
         if unfit := template_problems(spec):
             raise ApiError(422, f"{unfit[0][0]}: {unfit[0][1]}", [FieldProblem(field=f, problem=p) for f, p in unfit])
         try:
-            self.submissions.check_webhook(spec.webhook)
-            await self.submissions.planned(spec, None)  # the checks of a submission: tools, agent, model, budgets
+            self.submissions.check_webhook(spec.webhook, tenant=tenant)
+            # The checks of a submission: tools, agent (the tenant's), model, budgets.
+            await self.submissions.planned(spec, None, Caller(tenant=tenant))
         except ApiError as e:
             raise ApiError(e.status, f"run.{e.message}" if e.fields else e.message,
                            [FieldProblem(field=f"run.{p.field}", problem=p.problem) for p in e.fields]) from None
@@ -193,15 +198,17 @@ class ScheduleRoutes:
             run=request.model_dump(mode="json", by_alias=True, exclude_unset=True), spec=spec_json(spec),
             concurrency_policy=ConcurrencyPolicy(policy),
             starting_deadline_seconds=DEFAULT_STARTING_DEADLINE_SECONDS if deadline is None else deadline,
-            suspend=bool(fields.get("suspend")),
+            suspend=bool(fields.get("suspend")), tenant=tenant,
         )
 
-    async def create(self, body: ScheduleRequest, request: Request, response: Response) -> ScheduleView:
+    async def create(
+        self, body: ScheduleRequest, request: Request, response: Response, tenant: TenantQuery = None,
+    ) -> ScheduleView:
         """Create a schedule (201); its first tick is the first after now. A name taken is a 409. The run
         template is checked as POST /api/runs checks a run (an unknown tool, agent or model is refused,
         naming `run.<field>`). Scope: `submit`; recorded as `createdBy`, which its runs carry too."""
-        s = await self._checked(body.name, body.model_dump(by_alias=True, exclude_unset=True,
-                                                           exclude={"name"}) | {"run": _raw(body.run)})
+        s = await self._checked(body.name, body.model_dump(by_alias=True, exclude_unset=True, exclude={"name"})
+                                | {"run": _raw(body.run)}, whose_tenant(request, tenant))
         try:
             stored, created = await self.store.create_schedule(s, caller_name(request))
         except ValueError as e:
@@ -211,22 +218,26 @@ class ScheduleRoutes:
         response.headers["Location"] = f"/api/schedules/{stored.name}"
         return ScheduleView.of(stored)
 
-    async def list_schedules(self) -> ScheduleList:
-        """Every schedule, by name. Scope: `read`."""
-        return ScheduleList(items=[ScheduleView.of(s) for s in await self.store.schedules()])
+    async def list_schedules(self, request: Request, tenant: TenantQuery = None) -> ScheduleList:
+        """Every schedule of the tenant, by name. Scope: `read`."""
+        found = await self.store.schedules(whose_tenant(request, tenant))
+        return ScheduleList(items=[ScheduleView.of(s) for s in found])
 
-    async def get(self, name: PathName) -> ScheduleView:
+    async def get(self, name: PathName, request: Request, tenant: TenantQuery = None) -> ScheduleView:
         """A schedule with `lastScheduleTime`, `nextScheduleTime` and its `active` runs. Scope: `read`."""
-        found = await self.store.schedule(name)
+        found = await self.store.schedule(name, whose_tenant(request, tenant))
         if found is None:
             raise _no_schedule(name)
         return ScheduleView.of(found)
 
-    async def patch(self, name: PathName, body: SchedulePatch) -> ScheduleView:
+    async def patch(
+        self, name: PathName, body: SchedulePatch, request: Request, tenant: TenantQuery = None,
+    ) -> ScheduleView:
         """Change some fields of a schedule (checked as at creation). A change of timing, or a resume
         (`suspend: false`), makes the next tick the first after now. A schedule an AgentSchedule owns is a
         409 (change the resource). Scope: `submit`."""
-        found = await self.store.schedule(name)
+        whose = whose_tenant(request, tenant)
+        found = await self.store.schedule(name, whose)
         if found is None:
             raise _no_schedule(name)
         _not_ours(found)
@@ -245,7 +256,7 @@ class ScheduleRoutes:
         if change.get("intervalSeconds") is not None:
             fields["cron"] = None
         fields.update(change)
-        s = await self._checked(name, fields)
+        s = await self._checked(name, fields, whose)
         try:
             stored = await self.store.update_schedule(s)
         except ValueError as e:
@@ -254,23 +265,26 @@ class ScheduleRoutes:
             raise _no_schedule(name)
         return ScheduleView.of(stored)
 
-    async def delete(self, name: PathName) -> Response:
+    async def delete(self, name: PathName, request: Request, tenant: TenantQuery = None) -> Response:
         """Delete a schedule: no more ticks. The runs it created stay, and those in flight go on. A schedule an
         AgentSchedule owns is a 409 (delete the resource). Scope: `submit`."""
-        found = await self.store.schedule(name)
+        whose = whose_tenant(request, tenant)
+        found = await self.store.schedule(name, whose)
         if found is not None:
             _not_ours(found)
-        if found is None or not await self.store.delete_schedule(name):
+        if found is None or not await self.store.delete_schedule(name, whose):
             raise _no_schedule(name)
         return Response(status_code=204)
 
     async def runs(
         self, name: PathName, request: Request,
         limit: Annotated[int, Query(ge=1, le=MAX_PAGE, description="Most runs returned.")] = 50,
+        tenant: TenantQuery = None,
     ) -> list[RunView]:
         """The runs the schedule created, newest first; each has `scheduleName` and `scheduledTime`. Scope: `read`."""
-        found = await self.store.scoped(viewer_of(request)).schedule_runs(name, limit)
-        if not found and await self.store.schedule(name) is None:
+        whose = whose_tenant(request, tenant)
+        found = await self.store.scoped(viewer_of(request)).schedule_runs(name, limit, whose)
+        if not found and await self.store.schedule(name, whose) is None:
             raise _no_schedule(name)
         return [RunView.of(r, self.submissions.prices) for r in found]
 

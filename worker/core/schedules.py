@@ -65,6 +65,7 @@ class Schedule:
     created_at: datetime.datetime | None = None
     created_by: str | None = None
     updated_at: datetime.datetime | None = None
+    tenant: str = "default"  # whose schedule: its ticks make runs of this tenant
 
 
 def name_problem(name: str) -> str | None:
@@ -219,6 +220,10 @@ def template_problems(spec: RunSpec) -> list[tuple[str, str]]:
     return problems
 
 
-def run_id_for(name: str, tick: datetime.datetime) -> uuid.UUID:
-    """The id of the run a tick creates: the same on every worker (a second insert conflicts)."""
-    return uuid.uuid5(uuid.NAMESPACE_URL, f"agentrun:schedule:{name}:{tick.astimezone(datetime.UTC).isoformat()}")
+def run_id_for(name: str, tick: datetime.datetime, tenant: str = "default") -> uuid.UUID:
+    """The id of the run a tick creates: the same on every worker (a second insert conflicts). Another tenant's
+    schedule of the same name makes its own (the `default` tenant's ids are those from before tenants, so a
+    tick taken across an upgrade makes no second run)."""
+    whose = "" if tenant == "default" else f"{tenant}/"
+    return uuid.uuid5(uuid.NAMESPACE_URL,
+                      f"agentrun:schedule:{whose}{name}:{tick.astimezone(datetime.UTC).isoformat()}")

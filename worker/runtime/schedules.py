@@ -36,8 +36,8 @@ class Ticker:
 
     async def plan(self, s: Schedule, tick: datetime.datetime) -> NewRun:
         """The run of `s`'s tick at `tick`: its template planned by the door as a submission is, its id the tick's."""
-        caller = Caller(id=run_id_for(s.name, tick), schedule_name=s.name, scheduled_time=tick,
-                        created_by=s.created_by or f"schedule:{s.name}")
+        caller = Caller(id=run_id_for(s.name, tick, s.tenant), schedule_name=s.name, scheduled_time=tick,
+                        created_by=s.created_by or f"schedule:{s.name}", tenant=s.tenant)
         return await self.door.plan(spec_of(s.spec), Origin.SCHEDULE, caller, defaults=self.defaults)
 
     async def once(self) -> list[Tick]:

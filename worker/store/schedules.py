@@ -25,6 +25,7 @@ from psycopg.types.json import Jsonb
 from agentrun.worker.core.errors import Refused
 from agentrun.worker.core.records import NewRun, Run
 from agentrun.worker.core.schedules import ConcurrencyPolicy, Schedule, due, next_time, timing_problem
+from agentrun.worker.core.tenants import DEFAULT_TENANT
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.store.groupcommit import transient
 from agentrun.worker.store.rows import RUN_COLUMNS, as_run
@@ -32,12 +33,12 @@ from agentrun.worker.store.submit import Submissions, cancel_in, insert_run, run
 
 SCHEDULE_COLUMNS = """s.name, s.cron, s.interval_seconds, s.timezone, s.run, s.spec, s.concurrency_policy,
     s.starting_deadline_seconds, s.suspend, s.anchor, s.next_due_at, s.last_schedule_time, s.last_error, s.missed,
-    s.k8s_namespace, s.k8s_name, s.created_at, s.created_by, s.updated_at,
-    (SELECT count(*) FROM run r WHERE r.schedule_name = s.name
+    s.k8s_namespace, s.k8s_name, s.created_at, s.created_by, s.updated_at, s.tenant,
+    (SELECT count(*) FROM run r WHERE r.tenant = s.tenant AND r.schedule_name = s.name
         AND r.status IN ('QUEUED', 'RUNNING', 'WAITING'))::int AS active"""
 
-ACTIVE_RUNS = """SELECT id FROM run WHERE schedule_name = %s AND status IN ('QUEUED', 'RUNNING', 'WAITING')
-ORDER BY created_at"""
+ACTIVE_RUNS = """SELECT id FROM run WHERE tenant = %s AND schedule_name = %s
+AND status IN ('QUEUED', 'RUNNING', 'WAITING') ORDER BY created_at"""
 
 PASS_BATCH = 20  # due schedules one pass takes
 
@@ -73,8 +74,8 @@ def _texts(s: Schedule) -> None:
 class Schedules(Submissions):
     async def create_schedule(self, s: Schedule, created_by: str | None = None, *,
                               replace: bool = False) -> tuple[Schedule, bool]:
-        """Store a new schedule (its first tick after now); returns it and whether it was stored. An
-        existing one of the name is left as it is, unless `replace` (the operator's spec, the truth),
+        """Store a new schedule of `s.tenant` (its first tick after now); returns it and whether it was stored.
+        An existing one of the name is left as it is, unless `replace` (the operator's spec, the truth),
         when its definition is replaced and its ticks go on from its next due time."""
         _texts(s)
         async with self.pool.connection() as conn, conn.transaction():
@@ -88,14 +89,15 @@ class Schedules(Submissions):
                 "name": s.name, "cron": s.cron, "interval": s.interval_seconds, "tz": s.timezone,
                 "run": Jsonb(s.run), "spec": Jsonb(s.spec), "policy": s.concurrency_policy.value,
                 "deadline": s.starting_deadline_seconds, "suspend": s.suspend, "anchor": now, "next": first,
-                "ns": s.k8s_namespace, "k8s": s.k8s_name, "by": created_by,
+                "ns": s.k8s_namespace, "k8s": s.k8s_name, "by": created_by, "tenant": s.tenant,
             }
             await cur.execute(
                 b"""INSERT INTO schedule (name, cron, interval_seconds, timezone, run, spec, concurrency_policy,
-                        starting_deadline_seconds, suspend, anchor, next_due_at, k8s_namespace, k8s_name, created_by)
+                        starting_deadline_seconds, suspend, anchor, next_due_at, k8s_namespace, k8s_name, created_by,
+                        tenant)
                     VALUES (%(name)s, %(cron)s, %(interval)s, %(tz)s, %(run)s, %(spec)s, %(policy)s, %(deadline)s,
-                            %(suspend)s, %(anchor)s, %(next)s, %(ns)s, %(k8s)s, %(by)s)
-                    ON CONFLICT (name) DO NOTHING
+                            %(suspend)s, %(anchor)s, %(next)s, %(ns)s, %(k8s)s, %(by)s, %(tenant)s)
+                    ON CONFLICT (tenant, name) DO NOTHING
                     RETURNING name""",
                 params,
             )
@@ -104,18 +106,18 @@ class Schedules(Submissions):
             found = await self.update_schedule(s, k8s=True)
             assert found is not None
             return found, False
-        found = await self.schedule(s.name)
+        found = await self.schedule(s.name, s.tenant)
         assert found is not None
         return found, created
 
     async def update_schedule(self, s: Schedule, *, k8s: bool = False) -> Schedule | None:
-        """Replace the definition of schedule `s.name` (None if there is none). A change of timing, or a
+        """Replace the definition of `s.tenant`'s schedule `s.name` (None if there is none). A change of timing, or a
         resume, makes its next due time the first tick after now; suspending clears it."""
         _texts(s)
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(f"SELECT {SCHEDULE_COLUMNS}, now() AS db_now FROM schedule s WHERE s.name = %s "
-                              "FOR UPDATE".encode(), (s.name,))
+            await cur.execute(f"SELECT {SCHEDULE_COLUMNS}, now() AS db_now FROM schedule s "
+                              "WHERE s.tenant = %s AND s.name = %s FOR UPDATE".encode(), (s.tenant, s.name))
             row = await cur.fetchone()
             if row is None:
                 return None
@@ -140,38 +142,42 @@ class Schedules(Submissions):
                         last_error = CASE WHEN %(restarted)s THEN NULL ELSE last_error END,
                         k8s_namespace = CASE WHEN %(k8s)s THEN %(ns)s ELSE k8s_namespace END,
                         k8s_name = CASE WHEN %(k8s)s THEN %(k8s_name)s ELSE k8s_name END
-                    WHERE name = %(name)s""",
-                {"name": s.name, "cron": s.cron, "interval": s.interval_seconds, "tz": s.timezone,
+                    WHERE tenant = %(tenant)s AND name = %(name)s""",
+                {"name": s.name, "tenant": s.tenant, "cron": s.cron, "interval": s.interval_seconds, "tz": s.timezone,
                  "run": Jsonb(s.run), "spec": Jsonb(s.spec), "policy": s.concurrency_policy.value,
                  "deadline": s.starting_deadline_seconds, "suspend": s.suspend, "anchor": anchor, "next": next_due,
                  "k8s": k8s, "ns": s.k8s_namespace, "k8s_name": s.k8s_name, "restarted": restarted},
             )
-        return await self.schedule(s.name)
+        return await self.schedule(s.name, s.tenant)
 
-    async def schedule(self, name: str) -> Schedule | None:
-        row = await self._one(f"SELECT {SCHEDULE_COLUMNS} FROM schedule s WHERE s.name = %s", (name,))
+    async def schedule(self, name: str, tenant: str = DEFAULT_TENANT) -> Schedule | None:
+        """`tenant`'s schedule `name`, or None."""
+        row = await self._one(f"SELECT {SCHEDULE_COLUMNS} FROM schedule s WHERE s.tenant = %s AND s.name = %s",
+                              (tenant, name))
         return _schedule(row) if row else None
 
-    async def schedules(self) -> list[Schedule]:
-        return [_schedule(r) for r in await self._all(f"SELECT {SCHEDULE_COLUMNS} FROM schedule s ORDER BY s.name", ())]
+    async def schedules(self, tenant: str = DEFAULT_TENANT) -> list[Schedule]:
+        """`tenant`'s schedules, by name."""
+        return [_schedule(r) for r in await self._all(
+            f"SELECT {SCHEDULE_COLUMNS} FROM schedule s WHERE s.tenant = %s ORDER BY s.name", (tenant,))]
 
-    async def delete_schedule(self, name: str) -> bool:
-        """Delete the schedule and its ticks; the runs it created stay (with their `scheduleName`)."""
-        return await self._one("DELETE FROM schedule WHERE name = %s RETURNING name", (name,)) is not None
+    async def delete_schedule(self, name: str, tenant: str = DEFAULT_TENANT) -> bool:
+        """Delete `tenant`'s schedule and its ticks; the runs it created stay (with their `scheduleName`)."""
+        return await self._one("DELETE FROM schedule WHERE tenant = %s AND name = %s RETURNING name",
+                               (tenant, name)) is not None
 
-    async def schedule_runs(self, name: str, limit: int, tenant: str | None = None) -> list[Run]:
-        """The runs the schedule made, newest first (of `tenant` only, if given)."""
+    async def schedule_runs(self, name: str, limit: int, tenant: str = DEFAULT_TENANT) -> list[Run]:
+        """The runs `tenant`'s schedule `name` made, newest first."""
         rows = await self._all(
-            f"""SELECT {RUN_COLUMNS} FROM run r WHERE r.schedule_name = %(name)s
-                AND (%(tenant)s::text IS NULL OR r.tenant = %(tenant)s)
+            f"""SELECT {RUN_COLUMNS} FROM run r WHERE r.tenant = %(tenant)s AND r.schedule_name = %(name)s
                 ORDER BY r.created_at DESC, r.id LIMIT %(limit)s""",
             {"name": name, "limit": limit, "tenant": tenant})
         return [as_run(r) for r in rows]
 
-    async def schedule_ticks(self, name: str) -> list[dict[str, Any]]:
+    async def schedule_ticks(self, name: str, tenant: str = DEFAULT_TENANT) -> list[dict[str, Any]]:
         """The schedule's tick rows, oldest first (tests, debugging)."""
         return await self._all("SELECT schedule_name, scheduled_time, outcome, run_id FROM schedule_tick "
-                               "WHERE schedule_name = %s ORDER BY scheduled_time", (name,))
+                               "WHERE tenant = %s AND schedule_name = %s ORDER BY scheduled_time", (tenant, name))
 
     async def next_due_in(self) -> float | None:
         """Seconds until the earliest schedule is due (<= 0: due now), None when none is: the ticker's one
@@ -203,7 +209,7 @@ class Schedules(Submissions):
                 except Exception as e:
                     if transient(e):
                         raise  # an outage, not this schedule: the whole pass is taken again after a backoff
-                    done.append(await self._stop(cur, row["name"], f"{type(e).__name__}: {e}"))
+                    done.append(await self._stop(cur, row["tenant"], row["name"], f"{type(e).__name__}: {e}"))
         return done
 
     async def _pass_one(
@@ -211,7 +217,7 @@ class Schedules(Submissions):
     ) -> Tick:
         """What the pass does with the due schedule `s`: its tick, its missed ones, its next due time."""
         if (problem := timing_problem(s)) is not None:
-            return await self._stop(cur, s.name, problem)
+            return await self._stop(cur, s.tenant, s.name, problem)
         d = due(s, now)
         outcome, run_id, error = "missed", None, None
         replaced: tuple[uuid.UUID, ...] = ()
@@ -224,38 +230,39 @@ class Schedules(Submissions):
                     raise
                 # Unforeseen (a planner's bug, a run the database refuses): this tick fails, as a refusal does.
                 error = f"tick {d.run.isoformat()} created no run: {type(e).__name__}: {e}"
-                await self._tick_row(cur, s.name, d.run, "failed", None)
+                await self._tick_row(cur, s, d.run, "failed", None)
                 outcome, run_id, replaced = "failed", None, ()
         await cur.executemany(
-            b"""INSERT INTO schedule_tick (schedule_name, scheduled_time, outcome)
-                VALUES (%s, %s, 'missed') ON CONFLICT DO NOTHING""",
-            [(s.name, t) for t in d.missed_times],
+            b"""INSERT INTO schedule_tick (tenant, schedule_name, scheduled_time, outcome)
+                VALUES (%s, %s, %s, 'missed') ON CONFLICT DO NOTHING""",
+            [(s.tenant, s.name, t) for t in d.missed_times],
         )
         await cur.execute(
             b"""UPDATE schedule SET next_due_at = %(next)s, missed = missed + %(missed)s,
                     last_schedule_time = CASE WHEN %(created)s THEN %(tick)s ELSE last_schedule_time END,
                     last_error = CASE WHEN %(outcome)s IN ('created', 'skipped') THEN NULL
                                       WHEN %(error)s::text IS NOT NULL THEN %(error)s ELSE last_error END
-                WHERE name = %(name)s""",
+                WHERE tenant = %(tenant)s AND name = %(name)s""",
             {"next": d.next_due, "missed": d.missed, "created": outcome == "created", "tick": d.run,
-             "outcome": outcome, "error": error, "name": s.name},
+             "outcome": outcome, "error": error, "name": s.name, "tenant": s.tenant},
         )
         # Ticks are kept a day (or the starting deadline, if longer): the unique key need
         # outlive no retry, and a schedule every second would otherwise grow without end.
         await cur.execute(
-            b"""DELETE FROM schedule_tick WHERE schedule_name = %s
+            b"""DELETE FROM schedule_tick WHERE tenant = %s AND schedule_name = %s
                 AND scheduled_time < now() - make_interval(secs => greatest(86400, %s))""",
-            (s.name, s.starting_deadline_seconds),
+            (s.tenant, s.name, s.starting_deadline_seconds),
         )
         return Tick(s.name, d.run, outcome, run_id, d.missed, replaced, error)
 
     @staticmethod
-    async def _stop(cur: Any, name: str, why: str) -> Tick:
+    async def _stop(cur: Any, tenant: str, name: str, why: str) -> Tick:
         """Stop the schedule whose ticks cannot be worked out: no next due time (taken by no pass until it is
         changed or resumed, which works it out again) and `last_error` saying why."""
         error = (f"stopped: its ticks cannot be worked out ({why}); a change of the schedule or a resume "
                  f"(PATCH /api/schedules/{name}) starts it again")
-        await cur.execute(b"UPDATE schedule SET next_due_at = NULL, last_error = %s WHERE name = %s", (error, name))
+        await cur.execute(b"UPDATE schedule SET next_due_at = NULL, last_error = %s WHERE tenant = %s AND name = %s",
+                          (error, tenant, name))
         return Tick(name, None, "stopped", error=error)
 
     async def _take(
@@ -264,10 +271,10 @@ class Schedules(Submissions):
         """The tick of `s` at `tick`, in the pass's transaction: (outcome, run id, error, runs replaced)."""
         replaced: tuple[uuid.UUID, ...] = ()
         if s.concurrency_policy is not ConcurrencyPolicy.ALLOW:
-            await cur.execute(ACTIVE_RUNS.encode(), (s.name,))
+            await cur.execute(ACTIVE_RUNS.encode(), (s.tenant, s.name))
             active = [r["id"] for r in await cur.fetchall()]
             if active and s.concurrency_policy is ConcurrencyPolicy.FORBID:
-                await self._tick_row(cur, s.name, tick, "skipped", None)
+                await self._tick_row(cur, s, tick, "skipped", None)
                 return "skipped", None, None, ()
             replaced = tuple(active)  # cancelled below, once this tick's run is made
         try:
@@ -275,9 +282,9 @@ class Schedules(Submissions):
             params = run_params(new)
         except (Refused, ValueError) as e:
             error = f"tick {tick.isoformat()} created no run: {e}"
-            await self._tick_row(cur, s.name, tick, "failed", None)
+            await self._tick_row(cur, s, tick, "failed", None)
             return "failed", None, error, ()
-        if not await self._tick_row(cur, s.name, tick, "created", params["id"]):
+        if not await self._tick_row(cur, s, tick, "created", params["id"]):
             return "taken", None, None, ()
         run_id = await insert_run(cur, params)
         if run_id is None:  # its id is the tick's: already there, from this tick
@@ -289,10 +296,10 @@ class Schedules(Submissions):
         return "created", run_id, None, replaced
 
     @staticmethod
-    async def _tick_row(cur: Any, name: str, tick: datetime.datetime, outcome: str, run_id: uuid.UUID | None) -> bool:
+    async def _tick_row(cur: Any, s: Schedule, tick: datetime.datetime, outcome: str, run_id: uuid.UUID | None) -> bool:
         await cur.execute(
-            b"""INSERT INTO schedule_tick (schedule_name, scheduled_time, outcome, run_id)
-                VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING scheduled_time""",
-            (name, tick, outcome, run_id),
+            b"""INSERT INTO schedule_tick (tenant, schedule_name, scheduled_time, outcome, run_id)
+                VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING RETURNING scheduled_time""",
+            (s.tenant, s.name, tick, outcome, run_id),
         )
         return await cur.fetchone() is not None

@@ -40,7 +40,7 @@ class Readable(Protocol):
     async def children(self, run_id: uuid.UUID) -> list[Run]: ...
     async def pending_wait(self, run_id: uuid.UUID) -> PendingWait | None: ...
     async def webhooks_of(self, run_id: uuid.UUID) -> list[Delivery]: ...
-    async def schedule_runs(self, name: str, limit: int, tenant: str | None = None) -> list[Run]: ...
+    async def schedule_runs(self, name: str, limit: int, tenant: str = ...) -> list[Run]: ...
 
 
 # The one rule of what a viewer sees, as a condition on `run r`; `_visible` gives its parameters: a viewer of
@@ -95,9 +95,11 @@ class ScopedReads:
             where = dataclasses.replace(where, tenant=self.viewer.tenant)
         return await self._store.list_runs(status, limit, after, parent=parent, where=where)
 
-    async def schedule_runs(self, name: str, limit: int) -> list[Run]:
-        """The runs the viewer sees that the schedule made, newest first (store/schedules.py)."""
-        return await self._store.schedule_runs(name, limit, self.viewer.tenant)
+    async def schedule_runs(self, name: str, limit: int, tenant: str) -> list[Run]:
+        """The runs `tenant`'s schedule made, newest first (store/schedules.py), if the viewer sees that tenant."""
+        if not self.viewer.sees_tenant(tenant):
+            return []
+        return await self._store.schedule_runs(name, limit, tenant)
 
     async def steps(self, run_id: uuid.UUID, after_seq: int = 0) -> list[Step] | None:
         return await self._store.steps(run_id, after_seq) if await self.sees(run_id) else None

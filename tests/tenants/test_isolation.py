@@ -180,3 +180,51 @@ async def test_a_run_is_its_identitys_tenant_and_only_a_platform_operator_names_
 async def test_whoami_names_the_tenant(http: httpx.AsyncClient) -> None:
     assert (await http.get("/api/whoami", headers=auth("carol"))).json()["tenant"] == "team-a"
     assert (await http.get("/api/whoami", headers=auth("root"))).json()["tenant"] == "*"
+
+
+async def test_every_operation_of_the_document_hides_another_tenants_things(
+    http: httpx.AsyncClient, store: RunStore, team_a: dict[str, str],
+) -> None:
+    """Bob (team-b) calls every operation of the OpenAPI document at team-a's runs, agent and schedule: a 404
+    for each of them by name or id, lists without them, a name of theirs free for his own, an event that wakes
+    none of theirs; and no answer carries anything of team-a's."""
+    secret = "team a's secret system prompt"
+    assert (await http.post("/api/agents", json={"name": "helper", "system": secret}, headers=auth("alice"))
+            ).status_code == 201
+    schedule = {"name": "nightly", "intervalSeconds": 3600, "run": {"input": secret, "tokenBudget": 10,
+                                                                    "timeoutSeconds": 60}}
+    assert (await http.post("/api/schedules", json=schedule, headers=auth("alice"))).status_code == 201
+    app = http._transport.app  # type: ignore[attr-defined]
+    operations = _operations(app.openapi())
+    assert len(operations) >= 30  # the whole document, not a chosen few
+    bodies = {
+        ("POST", "/api/runs"): {"input": "x", "tokenBudget": 10, "timeoutSeconds": 60, "continueFrom": team_a["done"]},
+        ("POST", "/api/agents"): {"name": "helper", "system": "b's own"},
+        ("POST", "/api/schedules"): {**schedule, "run": {**schedule["run"], "input": "b's own"}},
+        ("POST", "/api/events"): {"key": "deploy"},
+        ("PATCH", "/api/schedules/{name}"): {"suspend": True},
+    }
+    creates = {("POST", "/api/agents"), ("POST", "/api/schedules")}  # last: they make bob's own of those names
+    for method, path in sorted(operations, key=lambda op: op in creates):
+        url = _url(path, _run_for(method, path, team_a)).replace("{name}", "helper" if "agents" in path else "nightly")
+        url = url.replace("{n}", "1")
+        body = bodies.get((method, path), _body(method, path))
+        r = await http.request(method, url, json=body, headers=auth("bob"))
+        text = r.text
+        assert secret not in text and "team-a" not in text, (method, path, text)
+        if r.status_code < 300:  # a 404 may echo the id asked for, nothing more
+            assert not any(i in text for i in team_a.values()), (method, path, text)
+        if "{id}" in path or "{name}" in path:
+            assert r.status_code == 404, (method, path, r.status_code, text)
+        elif path == "/api/runs" and method == "POST":
+            assert r.status_code == 404, text  # continueFrom a run bob cannot see
+        elif method == "POST":
+            assert r.status_code in (200, 201), (method, path, r.status_code, text)  # his own, in his tenant
+        else:
+            assert r.status_code == 200 or (path.startswith("/api/tenants") and r.status_code == 403), (
+                method, path, r.status_code, text)
+    # Bob's agent and schedule of those names are his, next to alice's untouched ones.
+    theirs = await store.agent("helper", tenant="team-a")
+    assert theirs is not None and theirs.system == secret
+    found = await store.schedule("nightly", "team-a")
+    assert found is not None and not found.suspend

@@ -1,0 +1,203 @@
+"""Tenants' quotas (issue 46, section 2): a submit over `maxQueued` or a daily budget is refused with a 429
+naming the quota, exactly under concurrent submits; a change applies at once; a schedule's tick refused
+tries again at the next."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+from decimal import Decimal
+
+import httpx
+import pytest
+
+from agentrun.worker.core.errors import OverQuota
+from agentrun.worker.core.records import NewRun
+from agentrun.worker.core.tenants import Quotas
+from agentrun.worker.runtime.schedules import Ticker
+from agentrun.worker.store import RunStore
+
+
+def new(tenant: str = "team-a", key: str | None = None, **kw: object) -> NewRun:
+    fields: dict[str, object] = {"input": "hi", "model": "m", "token_budget": 1000, "timeout_seconds": 60,
+                                 "idempotency_key": key, "tenant": tenant}
+    return NewRun(**{**fields, **kw})  # type: ignore[arg-type]
+
+
+async def spent(store: RunStore, tenant: str, tokens: int, cost: str = "0", minutes_ago: int = 0,
+                worker: str = "w") -> None:
+    """Usage rows as the workers' model steps write them, dated `minutes_ago` (time driven, not slept)."""
+    async with store.pool.connection() as conn:
+        await conn.execute(
+            """INSERT INTO tenant_usage (tenant, minute, worker, tokens, cost_usd)
+               VALUES (%s, date_trunc('minute', now()) - make_interval(mins => %s), %s, %s, %s)""",
+            (tenant, minutes_ago, worker, tokens, Decimal(cost)))
+
+
+async def queued(store: RunStore, tenant: str) -> int:
+    async with store.pool.connection() as conn:
+        row = await (await conn.execute(
+            "SELECT count(*) FROM run WHERE tenant = %s AND status = 'QUEUED'", (tenant,))).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def test_over_max_queued_a_submit_is_refused_naming_the_quota(store: RunStore) -> None:
+    await store.set_quotas("team-a", Quotas(max_queued=2))
+    for _ in range(2):
+        await store.create(new())
+    with pytest.raises(OverQuota) as refused:
+        await store.create(new())
+    assert refused.value.quota == "maxQueued" and refused.value.retry_after > 0
+    assert "maxQueued is 2" in refused.value.message
+    assert await queued(store, "team-a") == 2
+    # Delayed and scheduled runs are queued too; another tenant is not held by it.
+    assert (await store.create(new("team-b")))[1]
+
+
+async def test_a_retry_of_a_run_made_already_is_answered_with_it_even_at_the_limit(store: RunStore) -> None:
+    await store.set_quotas("team-a", Quotas(max_queued=1))
+    first, created = await store.create(new(key="k"))
+    again, created_again = await store.create(new(key="k"))
+    assert created and not created_again and again.id == first.id
+
+
+async def test_a_delayed_run_counts_as_queued(store: RunStore) -> None:
+    await store.set_quotas("team-a", Quotas(max_queued=1))
+    await store.create(new(delay_seconds=3600))
+    with pytest.raises(OverQuota):
+        await store.create(new())
+
+
+@pytest.mark.parametrize("round_", range(3))
+async def test_concurrent_submits_racing_max_queued_never_overshoot(store: RunStore, round_: int) -> None:
+    await store.set_quotas("team-a", Quotas(max_queued=10))
+
+    async def one() -> bool:
+        try:
+            await store.create(new())
+            return True
+        except OverQuota:
+            return False
+
+    made = await asyncio.gather(*(one() for _ in range(30)))
+    assert sum(made) == 10
+    assert await queued(store, "team-a") == 10
+
+
+async def test_a_tenant_without_limits_takes_no_lock(store: RunStore) -> None:
+    """Two submits of a tenant without quotas go through while another transaction holds its quota lock."""
+    from agentrun.worker.store.channels import QUOTA_LOCK_CLASS
+
+    await store.create(new())
+    async with store.pool.connection() as conn, conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext('team-a'))", (QUOTA_LOCK_CLASS,))
+        async with asyncio.timeout(10):
+            await asyncio.gather(store.create(new()), store.create(new()))
+
+
+@pytest.mark.parametrize(("quotas", "tokens", "cost", "quota"), [
+    (Quotas(tokens_per_day=1000), 1000, "0", "tokensPerDay"),
+    (Quotas(cost_per_day_usd=Decimal("2.5")), 10, "2.5", "costPerDayUsd"),
+])
+async def test_at_a_daily_budget_a_submit_is_refused_until_the_window_allows(
+    store: RunStore, quotas: Quotas, tokens: int, cost: str, quota: str,
+) -> None:
+    await store.create(new())
+    await store.set_quotas("team-a", quotas)
+    # Spent 30 minutes short of a day ago and just now: the old part leaves the window in 30 minutes.
+    await spent(store, "team-a", tokens, cost, minutes_ago=1440 - 30)
+    with pytest.raises(OverQuota) as refused:
+        await store.create(new())
+    assert refused.value.quota == quota
+    assert 29 * 60 - 5 <= refused.value.retry_after <= 30 * 60 + 5
+    # What a day ago and more spent counts no more.
+    async with store.pool.connection() as conn:
+        await conn.execute("UPDATE tenant_usage SET minute = minute - interval '31 minutes'")
+    assert (await store.create(new()))[1]
+
+
+async def test_a_change_takes_effect_at_the_next_submit(store: RunStore) -> None:
+    await store.set_quotas("team-a", Quotas(max_queued=1))
+    await store.create(new())
+    with pytest.raises(OverQuota):
+        await store.create(new())
+    await store.set_quotas("team-a", Quotas(max_queued=None))
+    assert (await store.create(new()))[1]
+
+
+async def test_the_tenants_quotas_and_usage_read_back(store: RunStore) -> None:
+    await store.create(new())
+    await store.create(new(run_at=datetime.datetime.now(datetime.UTC) + datetime.timedelta(hours=1)))
+    assert (await store.tenant("team-a")) is not None
+    set_ = await store.set_quotas("team-a", Quotas(max_running=5, max_queued=2, tokens_per_day=10**9,
+                                                   cost_per_day_usd=Decimal("200"), weight=2.5))
+    await spent(store, "team-a", 300, "0.25", minutes_ago=10, worker="a")
+    await spent(store, "team-a", 200, "0.25", minutes_ago=10, worker="b")
+    await spent(store, "team-a", 999, "9", minutes_ago=1441)  # out of the window
+    t = await store.tenant("team-a")
+    assert t is not None and set_.configured_at is not None
+    assert t.quotas == Quotas(5, 2, 10**9, Decimal("200"), 2.5)
+    assert (t.queued, t.running, t.tokens_today, t.cost_today_usd) == (2, 0, 500, Decimal("0.5"))
+    assert t.over is not None and t.over.quota == "maxQueued"
+    assert [x.name for x in await store.tenants()] == ["default", "team-a"]
+    assert await store.tenant("nobody") is None
+    with pytest.raises(ValueError, match="weight"):
+        await store.set_quotas("team-a", Quotas(weight=0))
+
+
+async def test_seeded_quotas_apply_only_to_tenants_never_set_through_the_api(store: RunStore) -> None:
+    await store.set_quotas("team-a", Quotas(max_queued=7))
+    applied = await store.seed_quotas({"team-a": Quotas(max_queued=1), "team-b": Quotas(max_queued=3)})
+    assert applied == ["team-b"]
+    a, b = await store.tenant("team-a"), await store.tenant("team-b")
+    assert a is not None and a.quotas.max_queued == 7
+    assert b is not None and b.quotas.max_queued == 3 and b.configured_at is None
+    # The next rollout's values apply to team-b again.
+    await store.seed_quotas({"team-b": Quotas(max_queued=4)})
+    b = await store.tenant("team-b")
+    assert b is not None and b.quotas.max_queued == 4
+
+
+async def test_the_api_answers_429_with_retry_after_naming_the_quota(store: RunStore,
+                                                                       client: httpx.AsyncClient) -> None:
+    await store.set_quotas("default", Quotas(max_queued=1))
+    body = {"input": "hi", "tokenBudget": 100, "timeoutSeconds": 60}
+    assert (await client.post("/api/runs", json=body)).status_code == 201
+    r = await client.post("/api/runs", json=body)
+    assert r.status_code == 429, r.text
+    assert int(r.headers["Retry-After"]) >= 1
+    answer = r.json()
+    assert answer["quota"] == "maxQueued" and answer["retryAfter"] == int(r.headers["Retry-After"])
+    assert "maxQueued" in answer["error"] and answer["fields"] == []
+    await store.set_quotas("default", Quotas(tokens_per_day=100))
+    await spent(store, "default", 100, minutes_ago=1440 - 2)
+    r = await client.post("/api/runs", json=body)
+    assert r.status_code == 429 and r.json()["quota"] == "tokensPerDay"
+    assert 60 <= int(r.headers["Retry-After"]) <= 125
+    await store.set_quotas("default", Quotas(cost_per_day_usd=Decimal("1")))
+    await spent(store, "default", 0, "1", minutes_ago=5)
+    r = await client.post("/api/runs", json=body)
+    assert r.status_code == 429 and r.json()["quota"] == "costPerDayUsd"
+
+
+async def test_a_tick_refused_by_a_quota_is_recorded_and_the_next_tries_again(
+    store: RunStore, client: httpx.AsyncClient,
+) -> None:
+    ticker = Ticker(store, "t1", "claude-sonnet-4-5")
+    run = {"input": "report", "tokenBudget": 1000, "timeoutSeconds": 60}
+    assert (await client.post("/api/schedules", json={"name": "hourly", "intervalSeconds": 3600,
+                                                      "run": run})).status_code == 201
+    await store.set_quotas("default", Quotas(max_queued=0))
+    async with store.pool.connection() as conn:
+        await conn.execute("UPDATE schedule SET next_due_at = date_trunc('second', now()) - interval '10 seconds'")
+    ticks = await ticker.once()
+    assert [t.outcome for t in ticks] == ["failed"]
+    view = (await client.get("/api/schedules/hourly")).json()
+    assert "maxQueued" in view["lastError"] and view["nextScheduleTime"] is not None
+    # The quota lifted, the next tick makes its run and clears the error.
+    await store.set_quotas("default", Quotas())
+    async with store.pool.connection() as conn:
+        await conn.execute("UPDATE schedule SET next_due_at = date_trunc('second', now())")
+    assert [t.outcome for t in await ticker.once()] == ["created"]
+    assert (await client.get("/api/schedules/hourly")).json()["lastError"] is None

@@ -6,16 +6,24 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import uuid
 from decimal import Decimal
 
 import httpx
 import pytest
 
 from agentrun.worker.core.errors import OverQuota
-from agentrun.worker.core.records import NewRun
+from agentrun.worker.core.records import ModelTurn, NewRun, RunStatus
 from agentrun.worker.core.tenants import Quotas
+from agentrun.worker.core.types import Usage
 from agentrun.worker.runtime.schedules import Ticker
-from agentrun.worker.store import RunStore
+from agentrun.worker.store import LeaseLost, RunStore
+from agentrun.worker.store.retention import prune_if_first
+from agentrun.worker.testing.scripted import TurnBasedLlm
+from tests.support.api import noop
+from tests.support.builders import MODEL, worker
+from tests.support.running import finished, running
+from tests.support.waiting import eventually
 
 
 def new(tenant: str = "team-a", key: str | None = None, **kw: object) -> NewRun:
@@ -201,3 +209,70 @@ async def test_a_tick_refused_by_a_quota_is_recorded_and_the_next_tries_again(
         await conn.execute("UPDATE schedule SET next_due_at = date_trunc('second', now())")
     assert [t.outcome for t in await ticker.once()] == ["created"]
     assert (await client.get("/api/schedules/hourly")).json()["lastError"] is None
+
+
+# -- usage: each model step's tokens and cost, once -----------------------------------------------------
+
+
+async def usage(store: RunStore, tenant: str) -> tuple[int, Decimal]:
+    async with store.pool.connection() as conn:
+        row = await (await conn.execute(
+            "SELECT coalesce(sum(tokens), 0), coalesce(sum(cost_usd), 0) FROM tenant_usage WHERE tenant = %s",
+            (tenant,))).fetchone()
+    assert row is not None
+    return int(row[0]), Decimal(row[1])
+
+
+async def test_each_model_step_is_counted_once_in_its_tenants_usage(store: RunStore) -> None:
+    """Many runs of two tenants driven by a worker (their checkpoints batched together): the tenants' usage is
+    what their runs' counters say, to the token."""
+    for i in range(12):
+        await store.create(new("team-a" if i % 2 else "team-b", model=MODEL))
+    async with running(worker(store, TurnBasedLlm(2), [noop], concurrency=8)):
+        async def all_done() -> bool:
+            return all(r.status is RunStatus.SUCCEEDED for r in await store.list_runs())
+        await eventually(all_done, 60, "every run to succeed")
+    for tenant in ("team-a", "team-b"):
+        runs = [r for r in await store.list_runs() if r.tenant == tenant]
+        assert await usage(store, tenant) == (sum(r.tokens_used for r in runs), sum(r.cost_usd for r in runs))
+        assert sum(r.tokens_used for r in runs) == 6 * 3 * 15
+
+
+async def test_a_checkpoint_sent_again_after_its_answer_was_lost_counts_no_usage_twice(store: RunStore) -> None:
+    await store.create(new())
+    [claim] = await store.claim_many("w", 30, limit=1)
+    turn = ModelTurn("{}", '[{"type":"text","text":"x"}]', "end_turn", Usage(10, 5, 0, 0), Decimal("0.01"), 0)
+    wid = uuid.uuid4()
+    await store.checkpoint_model(claim.run.id, "w", 30, turn, write_id=wid, epoch=claim.run.lease_epoch)
+    await store.checkpoint_model(claim.run.id, "w", 30, turn, write_id=wid, epoch=claim.run.lease_epoch, again=True)
+    assert await usage(store, "team-a") == (15, Decimal("0.01"))
+    # A crash before the step's write commits counts nothing: a write refused by the fence adds nothing either.
+    with pytest.raises(LeaseLost):
+        await store.checkpoint_model(claim.run.id, "other", 30, turn, epoch=claim.run.lease_epoch)
+    assert await usage(store, "team-a") == (15, Decimal("0.01"))
+
+
+async def test_a_crash_mid_run_replays_without_counting_a_step_twice(store: RunStore) -> None:
+    """A worker dies after its model step is checkpointed, before it runs the tool asked for: the next worker
+    replays the step from the log (no model call, no usage again) and the tenant's usage is the run's
+    counters."""
+    run, _ = await store.create(new(model=MODEL))
+    [claim] = await store.claim_many("w1", 30, limit=1)
+    asked = '[{"type":"tool_use","id":"toolu_0_0","name":"noop","input":{}}]'
+    turn = ModelTurn("{}", asked, "tool_use", Usage(10, 5, 0, 0), None, 0)
+    await store.checkpoint_model(run.id, "w1", 30, turn, epoch=claim.run.lease_epoch)
+    async with store.pool.connection() as conn:  # w1 is gone: its lease lapses
+        await conn.execute("UPDATE run SET locked_until = now() - interval '1 second' WHERE id = %s", (run.id,))
+    llm = TurnBasedLlm(1)
+    async with running(worker(store, llm, [noop], name="w2")):
+        done = await finished(store, run.id)
+    assert done.status is RunStatus.SUCCEEDED and llm.calls == 1  # the first step was not asked again
+    assert await usage(store, "team-a") == (done.tokens_used, done.cost_usd) and done.tokens_used == 2 * 15
+
+
+async def test_usage_older_than_a_day_is_pruned(store: RunStore) -> None:
+    await spent(store, "team-a", 5, minutes_ago=1441)
+    await spent(store, "team-a", 7, minutes_ago=1430)
+    pruned = await prune_if_first(store.pool, None)
+    assert pruned is not None and pruned.rows.get("tenant_usage") == 1
+    assert await usage(store, "team-a") == (7, Decimal(0))

@@ -276,3 +276,63 @@ async def test_usage_older_than_a_day_is_pruned(store: RunStore) -> None:
     pruned = await prune_if_first(store.pool, None)
     assert pruned is not None and pruned.rows.get("tenant_usage") == 1
     assert await usage(store, "team-a") == (7, Decimal(0))
+
+
+# -- a daily budget spent mid-run ----------------------------------------------------------------------------
+
+
+async def test_a_run_over_its_tenants_budget_is_handed_back_showing_why_and_resumes_when_the_window_allows(
+    store: RunStore, client: httpx.AsyncClient,
+) -> None:
+    run, _ = await store.create(new(model=MODEL, token_budget=100_000, timeout_seconds=3600))
+    await store.set_quotas("team-a", Quotas(tokens_per_day=1000))
+    # The whole budget spent 1,437 minutes ago: the window allows again in 3 minutes or less.
+    await spent(store, "team-a", 1000, minutes_ago=1440 - 3)
+    llm = TurnBasedLlm(1)
+    async with running(worker(store, llm, [noop])):
+        async def held_back() -> bool:
+            r = await store.get(run.id)
+            return r is not None and r.status is RunStatus.QUEUED and r.throttled is not None
+        await eventually(held_back, 30, "the run to be handed back for its tenant's budget")
+        view = (await client.get(f"/api/runs/{run.id}")).json()
+        assert view["status"] == "QUEUED" and llm.calls == 0
+        throttled = view["throttled"]
+        assert throttled["quota"] == "tokensPerDay" and "1000" in throttled["reason"]
+        until = datetime.datetime.fromisoformat(throttled["until"])
+        now = datetime.datetime.now(datetime.UTC)
+        assert now < until <= now + datetime.timedelta(minutes=3, seconds=5)
+        held = await store.get(run.id)
+        assert held is not None and held.run_at == until and held.crashes == 0
+        # Time passes: the spending leaves the window, and the run's time to be claimed again comes.
+        async with store.pool.connection() as conn:
+            await conn.execute("UPDATE tenant_usage SET minute = minute - interval '4 minutes'")
+            await conn.execute("UPDATE run SET run_at = now() WHERE id = %s", (run.id,))
+        done = await finished(store, run.id)
+    assert done.status is RunStatus.SUCCEEDED and done.throttled is None and llm.calls == 2
+
+
+async def test_a_run_held_back_past_its_own_deadline_ends_timed_out(store: RunStore) -> None:
+    run, _ = await store.create(new(model=MODEL, timeout_seconds=2))
+    await store.set_quotas("team-a", Quotas(cost_per_day_usd=Decimal("1")))
+    await spent(store, "team-a", 0, "5", minutes_ago=10)  # allows again in almost a day
+    async with running(worker(store, TurnBasedLlm(1), [noop])):
+        done = await finished(store, run.id)
+    assert done.status is RunStatus.TIMED_OUT and done.throttled is not None
+    assert done.throttled["quota"] == "costPerDayUsd"
+
+
+async def test_a_quota_raised_lets_held_runs_go_on_within_a_second(store: RunStore) -> None:
+    run, _ = await store.create(new(model=MODEL, timeout_seconds=3600))
+    await store.set_quotas("team-a", Quotas(tokens_per_day=10))
+    await spent(store, "team-a", 10, minutes_ago=1)
+    llm = TurnBasedLlm(1)
+    async with running(worker(store, llm, [noop])):
+        async def held_back() -> bool:
+            r = await store.get(run.id)
+            return r is not None and r.throttled is not None
+        await eventually(held_back, 30, "the run to be handed back")
+        await store.set_quotas("team-a", Quotas(tokens_per_day=None))
+        async with store.pool.connection() as conn:  # its time to be claimed again is a day away: bring it
+            await conn.execute("UPDATE run SET run_at = now() WHERE id = %s", (run.id,))
+        done = await finished(store, run.id)
+    assert done.status is RunStatus.SUCCEEDED

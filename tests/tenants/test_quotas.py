@@ -17,6 +17,7 @@ from agentrun.worker.core.records import ModelTurn, NewRun, RunStatus
 from agentrun.worker.core.tenants import Quotas
 from agentrun.worker.core.types import Usage
 from agentrun.worker.runtime.schedules import Ticker
+from agentrun.worker.settings import tenant_quotas
 from agentrun.worker.store import LeaseLost, RunStore
 from agentrun.worker.store.retention import prune_if_first
 from agentrun.worker.testing.scripted import TurnBasedLlm
@@ -336,3 +337,17 @@ async def test_a_quota_raised_lets_held_runs_go_on_within_a_second(store: RunSto
             await conn.execute("UPDATE run SET run_at = now() WHERE id = %s", (run.id,))
         done = await finished(store, run.id)
     assert done.status is RunStatus.SUCCEEDED
+
+
+@pytest.mark.parametrize(("text", "says"), [
+    ('{"Team": {}}', "not a tenant name"),
+    ('{"a": {"maxQueued": -1}}', "maxQueued: must be 0 or more"),
+    ('{"a": {"tokensPerDay": 1.5}}', "tokensPerDay: must be a whole number"),
+    ('{"a": {"weight": 0}}', "weight: must be more than 0"),
+    ('{"a": {"maxQueue": 1}}', "unknown: maxQueue"),
+    ("[1]", "must be a JSON object"),
+    ("{", "is not JSON"),
+])
+def test_bad_initial_quotas_are_refused_naming_the_entry(text: str, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        tenant_quotas(text)

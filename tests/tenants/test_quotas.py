@@ -20,10 +20,11 @@ from agentrun.worker.runtime.schedules import Ticker
 from agentrun.worker.settings import tenant_quotas
 from agentrun.worker.store import LeaseLost, RunStore
 from agentrun.worker.store.retention import prune_if_first
-from agentrun.worker.testing.scripted import TurnBasedLlm
+from agentrun.worker.testing.scripted import TreeLlm, TurnBasedLlm
 from tests.support.api import noop
 from tests.support.builders import MODEL, worker
 from tests.support.running import finished, running
+from tests.support.trees import planner
 from tests.support.waiting import eventually
 
 
@@ -351,3 +352,14 @@ async def test_a_quota_raised_lets_held_runs_go_on_within_a_second(store: RunSto
 def test_bad_initial_quotas_are_refused_naming_the_entry(text: str, says: str) -> None:
     with pytest.raises(ValueError, match=says):
         tenant_quotas(text)
+
+
+async def test_a_runs_sub_agents_are_part_of_it_never_refused_by_max_queued(store: RunStore) -> None:
+    """The parent was admitted; its children count as queued but are not refused, though the tenant's queue
+    is full with them."""
+    parent = await planner(store, "researcher", "writer")  # tenant `default`
+    await store.set_quotas("default", Quotas(max_queued=1))
+    async with running(worker(store, TreeLlm(), concurrency=1)):
+        done = await finished(store, parent.id, 60)
+    assert done.status is RunStatus.SUCCEEDED, done.error
+    assert [c.status for c in await store.children(parent.id)] == [RunStatus.SUCCEEDED] * 2

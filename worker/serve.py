@@ -247,6 +247,13 @@ class Serving:
         if pool is None:
             return False
         store = self.store(pool)
+        if self.settings.tenant_quotas:  # the chart's, for tenants never set through the API or the CLI
+            try:
+                applied = await store.seed_quotas(self.settings.tenant_quotas)
+                log.info("%s applied the initial quotas of tenants: %s", self.settings.worker_id,
+                         ", ".join(applied) or "none (each was set through the API or the CLI)")
+            except psycopg.Error as e:  # not worth failing the start for: the next start applies them
+                log.warning("%s could not apply the initial tenant quotas: %s", self.settings.worker_id, e)
         self.worker = await self.runner(store)
         self.slot.app = self.api(store)
         log.info(

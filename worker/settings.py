@@ -9,6 +9,7 @@ import socket
 from collections.abc import Iterable, Mapping, MutableMapping
 
 from agentrun.worker.core.records import DEFAULT_MODEL
+from agentrun.worker.core.tenants import Quotas, tenant_problem
 
 # The secrets the worker and the operator read from the environment, each of which may instead come from
 # the file `<NAME>_FILE` names (the chart mounts them so: a file is not in `kubectl describe`, in the
@@ -61,6 +62,56 @@ def process_worker_id(prefix: str) -> str:
 def default_worker_id() -> str:
     """Host and pid, plus the per-process suffix: in a container the pid is the same at every start."""
     return process_worker_id(f"{socket.gethostname()}-{os.getpid()}")
+
+
+# A tenant's quotas as AGENTRUN_TENANT_QUOTAS (and the API) name them; null or left out: no limit.
+QUOTA_FIELDS = {"maxRunning": "max_running", "maxQueued": "max_queued", "tokensPerDay": "tokens_per_day",
+                "costPerDayUsd": "cost_per_day_usd", "weight": "weight"}
+
+
+def tenant_quotas(text: str | None) -> dict[str, Quotas]:
+    """AGENTRUN_TENANT_QUOTAS, a JSON object of tenant name → {maxRunning, maxQueued, tokensPerDay, costPerDayUsd,
+    weight}; ValueError naming the entry and field at fault."""
+    import json
+    from decimal import Decimal
+
+    if not text or not text.strip():
+        return {}
+    try:
+        raw = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"AGENTRUN_TENANT_QUOTAS is not JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise ValueError("AGENTRUN_TENANT_QUOTAS must be a JSON object of tenant name to quotas")
+    found: dict[str, Quotas] = {}
+    for name, entry in raw.items():
+        where = f"AGENTRUN_TENANT_QUOTAS[{name!r}]"
+        if (bad := tenant_problem(name, where)) is not None:
+            raise ValueError(bad)
+        if not isinstance(entry, dict) or (unknown := set(entry) - set(QUOTA_FIELDS)):
+            known = ", ".join(QUOTA_FIELDS)
+            raise ValueError(f"{where}: must be an object of {known}" + (f"; unknown: {', '.join(sorted(unknown))}"
+                                                                        if isinstance(entry, dict) else ""))
+        values: dict[str, object] = {}
+        for field, attr in QUOTA_FIELDS.items():
+            value = entry.get(field)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"{where}.{field}: must be a number or null")
+            if attr == "cost_per_day_usd":
+                values[attr] = Decimal(str(value))
+            elif attr == "weight":
+                values[attr] = float(value)
+            elif float(value).is_integer():
+                values[attr] = int(value)
+            else:
+                raise ValueError(f"{where}.{field}: must be a whole number or null")
+        quotas = Quotas(**values)  # type: ignore[arg-type]
+        if problems := quotas.problems():
+            raise ValueError("; ".join(f"{where}.{f}: {p}" for f, p in problems))
+        found[name] = quotas
+    return found
 
 
 @dataclasses.dataclass(frozen=True)
@@ -180,6 +231,11 @@ class WorkerSettings:
 
     model_limits_file: str | None = None
     """YAML or JSON file of fleet-wide model limits (AGENTRUN_MODEL_LIMITS); None: no limits."""
+
+    tenant_quotas: Mapping[str, Quotas] = dataclasses.field(default_factory=dict)
+    """Initial quotas per tenant (AGENTRUN_TENANT_QUOTAS, JSON: the chart's `tenants.quotas`), applied at start to
+    each tenant whose quotas were never set through the API or the CLI: those set so win, so a change made at
+    run time survives the next rollout. Empty: none."""
 
     database_retry_max: float = 5.0
     """Longest wait, in seconds, between two attempts to reach an unusable database at start

@@ -94,7 +94,12 @@ ENDPOINTS: list[tuple[str, str, dict[str, Any] | None, Scope | None, int]] = [
     ("GET", "/api/agents/probe/versions/1", None, Scope.READ, 200),
     ("DELETE", "/api/agents/probe", None, Scope.SUBMIT, 204),
     ("POST", "/api/events", {"key": "probe", "payload": {"ok": True}}, Scope.SIGNAL, 200),
+    ("GET", "/api/tenants", None, Scope.ADMIN, 200),
+    ("GET", "/api/tenants/default", None, Scope.ADMIN, 200),
+    ("PUT", "/api/tenants/default", {"maxQueued": 100}, Scope.ADMIN, 200),
 ]
+PLATFORM_ONLY = ("/api/tenants",)
+"""Paths only an identity of tenant `*` may use: `root` is an admin of tenant `default` (a 403 naming why)."""
 CALLERS = [*IDENTITIES, "default"]
 
 
@@ -117,7 +122,9 @@ async def test_every_endpoint_by_every_scope(
     await store.put_agent(Agent(name="probe", version=0))
     target = path.format(id=run.id)
     r = await http.request(method, target, json=body, headers=auth(caller))
-    if allows(caller, scope):
+    if caller == "root" and path.startswith(PLATFORM_ONLY):
+        assert r.status_code == 403 and "tenant '*'" in r.json()["error"], r.text
+    elif allows(caller, scope):
         assert r.status_code == ok, r.text
     else:
         assert scope is not None
@@ -268,6 +275,7 @@ async def test_openapi_documents_the_scheme_and_each_operations_scope(http: http
     for method, path, _, scope, _ in ENDPOINTS:
         template = path.replace("/steps/1", "/steps/{seq}").replace("/probe", "/{name}").replace("/versions/1",
                                                                                                 "/versions/{n}")
+        template = template.replace("/tenants/default", "/tenants/{name}")
         operation = document["paths"][template][method.lower()]
         assert operation["security"] == [{"HTTPBearer": [scope.value] if scope else []}], path
         assert operation["x-required-scope"] == (scope.value if scope else "none")

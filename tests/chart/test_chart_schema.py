@@ -22,6 +22,7 @@ EXPECTED = {
     "zero-database-retry.yaml": "/database/retryMaxSeconds",
     "network-policy-cidr.yaml": "/networkPolicy/egress/models/cidrs/0",
     "operator-probe.yaml": "/operator/readinessProbe/periodSeconds",
+    "tenant-quota.yaml": "/tenants/quotas/team-a/maxQueued",
 }
 
 

@@ -9,6 +9,7 @@ fault of the server: logged with its traceback, answered with a bare JSON 500.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -22,7 +23,8 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from agentrun.worker.api.errors import ApiError
-from agentrun.worker.api.schemas import ErrorBody, FieldProblem
+from agentrun.worker.api.schemas import ErrorBody, FieldProblem, QuotaErrorBody
+from agentrun.worker.core.errors import OverQuota
 
 log = logging.getLogger("agentrun.worker.api")
 
@@ -103,6 +105,13 @@ def install(app: FastAPI) -> None:
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         return error_response(exc.status, exc.message,
                               [FieldProblem(field=p.field, problem=p.problem) for p in exc.fields])
+
+    @app.exception_handler(OverQuota)
+    async def over_quota(request: Request, exc: OverQuota) -> JSONResponse:
+        # The door refused a new run for its tenant's quota: a 429 naming it, and when to ask again.
+        seconds = max(1, math.ceil(exc.retry_after))
+        body = QuotaErrorBody(error=exc.message, quota=exc.quota, retryAfter=seconds)
+        return JSONResponse(body.model_dump(), 429, headers={"Retry-After": str(seconds)})
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:

@@ -32,6 +32,7 @@ from agentrun.worker.api.schemas import (
     MessageRequest,
     MessageView,
     PendingView,
+    QuotaErrorBody,
     RunCreated,
     RunPage,
     RunRequest,
@@ -488,6 +489,11 @@ SUBMIT_ERRORS: Responses = {
     400: {"model": ErrorBody, "description": "The body is not JSON at all, or over the size limit"},
     404: {"model": ErrorBody, "description": "No run to continue or fork, or no agent (or version of it) named "
           "by `agent` or `subAgents`: `fields` names which"},
+    429: {"model": QuotaErrorBody, "description": "The tenant's quota refuses a new run: its queued runs are at "
+          "`maxQueued`, or its tokens or cost over the last 1,440 minutes at `tokensPerDay` or `costPerDayUsd`. "
+          "`quota` names it; `Retry-After` says when to ask again. A retry of a run made already returns it.",
+          "headers": {"Retry-After": {"description": "Seconds to wait before asking again",
+                                      "schema": {"type": "integer"}}}},
 }
 DECIDE_ERRORS: Responses = {
     409: {"model": ErrorBody, "description": "The decision does not fit the call's kind, or the call was already "

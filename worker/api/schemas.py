@@ -783,6 +783,14 @@ class ErrorBody(BaseModel):
     fields: list[FieldProblem] = []
 
 
+class QuotaErrorBody(ErrorBody):
+    """A 429: a new run its tenant's quota refuses. The `Retry-After` header says when to ask again."""
+
+    quota: str = Field(description="The quota that refused it: `maxQueued`, `tokensPerDay` or `costPerDayUsd`.")
+    retryAfter: int = Field(description="Seconds after which a submit may be admitted (as `Retry-After`): when "
+                            "the rolling day's window allows again, for a budget; a guess, for a full queue.")
+
+
 class MessageRequest(Camel):
     """A message for a run while it works: the model gets it as a user turn at the run's next turn boundary."""
 

@@ -195,6 +195,16 @@ class RunsClient:
     def delete_schedule(self, name: str) -> None:
         self._call("DELETE", f"/api/schedules/{_agent_name(name, 'schedule')}")
 
+    def tenants(self) -> dict[str, Any]:
+        return self._call("GET", "/api/tenants")  # type: ignore[no-any-return]
+
+    def tenant(self, name: str) -> dict[str, Any]:
+        return self._call("GET", f"/api/tenants/{_agent_name(name, 'tenant')}")  # type: ignore[no-any-return]
+
+    def put_tenant(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        path = f"/api/tenants/{_agent_name(name, 'tenant')}"
+        return self._call("PUT", path, json=dict(body))  # type: ignore[no-any-return]
+
     def events(self, run_id: str, last_event_id: str | None = None) -> Iterator[ServerEvent]:
         """The run's server-sent events (GET /api/runs/{id}/events) until the server closes the stream."""
         path = f"/api/runs/{checked_run_id(run_id)}/events"

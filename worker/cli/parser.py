@@ -22,6 +22,7 @@ from agentrun.worker.cli.operator import cmd_operator
 from agentrun.worker.cli.prune import cmd_prune
 from agentrun.worker.cli.runs import add_runs
 from agentrun.worker.cli.schedules import add_schedules
+from agentrun.worker.cli.tenants import add_tenants
 from agentrun.worker.cli.tokens import add_token
 from agentrun.worker.cli.worker import cmd_worker
 
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agentrun",
         description="agentrun: a durable runtime for LLM agents on PostgreSQL and Kubernetes.",
         epilog="Environment: AGENTRUN_DATABASE_URL, AGENTRUN_LOG_FORMAT (console|json), AGENTRUN_LOG_LEVEL; "
-        "`runs`, `agents` and `schedules` read AGENTRUN_URL and AGENTRUN_API_TOKEN. Each secret variable "
+        "`runs`, `agents`, `schedules` and `tenants` read AGENTRUN_URL and AGENTRUN_API_TOKEN. Each secret variable "
         "(database URL, API token, model API keys, MCP header variables) may instead name a file in <NAME>_FILE, "
         "e.g. AGENTRUN_DATABASE_URL_FILE.",
     )
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_agents(sub)
     add_events(sub)
     add_schedules(sub)
+    add_tenants(sub)
     return parser
 
 

@@ -70,8 +70,19 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
         event_retention=_env_duration("AGENTRUN_EVENT_RETENTION", WorkerSettings.event_retention),
         database_retry_max=_env_positive_float("AGENTRUN_DATABASE_RETRY_MAX_SECONDS")
         or WorkerSettings.database_retry_max,
+        tenant_quotas=_tenant_quotas(),
         **_webhook_settings(),
     )
+
+
+def _tenant_quotas() -> Any:
+    """The chart's initial quotas per tenant (AGENTRUN_TENANT_QUOTAS), checked here so a bad one exits."""
+    from agentrun.worker.settings import tenant_quotas
+
+    try:
+        return tenant_quotas(os.environ.get("AGENTRUN_TENANT_QUOTAS"))
+    except ValueError as e:
+        raise SystemExit(f"agentrun: {e}") from None
 
 
 def _webhook_settings() -> dict[str, Any]:

@@ -20,6 +20,7 @@ __all__ = [
     "DoesNotFit",
     "LeaseLost",
     "LlmError",
+    "OverQuota",
     "Problem",
     "Refusal",
     "Refused",
@@ -122,6 +123,18 @@ class Refused(ValueError):
     @classmethod
     def of(cls, kind: Refusal, problems: Sequence[Problem]) -> Refused:
         return cls(kind, "; ".join(f"{p.field}: {p.problem}" for p in problems), problems)
+
+
+class OverQuota(Exception):
+    """A new run its tenant's quota refuses: `quota` names it as the API does (`maxQueued`, `tokensPerDay`,
+    `costPerDayUsd`), `retry_after` is the seconds after which asking again may succeed (when the rolling
+    day's window allows again, for a budget; a guess for a full queue), `message` says why in one line.
+    Nothing was written. The API answers 429 with `Retry-After`; a schedule's tick records it and tries the
+    next tick; the operator retries the AgentRun later."""
+
+    def __init__(self, quota: str, retry_after: float, message: str) -> None:
+        super().__init__(message)
+        self.quota, self.retry_after, self.message = quota, retry_after, message
 
 
 class WebhookProblem(ValueError):

@@ -49,6 +49,7 @@ from agentrun.worker.runtime.durable import Durable, dumps
 from agentrun.worker.runtime.lease import CancelRequested, LeaseKeeper
 from agentrun.worker.runtime.messages import Messages
 from agentrun.worker.runtime.people import AGAIN, People
+from agentrun.worker.runtime.quotas import Budgets
 from agentrun.worker.runtime.subagents import SubAgents
 from agentrun.worker.runtime.waiting import Waits
 from agentrun.worker.store import LeaseLost, RunStore
@@ -133,6 +134,7 @@ class RunDriver:
                                     max_children_per_turn=settings.max_children_per_turn,
                                     max_agent_depth=settings.max_agent_depth)
         self.compaction = Compaction(self.durable, store, keeper, self.llm, self.prices, self.observer)
+        self.budgets = Budgets(self.durable, store)
 
     @property
     def me(self) -> str:
@@ -254,6 +256,12 @@ class RunDriver:
                 conv.apply(Step(run.id, conv.steps + 1, StepKind.USER, StepStatus.DONE, request=CORRECTION,
                                 response=ANSWER_REMINDER))
             else:
+                # Its tenant's daily tokens or cost spent: handed back until the window allows, not failed.
+                throttle = await self.budgets.over(run)
+                if throttle is not None:
+                    self.keeper.drop(run.id)
+                    await self.budgets.hand_back(run, throttle)
+                    return None
                 try:
                     # The seq is the database's to give; this is the one it gives unless the lease is lost.
                     with logs.step_context(step_seq=conv.steps + 1), self.observer.model_call(run) as notes:

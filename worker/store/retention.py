@@ -218,6 +218,14 @@ async def prune_events(
     return total
 
 
+# What each tenant's model steps spent, by minute (store/steps.py): the daily budgets sum the last 1,440
+# minutes (store/tenants.py), so older minutes count for nothing and go. A few rows per tenant, minute and
+# worker session: one statement.
+PRUNE_USAGE = """WITH gone AS (
+    DELETE FROM tenant_usage WHERE minute <= date_trunc('minute', now()) - interval '1 day' RETURNING 1)
+SELECT count(*) FROM gone"""
+
+
 async def prune_if_first(
     pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]],
     older_than: datetime.timedelta | None,
@@ -229,8 +237,8 @@ async def prune_if_first(
     event_retention: float | None = None,
 ) -> Pruned | None:
     """Prune unless another process of the fleet is pruning now (its advisory lock is taken): None then.
-    Runs finished more than `older_than` ago (None: no run), and events kept past `event_retention` seconds
-    (None: none), counted as `run_event`.
+    Runs finished more than `older_than` ago (None: no run), events kept past `event_retention` seconds
+    (None: none), counted as `run_event`, and tenants' usage older than a day (`tenant_usage`).
 
     The lock is a session lock on the connection that prunes, so a worker that dies mid-prune frees it.
     """
@@ -248,6 +256,9 @@ async def prune_if_first(
                 events = await prune_events(conn, event_retention, stopping=stopping)
                 if events:
                     pruned = Pruned({**pruned.rows, "run_event": events})
+            cur = await conn.execute(PRUNE_USAGE.encode())
+            if (gone := await cur.fetchone()) is not None and gone[0]:
+                pruned = Pruned({**pruned.rows, "tenant_usage": int(gone[0])})
             return pruned
         finally:
             await conn.execute("SELECT pg_advisory_unlock(%s)", (PRUNE_LOCK_KEY,))

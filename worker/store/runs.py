@@ -16,6 +16,7 @@ zero rows means the lease is gone (`LeaseLost`). The store is split by concern, 
 - waits.py: durable timers and waits for outside events, the sweep that wakes them, events posted
 - webhooks.py: the webhook outbox (deliveries the run table's trigger writes) and its attempts
 - workers.py: the worker processes at work, each announcing itself on its heartbeat
+- tenants.py: tenants' quotas and usage, a new run admitted under them, a run handed back over its budget
 - rows.py: the columns, the fence and the records rows become; gateway.py: the pool and query helpers
 """
 
@@ -32,6 +33,7 @@ from agentrun.worker.store.schedules import Schedules
 from agentrun.worker.store.scoped import ScopedReads
 from agentrun.worker.store.steps import StepWrites
 from agentrun.worker.store.submit import Submissions
+from agentrun.worker.store.tenants import Tenants
 from agentrun.worker.store.waits import Waits
 from agentrun.worker.store.webhooks import Webhooks
 from agentrun.worker.store.workers import Workers
@@ -39,7 +41,7 @@ from agentrun.worker.store.workers import Workers
 
 class RunStore(
     Schedules, Submissions, Reads, Claims, StepWrites, Decisions, Children, Agents, Messages, Waits, Webhooks,
-    Workers,
+    Workers, Tenants,
 ):
     """The run tables' one gateway. `writes` sends the fenced writes of held runs; by default they are
     group-committed (groupcommit.py)."""

@@ -22,7 +22,7 @@ from typing import Any
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from agentrun.worker.core.errors import Refused
+from agentrun.worker.core.errors import OverQuota, Refused
 from agentrun.worker.core.records import NewRun, Run
 from agentrun.worker.core.schedules import ConcurrencyPolicy, Schedule, due, next_time, timing_problem
 from agentrun.worker.core.tenants import DEFAULT_TENANT
@@ -225,6 +225,10 @@ class Schedules(Submissions):
             try:
                 async with conn.transaction():
                     outcome, run_id, error, replaced = await self._take(cur, s, d.run, plan, by)
+            except OverQuota as e:  # its tenant's queue is full or its budget spent: the next tick tries again
+                error = f"tick {d.run.isoformat()} created no run: over its tenant's quota {e.quota}: {e.message}"
+                await self._tick_row(cur, s, d.run, "failed", None)
+                outcome, run_id, replaced = "failed", None, ()
             except Exception as e:
                 if transient(e):
                     raise

@@ -43,6 +43,27 @@ SHARED_FENCE = """fence AS (
 SHARED_PROGRESS = (
     "owned.id, owned.tokens_used, owned.cost_usd, owned.cancel_requested, owned.db_now, owned.messages_waiting")
 
+# What a model step spent, added to its tenant's usage of this minute (the daily budgets sum the last 1,440:
+# store/tenants.py) by the statement that writes the step, so a step is counted once or not at all, whatever
+# crashes: a copy sent again writes no step and adds nothing. Each database session adds to a row of its own
+# (the worker's id and the session's pid), so two transactions never wait on one row, nor lock two in
+# opposite orders. The shared form adds a batch's steps per tenant, one row each.
+USAGE_ROW = "date_trunc('minute', now()), %(worker)s || '/' || pg_backend_pid()"
+ADD_USAGE = """ON CONFLICT (tenant, minute, worker)
+    DO UPDATE SET tokens = u.tokens + EXCLUDED.tokens, cost_usd = u.cost_usd + EXCLUDED.cost_usd"""
+USED = f"""used AS (
+    INSERT INTO tenant_usage AS u (tenant, minute, worker, tokens, cost_usd)
+    SELECT run.tenant, {USAGE_ROW}, %(tokens)s, coalesce(%(cost)s, 0)
+    FROM run WHERE run.id = %(id)s AND EXISTS (SELECT FROM step)
+    {ADD_USAGE})"""
+SHARED_USED = f"""used AS (
+    INSERT INTO tenant_usage AS u (tenant, minute, worker, tokens, cost_usd)
+    SELECT owned.tenant, date_trunc('minute', now()), min(w.worker) || '/' || pg_backend_pid(), sum(step.tokens),
+        sum(coalesce(step.cost_usd, 0))
+    FROM step JOIN owned USING (id) JOIN w USING (id)
+    GROUP BY owned.tenant ORDER BY owned.tenant
+    {ADD_USAGE})"""
+
 CHECKPOINTS = Shared("checkpoint_model", f"""
 WITH w AS (
     SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(epoch)s::bigint[], %(lease)s::float8[],
@@ -64,10 +85,11 @@ step AS (
 owned AS (
     UPDATE run SET locked_until = now() + make_interval(secs => w.lease),
         tokens_used = run.tokens_used + coalesce(step.tokens, 0),
-        cost_usd = run.cost_usd + coalesce(step.cost_usd, 0), model_retries = 0
+        cost_usd = run.cost_usd + coalesce(step.cost_usd, 0), model_retries = 0, throttled = NULL
     FROM w JOIN fence USING (id) LEFT JOIN step USING (id) WHERE run.id = w.id
     RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now,
-        run.messages_sent - run.messages_delivered AS messages_waiting)
+        run.messages_sent - run.messages_delivered AS messages_waiting, run.tenant),
+{SHARED_USED}
 SELECT coalesce(step.seq, done.seq) AS seq, {SHARED_PROGRESS}
 FROM owned LEFT JOIN step USING (id) LEFT JOIN done USING (id)""".encode(),
     ("id", "worker", "epoch", "lease", "wid", "request", "response", "stop", "in", "out", "cw", "cr", "cost", "ms",
@@ -136,8 +158,9 @@ class StepWrites(Gateway):
         again: bool = False,
         kind: StepKind = StepKind.MODEL,
     ) -> tuple[int, Progress]:
-        """The model step row, the token and cost counters and the lease renewal, all or nothing. A COMPACT
-        step (`kind`) is written the same way: a summarising call is billed like any model call.
+        """The model step row, the token and cost counters, its tenant's usage (tenant_usage) and the lease
+        renewal, all or nothing; a run held back by its tenant's budget before (`throttled`) no longer is. A
+        COMPACT step (`kind`) is written the same way: a summarising call is billed like any model call.
 
         `write_id` names this write: sent again after its outcome was lost with a connection (`again`),
         it finds the step it already wrote instead of appending a second one, and adds no tokens twice.
@@ -147,7 +170,7 @@ class StepWrites(Gateway):
         # Counted only by the write that made the step, not by a copy of it sent again.
         extra = """, tokens_used = run.tokens_used + CASE WHEN EXISTS (SELECT FROM step) THEN %(tokens)s ELSE 0 END,
                    cost_usd = run.cost_usd + CASE WHEN EXISTS (SELECT FROM step) THEN coalesce(%(cost)s, 0) ELSE 0 END,
-                   model_retries = 0"""
+                   model_retries = 0, throttled = NULL"""
         row = await self._fenced(
             run_id,
             f"""WITH {FENCE},
@@ -162,6 +185,7 @@ class StepWrites(Gateway):
                         now() - make_interval(secs => %(ms)s / 1000.0), now(), %(wid)s
                     FROM fence WHERE NOT EXISTS (SELECT 1 FROM done)
                     RETURNING seq),
+                {USED},
                 {OWNED.format(extra=extra)}
                 SELECT coalesce((SELECT seq FROM step), (SELECT seq FROM done)) AS seq, {PROGRESS} FROM owned""",
             {

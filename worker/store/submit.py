@@ -10,6 +10,7 @@ import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
+from agentrun.worker.core.errors import OverQuota
 from agentrun.worker.core.records import (
     NewRun,
     Run,
@@ -17,6 +18,7 @@ from agentrun.worker.core.records import (
 from agentrun.worker.store.children import CANCEL_DESCENDANTS
 from agentrun.worker.store.gateway import Gateway
 from agentrun.worker.store.insert import INSERT_RUN, run_row
+from agentrun.worker.store.tenants import admit
 
 # A continued or forked run starts with the steps of its parent, copied and marked inherited: replay
 # needs nothing else, and the parent may be pruned later without breaking its child. A continuation
@@ -108,7 +110,13 @@ _INSERT = f"{KNOWN_TENANT}\n{INSERT_RUN.format(gate='')}".encode()
 
 async def insert_run(cur: psycopg.AsyncCursor[dict[str, Any]], params: dict[str, Any]) -> uuid.UUID | None:
     """Insert the run `params` (run_params) describes in the cursor's transaction, its inherited steps
-    too; returns its id, or None if a run with its id or idempotency key exists (nothing inserted)."""
+    too; returns its id, or None if a run with its id or idempotency key exists (nothing inserted).
+
+    Its tenant's quotas admit it first (store/tenants.py `admit`): OverQuota, nothing written, if it is over
+    `max_queued` or a daily budget. A sub-agent's child is not made here: it is part of a run admitted
+    already (store/children.py), counted as queued but never refused; the budgets hold it before each of its
+    model steps as any run."""
+    await admit(cur, params["tenant"])
     await cur.execute(_INSERT, params)
     row = await cur.fetchone()
     inserted: uuid.UUID | None = row["id"] if row is not None else None
@@ -152,6 +160,10 @@ async def cancel_in(cur: psycopg.AsyncCursor[dict[str, Any]], run_id: uuid.UUID,
                           {"id": run_id, "by": by, "reason": "cancelled with its parent run"})
 
 
+# The run a retry names (its id, or its tenant's Idempotency-Key), made by the first copy.
+_FIRST = """SELECT id FROM run WHERE id = %(id)s
+    OR (%(key)s::text IS NOT NULL AND tenant = %(tenant)s AND idempotency_key = %(key)s)"""
+
 CANCEL_ATTEMPTS = 5
 """How often a cancel is tried when PostgreSQL breaks a deadlock with a child's end by failing it."""
 
@@ -163,22 +175,24 @@ class Submissions(Gateway):
         A run with the same id (the operator retrying) or the same idempotency key (a client retrying)
         is returned as it is instead of a second one being made. Raises ValueError naming the field
         if a text cannot be stored (a NUL character, a lone surrogate): the caller's input, refused
-        whole rather than changed.
+        whole rather than changed. Raises OverQuota if its tenant's quotas refuse a new run, unless it is
+        a retry of one made already: that one is returned.
         """
         params = run_params(new)
-        async with self.pool.connection() as conn, conn.transaction():
-            cur = conn.cursor(row_factory=dict_row)
-            inserted = await insert_run(cur, params)
+        try:
+            async with self.pool.connection() as conn, conn.transaction():
+                cur = conn.cursor(row_factory=dict_row)
+                inserted = await insert_run(cur, params)
+        except OverQuota:
+            if (first := await self._one(_FIRST, params)) is None or (run := await self.get(first["id"])) is None:
+                raise
+            return run, False
         if inserted is not None:
             run = await self.get(inserted)
             assert run is not None
             return run, True
         # The conflicting row may have been committed after this statement's snapshot: look again.
-        found = await self._one(
-            """SELECT id FROM run WHERE id = %(id)s
-               OR (%(key)s::text IS NOT NULL AND tenant = %(tenant)s AND idempotency_key = %(key)s)""",
-            params,
-        )
+        found = await self._one(_FIRST, params)
         run = await self.get(found["id"]) if found else None
         if run is None:
             raise RuntimeError("run insert conflicted on a key that names no run")

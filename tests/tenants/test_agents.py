@@ -43,3 +43,16 @@ async def test_a_run_gets_its_own_tenants_agent_and_sub_agents(http: httpx.Async
     assert missing.status_code == 404 and missing.json()["fields"][0]["field"] == "subAgents[0]"
     unknown = await http.post("/api/agents", json={"name": "boss", "subAgents": ["lead"]}, headers=auth("bob"))
     assert unknown.status_code == 404
+
+
+async def test_a_platform_operator_makes_an_agent_or_schedule_for_a_tenant_named_in_the_body(
+    http: httpx.AsyncClient, store: RunStore,
+) -> None:
+    made = await http.post("/api/agents", json={"name": "helper", "tenant": "team-b"}, headers=auth("root"))
+    assert made.status_code == 201 and await store.agent("helper", tenant="team-b") is not None
+    refused = await http.post("/api/agents", json={"name": "helper", "tenant": "team-b"}, headers=auth("alice"))
+    assert refused.status_code == 403 and refused.json()["fields"][0]["field"] == "tenant"
+    schedule = {"name": "nightly", "intervalSeconds": 60, "run": RUN, "tenant": "team-b"}
+    assert (await http.post("/api/schedules", json=schedule, headers=auth("root"))).status_code == 201
+    assert (await store.schedule("nightly", "team-b")) is not None
+    assert (await http.post("/api/schedules", json=schedule, headers=auth("alice"))).status_code == 403

@@ -203,10 +203,12 @@ async def test_every_operation_of_the_document_hides_another_tenants_things(
         ("POST", "/api/schedules"): {**schedule, "run": {**schedule["run"], "input": "b's own"}},
         ("POST", "/api/events"): {"key": "deploy"},
         ("PATCH", "/api/schedules/{name}"): {"suspend": True},
+        ("PUT", "/api/tenants/{name}"): {"maxRunning": 0},
     }
     creates = {("POST", "/api/agents"), ("POST", "/api/schedules")}  # last: they make bob's own of those names
     for method, path in sorted(operations, key=lambda op: op in creates):
-        url = _url(path, _run_for(method, path, team_a)).replace("{name}", "helper" if "agents" in path else "nightly")
+        name = "helper" if "agents" in path else "team-a" if "tenants" in path else "nightly"
+        url = _url(path, _run_for(method, path, team_a)).replace("{name}", name)
         url = url.replace("{n}", "1")
         body = bodies.get((method, path), _body(method, path))
         r = await http.request(method, url, json=body, headers=auth("bob"))
@@ -214,15 +216,16 @@ async def test_every_operation_of_the_document_hides_another_tenants_things(
         assert secret not in text and "team-a" not in text, (method, path, text)
         if r.status_code < 300:  # a 404 may echo the id asked for, nothing more
             assert not any(i in text for i in team_a.values()), (method, path, text)
-        if "{id}" in path or "{name}" in path:
+        if path.startswith("/api/tenants"):
+            assert r.status_code == 403, (method, path, r.status_code, text)  # for admins of every tenant only
+        elif "{id}" in path or "{name}" in path:
             assert r.status_code == 404, (method, path, r.status_code, text)
         elif path == "/api/runs" and method == "POST":
             assert r.status_code == 404, text  # continueFrom a run bob cannot see
         elif method == "POST":
             assert r.status_code in (200, 201), (method, path, r.status_code, text)  # his own, in his tenant
         else:
-            assert r.status_code == 200 or (path.startswith("/api/tenants") and r.status_code == 403), (
-                method, path, r.status_code, text)
+            assert r.status_code == 200, (method, path, r.status_code, text)
     # Bob's agent and schedule of those names are his, next to alice's untouched ones.
     theirs = await store.agent("helper", tenant="team-a")
     assert theirs is not None and theirs.system == secret

@@ -344,7 +344,7 @@ async def test_a_quota_raised_lets_held_runs_go_on_within_a_second(store: RunSto
     ('{"Team": {}}', "not a tenant name"),
     ('{"a": {"maxQueued": -1}}', "maxQueued: must be 0 or more"),
     ('{"a": {"tokensPerDay": 1.5}}', "tokensPerDay: must be a whole number"),
-    ('{"a": {"weight": 0}}', "weight: must be more than 0"),
+    ('{"a": {"weight": 0}}', "weight: must be at least 0.001"),
     ('{"a": {"maxQueue": 1}}', "unknown: maxQueue"),
     ("[1]", "must be a JSON object"),
     ("{", "is not JSON"),

@@ -39,7 +39,7 @@ async def test_set_get_list_round_trip(server_url: str, capsys: pytest.CaptureFi
     (("set", "team-a", "--max-queued", "-1"), "must be 0 or more"),
     (("set", "team-a", "--tokens-per-day", "1.5"), "whole number"),
     (("set", "team-a", "--max-running", "lots"), "not a number"),
-    (("set", "team-a", "--weight", "0"), "more than 0"),
+    (("set", "team-a", "--weight", "0"), "at least 0.001"),
 ])
 async def test_bad_flags_are_a_message(server_url: str, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...],
                                        says: str) -> None:

@@ -12,7 +12,7 @@ from pydantic import AfterValidator, ConfigDict, Field
 
 from agentrun.worker.api.common import OrjsonRoute, Responses, documented_errors, refusal
 from agentrun.worker.api.errors import ApiError
-from agentrun.worker.api.guards import TenantQuery, access, caller_name, whose_tenant
+from agentrun.worker.api.guards import CREATE_TENANT, TENANT_PATTERN, TenantQuery, access, caller_name, whose_tenant
 from agentrun.worker.api.identities import Identities, Scope
 from agentrun.worker.api.schemas import (
     MAX_COST_BUDGET_USD,
@@ -85,6 +85,7 @@ class AgentRequest(Camel):
     context_management: ContextManagement | None = Field(
         None, description="Its runs' `contextManagement` (`{strategy, triggerTokens?, keepRecentTurns?}`) unless "
         "their request names one.")
+    tenant: str | None = Field(None, min_length=1, max_length=63, pattern=TENANT_PATTERN, description=CREATE_TENANT)
 
     def agent(self) -> Agent:
         cost = (Decimal(str(self.cost_budget_usd)).quantize(MIN_COST_BUDGET_USD, rounding=ROUND_HALF_UP)
@@ -167,14 +168,12 @@ class AgentRoutes:
         self.offer = Offer(has_tool=lambda name: tools.get(name) is not None, tool_names=tools.names,
                            prices=prices, model_problem=providers.problem)
 
-    async def create(
-        self, body: AgentRequest, request: Request, response: Response, tenant: TenantQuery = None,
-    ) -> AgentCreated:
+    async def create(self, body: AgentRequest, request: Request, response: Response) -> AgentCreated:
         """Create the agent, or a new version of it (201). A body identical to the latest version makes
         none: 200 with that version. Versions count from 1; runs in flight keep the version they were
         pinned to. Putting a deleted agent's name undeletes it. Scope: `submit`; the version records who
         as `createdBy`."""
-        whose = whose_tenant(request, tenant)
+        whose = whose_tenant(request, body.tenant)
         agent = dataclasses.replace(body.agent(), tenant=whose)
         if self.check_webhook is not None:
             self.check_webhook(agent.webhook, tenant=whose)

@@ -190,7 +190,7 @@ def _amend(document: dict[str, Any], tools: ToolBox) -> None:
     for prop in schemas["AgentRequest"]["properties"].values():  # every limit of an agent is optional (null)
         for branch in prop.get("anyOf", [prop]):
             _json_schema_bounds(branch)
-    for model in ("ScheduleRequest", "SchedulePatch"):  # schedules: their optional limits too
+    for model in ("ScheduleRequest", "SchedulePatch", "QuotasRequest"):  # schedules, quotas: their optional limits
         for prop in schemas.get(model, {}).get("properties", {}).values():
             for branch in prop.get("anyOf", [prop]):
                 _json_schema_bounds(branch)

@@ -85,10 +85,19 @@ def tenant_for(request: Request, named: str | None, field: str = "tenant") -> st
 
 
 TenantQuery = Annotated[str | None, Query(
-    max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+    max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",  # TENANT_PATTERN
     description="The tenant whose agents or schedules (each tenant has its own names). When absent the caller's: "
     "its identity's tenant; `default` for a platform operator's identity (tenant `*`) and on an open API. Only a "
     "platform operator's identity may name another (else 403).")]
+
+
+TENANT_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+"""A tenant's name in a request: a DNS label (core/tenants.py)."""
+
+CREATE_TENANT = ("The tenant it is made for (each tenant has its own names). When absent the caller's: its "
+                 "identity's tenant; `default` for a platform operator's identity (tenant `\"*\"`) and on an open API. "
+                 "Only a platform operator's identity may name another (else 403).")
+"""What the `tenant` field of a body that makes an agent or a schedule says."""
 
 
 def whose_tenant(request: Request, named: str | None) -> str:

@@ -11,7 +11,15 @@ from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 
 from agentrun.worker.api.common import MAX_PAGE, OrjsonRoute, Responses, Submissions, documented_errors
 from agentrun.worker.api.errors import ApiError
-from agentrun.worker.api.guards import TenantQuery, access, caller_name, viewer_of, whose_tenant
+from agentrun.worker.api.guards import (
+    CREATE_TENANT,
+    TENANT_PATTERN,
+    TenantQuery,
+    access,
+    caller_name,
+    viewer_of,
+    whose_tenant,
+)
 from agentrun.worker.api.identities import Identities, Scope
 from agentrun.worker.api.schemas import Camel, ErrorBody, FieldProblem, RunRequest, RunView, Whole
 from agentrun.worker.core.pricing import PriceTable
@@ -93,6 +101,7 @@ class ScheduleRequest(_Timing):
 
     name: ScheduleName = Field(description="A DNS label: 1 to 63 lowercase letters, digits and '-', starting and "
                                "ending with a letter or digit.")
+    tenant: str | None = Field(None, min_length=1, max_length=63, pattern=TENANT_PATTERN, description=CREATE_TENANT)
 
 
 class SchedulePatch(_Timing):
@@ -201,14 +210,12 @@ class ScheduleRoutes:
             suspend=bool(fields.get("suspend")), tenant=tenant,
         )
 
-    async def create(
-        self, body: ScheduleRequest, request: Request, response: Response, tenant: TenantQuery = None,
-    ) -> ScheduleView:
+    async def create(self, body: ScheduleRequest, request: Request, response: Response) -> ScheduleView:
         """Create a schedule (201); its first tick is the first after now. A name taken is a 409. The run
         template is checked as POST /api/runs checks a run (an unknown tool, agent or model is refused,
         naming `run.<field>`). Scope: `submit`; recorded as `createdBy`, which its runs carry too."""
-        s = await self._checked(body.name, body.model_dump(by_alias=True, exclude_unset=True, exclude={"name"})
-                                | {"run": _raw(body.run)}, whose_tenant(request, tenant))
+        fields = body.model_dump(by_alias=True, exclude_unset=True, exclude={"name", "tenant"})
+        s = await self._checked(body.name, fields | {"run": _raw(body.run)}, whose_tenant(request, body.tenant))
         try:
             stored, created = await self.store.create_schedule(s, caller_name(request))
         except ValueError as e:

@@ -15,12 +15,21 @@ from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.guards import access, identity_of
 from agentrun.worker.api.identities import Scope
 from agentrun.worker.api.schemas import Camel, ErrorBody, FieldProblem, Whole
-from agentrun.worker.core.tenants import MAX_WEIGHT, TENANT_NAME, Quotas, Tenant
+from agentrun.worker.core.tenants import (
+    MAX_COST_PER_DAY_USD,
+    MAX_RUN_LIMIT,
+    MAX_TOKENS_PER_DAY,
+    MAX_WEIGHT,
+    MIN_WEIGHT,
+    TENANT_NAME,
+    Quotas,
+    Tenant,
+)
 from agentrun.worker.store import RunStore
 
 PathName = Annotated[str, Path(alias="name", pattern=f"^{TENANT_NAME.pattern}$", max_length=63,
                                description="The tenant's name, a DNS label.")]
-Limit = Annotated[Whole, Field(ge=0)] | None
+Limit = Annotated[Whole, Field(ge=0, le=MAX_RUN_LIMIT)] | None
 
 
 class QuotasRequest(Camel):
@@ -32,13 +41,13 @@ class QuotasRequest(Camel):
     max_running: Limit = Field(None, description="Runs of the tenant RUNNING at once, across every worker.")
     max_queued: Limit = Field(None, description="Runs of the tenant QUEUED (scheduled, delayed and handed-back "
                               "ones too): a submit past it is a 429.")
-    tokens_per_day: Limit = Field(None, description="Tokens its model steps may use over the last 1,440 minutes: "
-                                  "at it, a submit is a 429 and a run is handed back before its next model step "
-                                  "until the window allows again.")
-    cost_per_day_usd: Annotated[float, Field(ge=0)] | None = Field(
+    tokens_per_day: Annotated[Whole, Field(ge=0, le=MAX_TOKENS_PER_DAY)] | None = Field(
+        None, description="Tokens its model steps may use over the last 1,440 minutes: at it, a submit is a 429 and "
+        "a run is handed back before its next model step until the window allows again.")
+    cost_per_day_usd: Annotated[float, Field(ge=0, le=MAX_COST_PER_DAY_USD)] | None = Field(
         None, description="US dollars its model steps may cost over the last 1,440 minutes, as `tokensPerDay`.")
-    weight: Annotated[float, Field(gt=0, le=MAX_WEIGHT)] = Field(
-        1.0, description="Its share of the workers against other tenants with work waiting (more than 0, at "
+    weight: Annotated[float, Field(ge=MIN_WEIGHT, le=MAX_WEIGHT)] = Field(
+        1.0, description="Its share of the workers against other tenants with work waiting (at least 0.001, at "
         "most 1000).")
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from agentrun.worker.cli.runs import CLIENT_ENV, Show, calling, client_commands
+from agentrun.worker.core.tenants import MAX_WEIGHT, MIN_WEIGHT
 
 if TYPE_CHECKING:
     from agentrun.worker.cli.client import RunsClient
@@ -53,8 +54,8 @@ def _weight(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not (0 < value <= 1000):
-        raise argparse.ArgumentTypeError(f"{text!r} must be more than 0 and at most 1000")
+    if not (MIN_WEIGHT <= value <= MAX_WEIGHT):
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least {MIN_WEIGHT:g} and at most {MAX_WEIGHT:g}")
     return value
 
 

@@ -35,6 +35,14 @@ QUOTAS = ("maxRunning", "maxQueued", "tokensPerDay", "costPerDayUsd")
 
 MAX_WEIGHT = 1000.0
 """The largest share weight (the tenant table's CHECK): a tenant a thousand times another's share at most."""
+MIN_WEIGHT = 0.001
+"""The smallest share weight: a thousandth of the default's."""
+MAX_RUN_LIMIT = 2**31 - 1
+"""The largest maxRunning or maxQueued (the tenant table's INT)."""
+MAX_TOKENS_PER_DAY = 10**15
+"""The largest tokensPerDay: far beyond any fleet's day, and well within the table's BIGINT."""
+MAX_COST_PER_DAY_USD = 10**9
+"""The largest costPerDayUsd (the tenant table's NUMERIC(16, 6) holds less than 10^10)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,8 +61,14 @@ class Quotas:
                  for field, value in zip(QUOTAS, (self.max_running, self.max_queued, self.tokens_per_day,
                                                   self.cost_per_day_usd), strict=True)
                  if value is not None and value < 0]
-        if not (0 < self.weight <= MAX_WEIGHT):
-            found.append(("weight", f"must be more than 0 and at most {MAX_WEIGHT:g}"))
+        for field, value, most in zip(QUOTAS, (self.max_running, self.max_queued, self.tokens_per_day,
+                                               self.cost_per_day_usd),
+                                      (MAX_RUN_LIMIT, MAX_RUN_LIMIT, MAX_TOKENS_PER_DAY, MAX_COST_PER_DAY_USD),
+                                      strict=True):
+            if value is not None and value > most:
+                found.append((field, f"must be at most {most}, or null for no limit"))
+        if not (MIN_WEIGHT <= self.weight <= MAX_WEIGHT):
+            found.append(("weight", f"must be at least {MIN_WEIGHT:g} and at most {MAX_WEIGHT:g}"))
         return found
 
 

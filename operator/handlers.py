@@ -26,7 +26,7 @@ from agentrun.operator.schedules import PLURAL as SCHEDULE_PLURAL
 from agentrun.operator.schedules import Schedules
 from agentrun.operator.settings import OperatorSettings
 from agentrun.operator.status import StatusSync
-from agentrun.worker.core.errors import Refusal, Refused
+from agentrun.worker.core.errors import OverQuota, Refusal, Refused
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import Decision, Origin, Run
 from agentrun.worker.core.submission import Caller, RunSpec
@@ -47,6 +47,10 @@ T = TypeVar("T")
 
 
 # What an unreachable database looks like from here: retried, never a lost AgentRun.
+QUOTA_RETRY_MAX_SECONDS = 300.0
+"""Longest wait before an AgentRun its tenant's quota refused is tried again (a daily budget may free up only in
+hours: its status says until when, and the operator asks again at least this often)."""
+
 DATABASE_DOWN = (psycopg.OperationalError, psycopg_pool.PoolTimeout, DatabaseNotReady)
 
 
@@ -216,6 +220,10 @@ class Operator:
                                                  offer=mapping.offer(self.settings.tool_names, self.prices))
         except DATABASE_DOWN as e:
             await self.waiting(f"waiting for the database: {e}", ref, patch, retry, now, e)
+        except OverQuota as e:
+            # Its tenant's queue is full or its daily budget spent: Pending, saying which, until it has room.
+            await self.waiting(f"waiting for its tenant's quota {e.quota}: {e.message}", ref, patch, retry, now, e,
+                               delay=min(max(e.retry_after, self.settings.retry_seconds), QUOTA_RETRY_MAX_SECONDS))
         except Refused as e:
             # An Agent applied with the AgentRun may not be stored yet, or not even seen (its watch is
             # not this one): one retry for that, then as long as the Agent there waits to be stored.
@@ -226,13 +234,15 @@ class Operator:
             raise mapping.InvalidSpec(mapping.refusal_message(e, self.settings.tool_names)) from None
 
     async def waiting(
-        self, message: str, ref: Ref, patch: kopf.Patch, retry: int, now: datetime.datetime, e: BaseException
+        self, message: str, ref: Ref, patch: kopf.Patch, retry: int, now: datetime.datetime, e: BaseException,
+        delay: float | None = None,
     ) -> NoReturn:
-        """The Pending status (and its Event, the first time), and a TemporaryError kopf retries."""
+        """The Pending status (and its Event, the first time), and a TemporaryError kopf retries after `delay`
+        (None: the backoff of `retry`)."""
         if ref.status.get("phase") != mapping.PENDING and (event := mapping.event_for(mapping.PENDING, message)):
             await self.kube.event(ref.namespace, ref.name, ref.uid, *event)  # before the phase shows
         patch.status.update(mapping.pending_status(message, ref.generation, ref.status, now))
-        raise kopf.TemporaryError(message, delay=self.retry_in(retry)) from e
+        raise kopf.TemporaryError(message, delay=self.retry_in(retry) if delay is None else delay) from e
 
     async def cancel_new(
         self, run: Run, by: str, ref: Ref, patch: kopf.Patch, retry: int, now: datetime.datetime

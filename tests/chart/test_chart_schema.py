@@ -23,6 +23,7 @@ EXPECTED = {
     "network-policy-cidr.yaml": "/networkPolicy/egress/models/cidrs/0",
     "operator-probe.yaml": "/operator/readinessProbe/periodSeconds",
     "tenant-quota.yaml": "/tenants/quotas/team-a/maxQueued",
+    "tenant-namespace.yaml": "/tenants/namespaces/billing-prod",
 }
 
 

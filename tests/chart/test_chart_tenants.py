@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from decimal import Decimal
 
+from agentrun.operator.settings import namespace_tenants
 from agentrun.worker.core.tenants import Quotas
 from agentrun.worker.settings import tenant_quotas
 from tests.support.chart import CHART, Manifest
@@ -29,3 +30,10 @@ def test_initial_quotas_reach_the_workers_as_given(render: Render) -> None:
 
 def test_no_quotas_by_default(render: Render) -> None:
     assert "AGENTRUN_TENANT_QUOTAS" not in _config(render())
+
+
+def test_the_namespace_map_reaches_the_operator_as_given(render: Render) -> None:
+    data = _config(render(EVERYTHING))
+    assert namespace_tenants(data["AGENTRUN_NAMESPACE_TENANTS"]) == {"billing-prod": "billing",
+                                                                     "billing-staging": "billing"}
+    assert "AGENTRUN_NAMESPACE_TENANTS" not in _config(render())

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agentrun.operator.settings import namespace_tenants
+from agentrun.worker.core.tenants import Quotas
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from tests.support.builders import worker
@@ -36,3 +37,18 @@ def test_the_namespace_map_is_checked() -> None:
     for bad, why in (("[1]", "JSON object"), ("{", "not JSON"), ('{"a": "Not_A_Tenant"}', "not a tenant name")):
         with pytest.raises(ValueError, match=why):
             namespace_tenants(bad)
+
+
+async def test_an_agentrun_over_its_tenants_quota_waits_pending_and_is_made_once_there_is_room(
+    cluster: Cluster, database_url: str, store: RunStore,
+) -> None:
+    await store.set_quotas("acme", Quotas(max_queued=0))
+    async with operator_running(cluster, settings_for(database_url, namespace_tenants={"default": "acme"})):
+        await cluster.create("held", input="hi")
+        status = await cluster.wait_status("held", "Pending", lambda s: s.get("phase") == "Pending")
+        assert "maxQueued" in status["message"] and "acme" in status["message"]
+        assert await store.list_runs() == []
+        await store.set_quotas("acme", Quotas(max_queued=5))
+        await cluster.wait_status("held", "Queued", lambda s: s.get("phase") == "Queued")
+    [run] = await store.list_runs()
+    assert run.tenant == "acme"

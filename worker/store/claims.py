@@ -70,15 +70,21 @@ FAIR_SHARE = f"""WITH tenants AS (
         SELECT r.id, r.priority, r.run_at, 0.0, r.tenant, false FROM run r
         WHERE r.status = 'RUNNING' AND r.run_at <= now()
           AND (r.locked_until < now() OR (%(liveness)s AND {SUSPECTED}))),
+    ranked AS (
+        SELECT array_agg(id ORDER BY priority DESC, vt, run_at) AS ids,
+               array_agg(vt ORDER BY priority DESC, vt, run_at) AS vts,
+               array_agg(tenant ORDER BY priority DESC, vt, run_at) AS tenants
+        FROM candidates),
     next AS (
         SELECT r.id, c.tenant, c.vt, CASE WHEN r.status = 'RUNNING' THEN r.locked_by END AS taken_from
-        FROM candidates c JOIN run r ON r.id = c.id
+        FROM ranked, unnest(ranked.ids, ranked.vts, ranked.tenants) WITH ORDINALITY AS c (id, vt, tenant, pos)
+        JOIN run r ON r.id = c.id
         WHERE r.run_at <= now() AND r.status IN ('QUEUED', 'RUNNING') AND CASE
               WHEN r.status = 'QUEUED' OR r.locked_until < now() THEN true
               WHEN NOT %(liveness)s THEN false
               WHEN NOT {SUSPECTED} THEN false
               ELSE pg_try_advisory_xact_lock(%(lock_class)s, hashtext(r.locked_by)) END
-        ORDER BY c.priority DESC, c.vt, c.run_at FOR UPDATE OF r SKIP LOCKED LIMIT %(limit)s),
+        ORDER BY c.pos FOR UPDATE OF r SKIP LOCKED LIMIT %(limit)s),
     wake AS (
         SELECT pg_notify(%(wake)s, '') FROM tenants t
         WHERE t.room > 0 AND EXISTS (SELECT 1 FROM next)

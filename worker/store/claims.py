@@ -71,9 +71,9 @@ FAIR_SHARE = f"""WITH tenants AS (
         WHERE r.status = 'RUNNING' AND r.run_at <= now()
           AND (r.locked_until < now() OR (%(liveness)s AND {SUSPECTED}))),
     ranked AS (
-        SELECT array_agg(id ORDER BY priority DESC, vt, run_at) AS ids,
-               array_agg(vt ORDER BY priority DESC, vt, run_at) AS vts,
-               array_agg(tenant ORDER BY priority DESC, vt, run_at) AS tenants
+        SELECT (array_agg(id ORDER BY priority DESC, vt, run_at))[:%(window)s] AS ids,
+               (array_agg(vt ORDER BY priority DESC, vt, run_at))[:%(window)s] AS vts,
+               (array_agg(tenant ORDER BY priority DESC, vt, run_at))[:%(window)s] AS tenants
         FROM candidates),
     next AS (
         SELECT r.id, c.tenant, c.vt, CASE WHEN r.status = 'RUNNING' THEN r.locked_by END AS taken_from
@@ -103,10 +103,11 @@ FAIR_SHARE = f"""WITH tenants AS (
     SELECT claimed.*, (SELECT count(*) FROM candidates WHERE queued) AS offered, (SELECT count(*) FROM wake) AS woke
     FROM (VALUES (1)) AS one LEFT JOIN claimed ON true"""
 """A claim's second statement. Each tenant's first queued runs (priority DESC, run_at) through
-run_tenant_queued_idx, as many as the claim may take, or as its tenant has room for while the claim holds
-its lock, and none of a limited tenant it does not hold. They are ranked by a virtual time, (its running
-runs + the run's rank among its own) / its weight: the tenant furthest below its share goes first, so a
-tenant with 5 runs queued is not served after one with 20,000. Priority still comes first, the oldest last.
+run_tenant_queued_idx, as many as the claim may take (and `SLACK`), or as its tenant has room for while the
+claim holds its lock, and none of a limited tenant it does not hold. They are ranked by a virtual time, (its
+running runs + the run's rank among its own) / its weight: the tenant furthest below its share goes first,
+so a tenant with 5 runs queued is not served after one with 20,000. Priority still comes first, the oldest
+last. Only the first `window` of them are locked (in that order, by id: a join the planner could hash).
 Runs to take over (a lapsed lease, a dead holder) go first within their priority. A claim that leaves a
 tenant it held with room and runs it did not take (its batch was full) wakes the workers (`wake`), since
 a claim that skipped the tenant may have found nothing and gone idle."""

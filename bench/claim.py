@@ -35,19 +35,24 @@ claimer's, which is how a double claim shows."""
 StoreFactory = Callable[[AsyncConnectionPool[Any]], RunStore]
 
 
-async def fill(url: str, queued: int) -> None:
+async def fill(url: str, queued: int, tenants: int = 1) -> None:
+    """`queued` runs, spread round-robin over `tenants` tenants (one: all the default tenant's)."""
     pool = await open_pool(url, max_size=1)
     async with pool.connection() as conn:
         await conn.execute("TRUNCATE run CASCADE")  # and every table that refers to it
+        await conn.execute(
+            "INSERT INTO tenant (name) SELECT 't-' || i FROM generate_series(0, %s - 1) AS i ON CONFLICT DO NOTHING",
+            (tenants if tenants > 1 else 0,),
+        )
         # One statement: fast, and the wake-up trigger's notifications collapse into one.
         await conn.execute(
-            """INSERT INTO run (id, input, model, token_budget, timeout_seconds, deadline_at, run_at, priority)
+            """INSERT INTO run (id, input, model, token_budget, timeout_seconds, deadline_at, run_at, priority, tenant)
                SELECT gen_random_uuid(), 'queued ' || i, %s, 1000, 3600, now() + interval '1 hour',
                       CASE WHEN i %% 10 = 0 THEN now() + interval '1 day'
                            ELSE now() - make_interval(secs => %s - i) END,
-                      i %% 5
+                      i %% 5, CASE WHEN %s > 1 THEN 't-' || ((i / 5) %% %s) ELSE 'default' END
                FROM generate_series(1, %s) AS i""",
-            (_pg.MODEL, queued, queued),
+            (_pg.MODEL, queued, tenants, tenants, queued),
         )
         await conn.execute("VACUUM ANALYZE run")
     await pool.close()
@@ -68,10 +73,10 @@ async def explain(url: str) -> str:
 
 
 async def measure(
-    url: str, queued: int, claimers: int, claims_each: int, store_factory: StoreFactory = RunStore
+    url: str, queued: int, claimers: int, claims_each: int, store_factory: StoreFactory = RunStore, tenants: int = 1
 ) -> dict[str, Any]:
     """Claim latencies and double claims; `store_factory` lets a test inject a broken claim."""
-    await fill(url, queued)
+    await fill(url, queued, tenants)
     pool = await open_pool(url, max_size=claimers, min_size=claimers)
     store = store_factory(pool)
     seen: collections.Counter[Any] = collections.Counter()  # claims per run id, as the claimers got them
@@ -116,7 +121,8 @@ async def measure(
     def pct(p: float) -> float:
         return round(latencies[min(len(latencies) - 1, int(p * len(latencies)))], 3)
 
-    return {"queued": queued, "claims": sum(seen.values()), "claims_recorded": int(sum(recorded.values())),
+    return {"queued": queued, "tenants": tenants, "claims": sum(seen.values()),
+            "claims_recorded": int(sum(recorded.values())),
             "runs_claimed": len(seen), "runs_with_mismatched_claims": mismatched,
             "p50_ms": pct(0.50), "p99_ms": pct(0.99), "max_ms": round(latencies[-1], 3),
             "claims_per_s": round(len(latencies) / elapsed, 1), "double_claims": doubles, "queued_after": left}

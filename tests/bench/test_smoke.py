@@ -10,7 +10,7 @@ import pytest
 
 from agentrun.worker.core.records import Progress
 from agentrun.worker.store import Claim, RunStore
-from bench import claim, long_run, memory, pickup, throughput
+from bench import claim, fairness, long_run, memory, pickup, throughput
 
 
 async def test_throughput_runs_every_run_to_the_end(database_url: str) -> None:
@@ -135,3 +135,11 @@ async def test_context_bench_runs_each_strategy(database_url: str) -> None:
     ]
     assert all(r["largest_request"] is None or r["largest_request"] + 1024 <= 16_000
                for r in figures["runs"][1:])
+
+
+async def test_fairness_times_each_small_tenants_run(database_url: str) -> None:
+    figures = await fairness.shared(database_url, backlog=30, small=3, turns=1, concurrency=2, head_start=0.0,
+                                    window=0.0)
+    assert figures["small"] == 3 and figures["steps"] > 0
+    many = await claim.measure(database_url, queued=50, claimers=2, claims_each=5, tenants=5)
+    assert many["double_claims"] == 0 and many["claims_recorded"] == many["claims"]

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
 
 from agentrun.worker.core.records import (
     Progress,
 )
-from agentrun.worker.store.channels import LIVENESS_LOCK_CLASS
+from agentrun.worker.store.channels import LIVENESS_LOCK_CLASS, WAKE_CHANNEL
 from agentrun.worker.store.gateway import Gateway
 from agentrun.worker.store.rows import (
     EPOCH,
@@ -20,6 +22,96 @@ from agentrun.worker.store.rows import (
     as_run,
 )
 
+LOCK_LIMITED = """SELECT set_config('agentrun.claim_tenants', coalesce(string_agg(name, ','), ''), true) FROM (
+    SELECT t.name FROM tenant t
+    WHERE t.max_running IS NOT NULL
+      AND EXISTS (SELECT 1 FROM run WHERE run.tenant = t.name AND run.status = 'QUEUED' AND run.run_at <= now())
+      AND t.max_running > (SELECT count(*) FROM run WHERE run.tenant = t.name AND run.status = 'RUNNING')
+    FOR UPDATE OF t SKIP LOCKED) locked"""
+"""A claim's first statement: lock the rows of the tenants with a `max_running`, runs queued and (as far as
+this snapshot sees) a slot free, skipping those another claim holds; their names go to the transaction's
+`agentrun.claim_tenants` for the claim (`FAIR_SHARE`), which may take their queued runs only while it holds
+them: no other claim can then take one, so the running runs it counts are all there are. A tenant another
+claim holds is skipped this round, never waited for; that claim wakes the workers if it leaves the tenant
+room and runs to take (`wake`)."""
+
+SLACK = 4
+"""Runs a claim looks at beyond the `limit` it may take, per tenant without a limit: claims at the same moment
+want the same first runs, and one that finds them locked takes the next ones instead."""
+DEEPER = 8
+"""A claim that still found its runs taken by others looks this many times as deep once more."""
+
+SUSPECTED = """EXISTS (SELECT 1 FROM worker_suspect ws WHERE ws.worker = r.locked_by
+                        AND ws.since <= now() - make_interval(secs => %(grace)s))"""
+"""The holder of run `r` has had its liveness lock free for the grace: it looks dead."""
+
+FAIR_SHARE = f"""WITH tenants AS (
+        SELECT t.name, t.weight, n.running,
+               CASE WHEN t.max_running IS NULL THEN NULL
+                    WHEN t.name = ANY(string_to_array(current_setting('agentrun.claim_tenants', true), ','))
+                        THEN greatest(t.max_running - n.running, 0)
+                    ELSE 0 END AS room
+        FROM tenant t CROSS JOIN LATERAL (
+            SELECT count(*) AS running FROM run WHERE run.tenant = t.name AND run.status = 'RUNNING') n),
+    queued AS (
+        SELECT q.id, q.priority, q.run_at, t.name AS tenant, t.room,
+               row_number() OVER (PARTITION BY t.name ORDER BY q.priority DESC, q.run_at) AS rank,
+               (t.running + row_number() OVER (PARTITION BY t.name ORDER BY q.priority DESC, q.run_at))
+                   / t.weight AS vt
+        FROM tenants t CROSS JOIN LATERAL (
+            SELECT id, priority, run_at FROM run
+            WHERE run.tenant = t.name AND run.status = 'QUEUED' AND run.run_at <= now()
+            ORDER BY run.priority DESC, run.run_at
+            LIMIT CASE WHEN t.room IS NULL THEN %(window)s ELSE least(%(limit)s, t.room) + 1 END) q
+        WHERE t.room IS DISTINCT FROM 0),
+    candidates AS (
+        SELECT id, priority, run_at, vt, tenant, true AS queued FROM queued WHERE room IS NULL OR rank <= room
+        UNION ALL
+        SELECT r.id, r.priority, r.run_at, 0.0, r.tenant, false FROM run r
+        WHERE r.status = 'RUNNING' AND r.run_at <= now()
+          AND (r.locked_until < now() OR (%(liveness)s AND {SUSPECTED}))),
+    ranked AS (
+        SELECT (array_agg(id ORDER BY priority DESC, vt, run_at))[:%(window)s] AS ids,
+               (array_agg(vt ORDER BY priority DESC, vt, run_at))[:%(window)s] AS vts,
+               (array_agg(tenant ORDER BY priority DESC, vt, run_at))[:%(window)s] AS tenants
+        FROM candidates),
+    next AS (
+        SELECT r.id, c.tenant, c.vt, CASE WHEN r.status = 'RUNNING' THEN r.locked_by END AS taken_from
+        FROM ranked, unnest(ranked.ids, ranked.vts, ranked.tenants) WITH ORDINALITY AS c (id, vt, tenant, pos)
+        JOIN run r ON r.id = c.id
+        WHERE r.run_at <= now() AND r.status IN ('QUEUED', 'RUNNING') AND CASE
+              WHEN r.status = 'QUEUED' OR r.locked_until < now() THEN true
+              WHEN NOT %(liveness)s THEN false
+              WHEN NOT {SUSPECTED} THEN false
+              ELSE pg_try_advisory_xact_lock(%(lock_class)s, hashtext(r.locked_by)) END
+        ORDER BY c.pos FOR UPDATE OF r SKIP LOCKED LIMIT %(limit)s),
+    wake AS (
+        SELECT pg_notify(%(wake)s, '') FROM tenants t
+        WHERE t.room > 0 AND EXISTS (SELECT 1 FROM next)
+          AND (SELECT count(*) FROM next WHERE next.tenant = t.name AND next.taken_from IS NULL) < t.room
+          AND (SELECT count(*) FROM queued q WHERE q.tenant = t.name)
+              > (SELECT count(*) FROM next WHERE next.tenant = t.name AND next.taken_from IS NULL)
+        LIMIT 1),
+    claimed AS (
+        UPDATE run r SET status = 'RUNNING', locked_by = %(worker)s, lease_epoch = r.lease_epoch + 1,
+               locked_until = now() + make_interval(secs => %(lease)s),
+               started_at = coalesce(r.started_at, now()), claims = r.claims + 1,
+               crashes = r.crashes + CASE WHEN r.status = 'RUNNING' AND NOT r.handed_back THEN 1 ELSE 0 END,
+               handed_back = false, throttled = NULL
+        FROM next WHERE r.id = next.id
+        RETURNING {RUN_COLUMNS}, now() AS db_now, next.taken_from, next.vt AS claim_vt)
+    SELECT claimed.*, (SELECT count(*) FROM candidates WHERE queued) AS offered, (SELECT count(*) FROM wake) AS woke
+    FROM (VALUES (1)) AS one LEFT JOIN claimed ON true"""
+"""A claim's second statement. Each tenant's first queued runs (priority DESC, run_at) through
+run_tenant_queued_idx, as many as the claim may take (and `SLACK`), or as its tenant has room for while the
+claim holds its lock, and none of a limited tenant it does not hold. They are ranked by a virtual time, (its
+running runs + the run's rank among its own) / its weight: the tenant furthest below its share goes first,
+so a tenant with 5 runs queued is not served after one with 20,000. Priority still comes first, the oldest
+last. Only the first `window` of them are locked (in that order, by id: a join the planner could hash).
+Runs to take over (a lapsed lease, a dead holder) go first within their priority. A claim that leaves a
+tenant it held with room and runs it did not take (its batch was full) wakes the workers (`wake`), since
+a claim that skipped the tenant may have found nothing and gone idle."""
+
 
 class Claims(Gateway):
     # -- the lease -------------------------------------------------------------------------------
@@ -27,7 +119,7 @@ class Claims(Gateway):
     async def claim(
         self, worker: str, lease_seconds: float, liveness: bool = False, liveness_grace: float = 1.0
     ) -> Claim | None:
-        """Take the claimable run of highest priority, oldest first (`claim_many` for one)."""
+        """Take the one claimable run that comes first (`claim_many` for one)."""
         claims = await self.claim_many(worker, lease_seconds, liveness, liveness_grace, limit=1)
         return claims[0] if claims else None
 
@@ -35,47 +127,60 @@ class Claims(Gateway):
         self, worker: str, lease_seconds: float, liveness: bool = False, liveness_grace: float = 1.0, *,
         limit: int = 1,
     ) -> list[Claim]:
-        """Take up to `limit` claimable runs of highest priority, oldest first, in one statement: queued,
-        or running under a lease that has lapsed, and whose `run_at` has come.
+        """Take up to `limit` claimable runs in one transaction and one round trip: queued, or running
+        under a lease that has lapsed, and whose `run_at` has come. Highest priority first; within a
+        priority, the workers are shared among the tenants with runs waiting by weight (`FAIR_SHARE`),
+        and a tenant never has more runs RUNNING than its `max_running` (`LOCK_LIMITED`).
 
         With `liveness`, also a running run whose worker is dead: its liveness lock (presence.py) is free,
         and has stayed free for `liveness_grace` seconds since a claim first found it so (`suspect`). A
         live worker whose connection dropped takes its lock back within that grace, so only a worker that
         is gone loses its runs early. The CASE keeps the lock attempt to RUNNING candidates with a live
-        lease whose holder is suspected, and runs it last.
+        lease whose holder is suspected, and runs it last. A takeover needs no slot of its tenant: the
+        run was counted as running already.
         """
-        rows, sent_at = await self._all_sent(
-            f"""WITH next AS (
-                    SELECT id, CASE WHEN status = 'RUNNING' THEN locked_by END AS taken_from FROM run
-                    WHERE run_at <= now() AND status IN ('QUEUED', 'RUNNING') AND CASE
-                          WHEN status = 'QUEUED' OR locked_until < now() THEN true
-                          WHEN NOT %(liveness)s THEN false
-                          WHEN NOT EXISTS (SELECT 1 FROM worker_suspect ws WHERE ws.worker = run.locked_by
-                                           AND ws.since <= now() - make_interval(secs => %(grace)s)) THEN false
-                          ELSE pg_try_advisory_xact_lock(%(lock_class)s, hashtext(locked_by)) END
-                    ORDER BY priority DESC, run_at FOR UPDATE SKIP LOCKED LIMIT %(limit)s)
-                UPDATE run r SET status = 'RUNNING', locked_by = %(worker)s, lease_epoch = r.lease_epoch + 1,
-                       locked_until = now() + make_interval(secs => %(lease)s),
-                       started_at = coalesce(r.started_at, now()), claims = r.claims + 1,
-                       crashes = r.crashes + CASE WHEN r.status = 'RUNNING' AND NOT r.handed_back THEN 1 ELSE 0 END,
-                       handed_back = false
-                FROM next WHERE r.id = next.id
-                RETURNING {RUN_COLUMNS}, now() AS db_now, next.taken_from""",
-            {"worker": worker, "lease": lease_seconds, "liveness": liveness, "lock_class": LIVENESS_LOCK_CLASS,
-             "grace": liveness_grace, "limit": limit},
-        )
-        claims = []
-        for row in rows:
+        chosen, offered = await self._claim_some(worker, lease_seconds, liveness, liveness_grace, limit, limit + SLACK)
+        if len(chosen) < limit and offered > len(chosen):
+            # Runs it was offered were being taken by other claims at the same moment: look further down.
+            more, _ = await self._claim_some(
+                worker, lease_seconds, liveness, liveness_grace, limit - len(chosen), (limit + SLACK) * DEEPER
+            )
+            chosen += more
+        # In the order they were chosen (UPDATE … RETURNING keeps no order of its own).
+        chosen.sort(key=lambda vc: (-vc[1].run.priority, vc[0], vc[1].run.run_at or vc[1].progress.db_now))
+        return [c for _, c in chosen]
+
+    async def _claim_some(
+        self, worker: str, lease_seconds: float, liveness: bool, liveness_grace: float, limit: int, window: int
+    ) -> tuple[list[tuple[float, Claim]], int]:
+        """One claim: the runs taken, each with its virtual time, and how many queued runs it was offered."""
+        params = {"worker": worker, "lease": lease_seconds, "liveness": liveness, "lock_class": LIVENESS_LOCK_CLASS,
+                  "grace": liveness_grace, "limit": limit, "window": window, "wake": WAKE_CHANNEL}
+        async with self.pool.connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            sent_at = time.monotonic()
+            # Two statements, so the second's snapshot is taken once the first holds its tenants' locks:
+            # it sees every run another claim of those tenants made and committed before letting go.
+            async with conn.pipeline(), conn.transaction():
+                await conn.execute(LOCK_LIMITED.encode())
+                await cur.execute(FAIR_SHARE.encode(), params)
+            rows = await cur.fetchall()
+        chosen = []
+        offered = 0
+        for row in rows:  # one row even when nothing was taken: what was offered
+            offered = row.pop("offered")
             db_now = row.pop("db_now")
             taken_from = row.pop("taken_from")
+            vt = row.pop("claim_vt")
+            row.pop("woke")
+            if row["id"] is None:
+                continue
             run = as_run(row)
-            claims.append(Claim(
+            chosen.append((vt, Claim(
                 run, Progress(run.tokens_used, run.cost_usd, run.cancel_requested, db_now,
                               run.messages_sent - run.messages_delivered), taken_from, sent_at
-            ))
-        # Highest priority first, as they were chosen (UPDATE … RETURNING keeps no order of its own).
-        claims.sort(key=lambda c: (-c.run.priority, c.run.run_at or c.progress.db_now))
-        return claims
+            )))
+        return chosen, offered
 
     async def suspect(self, worker: str, liveness_grace: float) -> float | None:
         """Look for workers holding live leases whose liveness lock is free, and note since when.

@@ -502,7 +502,8 @@ class RunView(Camel):
             sub_agents=list(run.sub_agents) if run.sub_agents is not None else None,
             messages_sent=run.messages_sent, messages_delivered=run.messages_delivered,
             schedule_name=run.schedule_name, scheduled_time=run.scheduled_time, origin=run.origin,
-            tenant=run.tenant, throttled=run.throttled, webhook=run.webhook,
+            tenant=run.tenant, throttled=run.throttled if run.status is RunStatus.QUEUED else None,
+            webhook=run.webhook,
             context_management=context_shown(run.context_management), labels=dict(run.labels),
             **_tree_fields(run, unknown),
         )

@@ -12,7 +12,7 @@ from pydantic import AfterValidator, ConfigDict, Field
 
 from agentrun.worker.api.common import OrjsonRoute, Responses, documented_errors, refusal
 from agentrun.worker.api.errors import ApiError
-from agentrun.worker.api.guards import CREATE_TENANT, TENANT_PATTERN, TenantQuery, access, caller_name, whose_tenant
+from agentrun.worker.api.guards import CREATE_TENANT, TenantQuery, access, caller_name, whose_tenant
 from agentrun.worker.api.identities import Identities, Scope
 from agentrun.worker.api.schemas import (
     MAX_COST_BUDGET_USD,
@@ -37,6 +37,7 @@ from agentrun.worker.core.agents import AGENT_NAME, MAX_VERSION, Agent, check_de
 from agentrun.worker.core.errors import Refused
 from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.submission import Offer
+from agentrun.worker.core.tenants import TENANT_PATTERN
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.store import RunStore
 from agentrun.worker.tools import ToolBox

@@ -20,7 +20,7 @@ from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.identities import Identities, Identity
 from agentrun.worker.api.identities import Scope as AccessScope
 from agentrun.worker.api.schemas import FieldProblem
-from agentrun.worker.core.tenants import DEFAULT_TENANT
+from agentrun.worker.core.tenants import DEFAULT_TENANT, TENANT_PATTERN
 from agentrun.worker.core.viewer import Viewer
 
 API_PREFIX = "/api"
@@ -85,14 +85,11 @@ def tenant_for(request: Request, named: str | None, field: str = "tenant") -> st
 
 
 TenantQuery = Annotated[str | None, Query(
-    max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",  # TENANT_PATTERN
+    max_length=63, pattern=TENANT_PATTERN,
     description="The tenant whose agents or schedules (each tenant has its own names). When absent the caller's: "
     "its identity's tenant; `default` for a platform operator's identity (tenant `*`) and on an open API. Only a "
     "platform operator's identity may name another (else 403).")]
 
-
-TENANT_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-"""A tenant's name in a request: a DNS label (core/tenants.py)."""
 
 CREATE_TENANT = ("The tenant it is made for (each tenant has its own names). When absent the caller's: its "
                  "identity's tenant; `default` for a platform operator's identity (tenant `\"*\"`) and on an open API. "

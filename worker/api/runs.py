@@ -51,7 +51,7 @@ from agentrun.worker.core.pricing import PriceTable
 from agentrun.worker.core.records import Decision, NewRun, PendingCall, Run, RunStatus, StepKind
 from agentrun.worker.core.replay import Conversation
 from agentrun.worker.core.submission import Caller, Refused
-from agentrun.worker.core.tenants import DEFAULT_TENANT
+from agentrun.worker.core.tenants import DEFAULT_TENANT, TENANT_PATTERN
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.obs.metrics import Metrics
@@ -192,7 +192,7 @@ class RunRoutes:
         q: Annotated[str | None, Query(max_length=MAX_NAME_CHARS,
                                        description="Only runs whose input contains this text, any case.")] = None,
         tenant: Annotated[str | None, Query(
-            max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+            max_length=63, pattern=TENANT_PATTERN,
             description="Only runs of this tenant. An identity sees its own tenant's runs only, whatever it "
             "asks; a platform operator's (tenant `*`) sees every tenant's, and narrows them with this.")] = None,
     ) -> RunPage:

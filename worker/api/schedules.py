@@ -13,7 +13,6 @@ from agentrun.worker.api.common import MAX_PAGE, OrjsonRoute, Responses, Submiss
 from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.guards import (
     CREATE_TENANT,
-    TENANT_PATTERN,
     TenantQuery,
     access,
     caller_name,
@@ -39,6 +38,7 @@ from agentrun.worker.core.schedules import (
     timezone_problem,
 )
 from agentrun.worker.core.submission import Caller
+from agentrun.worker.core.tenants import TENANT_PATTERN
 from agentrun.worker.llm.providers import Providers
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore

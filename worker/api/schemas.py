@@ -31,6 +31,7 @@ from agentrun.worker.core.records import (
     StepStatus,
 )
 from agentrun.worker.core.submission import DEFAULT_MAX_STEPS, RunSpec
+from agentrun.worker.core.tenants import TENANT_PATTERN
 from agentrun.worker.core.text import unstorable
 from agentrun.worker.core.webhooks import MAX_URL_CHARS, Delivery
 
@@ -331,7 +332,7 @@ class RunRequest(Camel):
         "is a 422 naming `labels.<key>`. When absent the source's (with `continueFrom` or `forkFrom`), else none. "
         "`GET /api/runs?labelSelector=` filters on them.")
     tenant: str | None = Field(
-        None, min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        None, min_length=1, max_length=63, pattern=TENANT_PATTERN,
         description="The tenant the run belongs to. When absent the caller's: its identity's tenant (`tenant` in "
         "AGENTRUN_API_TOKENS), or with `continueFrom`/`forkFrom` the source's; `default` for a platform "
         "operator's identity (tenant `\"*\"`) and on an open API. Only a platform operator's identity may name a "

@@ -18,7 +18,7 @@ from agentrun.worker.api.common import IDEMPOTENCY_KEY_SCHEMA, OrjsonRoute, chec
 from agentrun.worker.api.guards import access, caller_name, tenant_for
 from agentrun.worker.api.identities import Scope
 from agentrun.worker.api.schemas import NOT_BLANK, Camel, ErrorBody, not_blank, storable, storable_json
-from agentrun.worker.core.tenants import DEFAULT_TENANT
+from agentrun.worker.core.tenants import DEFAULT_TENANT, TENANT_PATTERN
 from agentrun.worker.core.waits import MAX_KEY_CHARS
 from agentrun.worker.obs.metrics import Metrics
 from agentrun.worker.store import RunStore
@@ -42,7 +42,7 @@ class EventRequest(Camel):
                          "of each wait it ends, as JSON text. Default null.")
 
     tenant: str | None = Field(
-        None, min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        None, min_length=1, max_length=63, pattern=TENANT_PATTERN,
         description="The tenant whose waits the event is for: only its runs get it. When absent the caller's "
         "(its identity's tenant; `default` for a platform operator's identity and on an open API). Only a "
         "platform operator's identity (tenant `\"*\"`) may name another (else 403).")

@@ -21,6 +21,9 @@ ALL_TENANTS = "*"
 TENANT_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 """A DNS label, as a Kubernetes namespace's name (and the tenant table's CHECK) has it."""
 
+TENANT_PATTERN = f"^{TENANT_NAME.pattern}$"
+"""TENANT_NAME anchored, as JSON Schema (the API's `tenant` fields and parameters) reads a pattern."""
+
 
 def tenant_problem(name: object, where: str = "tenant") -> str | None:
     """Why `name` is not a tenant's name, or None if it is one."""

@@ -30,7 +30,7 @@ def add_agents(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     commands = agents.add_subparsers(dest="agents_command", required=True, metavar="COMMAND")
 
-    command = client_commands(commands, cmd_agents)
+    command = client_commands(commands, cmd_agents, tenant=True)
 
     p = command("create", "create an agent, or a new version of it",
                 "Create the agent the file defines, or a new version of it; a definition identical to the latest "

@@ -23,12 +23,15 @@ TERMINAL = frozenset(s.value for s in RunStatus if s.terminal)
 
 class RunsClient:
     def __init__(self, url: str = DEFAULT_URL, token: str | None = None, timeout: float = 30.0,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 transport: httpx.BaseTransport | None = None, tenant: str | None = None) -> None:
         if token is not None and not _header_safe(token):
             # Never echo the token itself, not even in an encoding error.
             raise ClientError(0, "the API token (AGENTRUN_API_TOKEN) must be printable ASCII characters")
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url.rstrip("/")
+        # The tenant a platform operator's identity acts for (--tenant): what it makes is that tenant's, the agents
+        # and schedules it reads are, and the runs it lists. None: the identity's own.
+        self._tenant = {"tenant": tenant} if tenant is not None else {}
         try:
             self.http = httpx.Client(base_url=self.url, headers=headers, timeout=timeout, transport=transport)
         except httpx.InvalidURL as e:
@@ -68,7 +71,8 @@ class RunsClient:
         if idempotency_key is not None and not _header_safe(idempotency_key):
             raise ClientError(0, f"the idempotency key {_shown(idempotency_key)} must be printable ASCII characters")
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-        return self._call("POST", "/api/runs", json=dict(body), headers=headers)  # type: ignore[no-any-return]
+        return self._call("POST", "/api/runs", json={**body, **self._tenant},  # type: ignore[no-any-return]
+                          headers=headers)
 
     def get(self, run_id: str) -> dict[str, Any]:
         return self._call("GET", f"/api/runs/{checked_run_id(run_id)}")  # type: ignore[no-any-return]
@@ -88,7 +92,7 @@ class RunsClient:
             raise ClientError(0, f"the idempotency key {_shown(idempotency_key)} must be printable ASCII characters")
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
         try:
-            r = self.http.post("/api/events", json={"key": key, "payload": payload}, headers=headers)
+            r = self.http.post("/api/events", json={"key": key, "payload": payload, **self._tenant}, headers=headers)
         except httpx.HTTPError as e:
             raise ClientError(0, f"cannot reach {self.url}: {e}") from None
         except (UnicodeError, ValueError) as e:
@@ -143,7 +147,7 @@ class RunsClient:
         if parent is not None:
             parent = checked_run_id(parent, "--parent")
         params = {k: v for k, v in {"status": status, "limit": limit, "after": after, "parent": parent,
-                                    **filters}.items() if v is not None}
+                                    **self._tenant, **filters}.items() if v is not None}
         return self._call("GET", "/api/runs", params=params)  # type: ignore[no-any-return]
 
     def list_all(self, status: str | None = None, limit: int | None = None, parent: str | None = None,
@@ -160,40 +164,42 @@ class RunsClient:
 
     def create_agent(self, body: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
         """The agent's version the definition is (its name and version), and whether it is new."""
-        answer, status = self._answer("POST", "/api/agents", json=dict(body))
+        answer, status = self._answer("POST", "/api/agents", json={**body, **self._tenant})
         return answer, status == 201
 
     def agents(self) -> dict[str, Any]:
-        return self._call("GET", "/api/agents")  # type: ignore[no-any-return]
+        return self._call("GET", "/api/agents", params=self._tenant)  # type: ignore[no-any-return]
 
     def agent(self, name: str, version: int | None = None) -> dict[str, Any]:
         path = f"/api/agents/{_agent_name(name)}" + (f"/versions/{version}" if version is not None else "")
-        return self._call("GET", path)  # type: ignore[no-any-return]
+        return self._call("GET", path, params=self._tenant)  # type: ignore[no-any-return]
 
     def agent_versions(self, name: str) -> dict[str, Any]:
-        return self._call("GET", f"/api/agents/{_agent_name(name)}/versions")  # type: ignore[no-any-return]
+        path = f"/api/agents/{_agent_name(name)}/versions"
+        return self._call("GET", path, params=self._tenant)  # type: ignore[no-any-return]
 
     def delete_agent(self, name: str) -> None:
-        self._call("DELETE", f"/api/agents/{_agent_name(name)}")
+        self._call("DELETE", f"/api/agents/{_agent_name(name)}", params=self._tenant)
 
     def create_schedule(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._call("POST", "/api/schedules", json=dict(body))  # type: ignore[no-any-return]
+        return self._call("POST", "/api/schedules", json={**body, **self._tenant})  # type: ignore[no-any-return]
 
     def schedules(self) -> dict[str, Any]:
-        return self._call("GET", "/api/schedules")  # type: ignore[no-any-return]
+        return self._call("GET", "/api/schedules", params=self._tenant)  # type: ignore[no-any-return]
 
     def schedule(self, name: str) -> dict[str, Any]:
-        return self._call("GET", f"/api/schedules/{_agent_name(name, 'schedule')}")  # type: ignore[no-any-return]
+        path = f"/api/schedules/{_agent_name(name, 'schedule')}"
+        return self._call("GET", path, params=self._tenant)  # type: ignore[no-any-return]
 
     def schedule_runs(self, name: str) -> Any:  # a list of runs (`list` names a method here)
-        return self._call("GET", f"/api/schedules/{_agent_name(name, 'schedule')}/runs")
+        return self._call("GET", f"/api/schedules/{_agent_name(name, 'schedule')}/runs", params=self._tenant)
 
     def patch_schedule(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
         path = f"/api/schedules/{_agent_name(name, 'schedule')}"
-        return self._call("PATCH", path, json=dict(body))  # type: ignore[no-any-return]
+        return self._call("PATCH", path, json=dict(body), params=self._tenant)  # type: ignore[no-any-return]
 
     def delete_schedule(self, name: str) -> None:
-        self._call("DELETE", f"/api/schedules/{_agent_name(name, 'schedule')}")
+        self._call("DELETE", f"/api/schedules/{_agent_name(name, 'schedule')}", params=self._tenant)
 
     def tenants(self) -> dict[str, Any]:
         return self._call("GET", "/api/tenants")  # type: ignore[no-any-return]

@@ -31,7 +31,7 @@ def add_events(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         epilog=CLIENT_ENV,
     )
     commands = events.add_subparsers(dest="events_command", required=True, metavar="COMMAND")
-    p = client_commands(commands, cmd_events)(
+    p = client_commands(commands, cmd_events, tenant=True)(
         "send", "post an event (POST /api/events)",
         "Post the event KEY with a JSON payload: every run waiting on KEY gets the payload as its wait's result "
         "and goes on; prints the runs it woke. With --idempotency-key, sending it again answers the first answer "

@@ -26,19 +26,28 @@ Command = Callable[[str, str, str], argparse.ArgumentParser]
 
 
 def client_commands(
-    commands: argparse._SubParsersAction[argparse.ArgumentParser], func: Callable[[argparse.Namespace], int]
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], func: Callable[[argparse.Namespace], int],
+    tenant: bool = False,
 ) -> Command:
-    """The sub-command maker of a REST client command group: each takes --url and --json, runs `func`, and
-    says which environment it reads."""
+    """The sub-command maker of a REST client command group: each takes --url and --json (and with `tenant`,
+    --tenant), runs `func`, and says which environment it reads."""
 
     def command(name: str, help: str, description: str) -> argparse.ArgumentParser:
         p = commands.add_parser(name, help=help, description=f"{description} {CLIENT_ENV}")
         p.add_argument("--url", help="server URL (default: $AGENTRUN_URL or http://localhost:8080)")
         p.add_argument("--json", action="store_true", help="print the server's JSON instead of text")
+        if tenant:
+            add_tenant(p)
         p.set_defaults(func=func, client=True)
         return p
 
     return command
+
+
+def add_tenant(p: argparse.ArgumentParser, help: str = "the tenant to act for (a platform operator's identity only; "
+               "default: the identity's own tenant, or `default` for a platform operator's)") -> None:
+    """--tenant: the tenant a platform operator's identity (tenant "*") acts for."""
+    p.add_argument("--tenant", metavar="NAME", help=help)
 
 
 # -- the parser ------------------------------------------------------------------------------------------
@@ -103,6 +112,8 @@ def add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                 "The filters combine (GET /api/runs's query parameters).")
     p.add_argument("--status", type=statuses, metavar="STATUS[,STATUS]",
                    help="only runs in this status, any case; several comma-separated (running,waiting)")
+    add_tenant(p, "only runs of this tenant (an identity sees its own tenant's only; a platform operator's, every "
+               "tenant's)")
     p.add_argument("-l", "--label-selector", metavar="SELECTOR",
                    help="only runs whose labels match, Kubernetes syntax: team=billing,env!=prod,"
                    "'tier in (a,b)',tier notin (c),key,!key")
@@ -167,6 +178,7 @@ def json_file(text: str) -> object:
 
 def _add_submit(p: argparse.ArgumentParser) -> None:
     p.add_argument("input", help="the request for the agent (the first user message)")
+    add_tenant(p)
     p.add_argument("--budget", type=positive_int, metavar="N",
                    help="token budget, all kinds of tokens (default: 50000; with --agent, the agent's)")
     p.add_argument("--timeout", type=positive_int, metavar="S",
@@ -246,7 +258,8 @@ def calling(args: argparse.Namespace, command: Callable[[RunsClient, argparse.Na
 
     url = args.url or os.environ.get("AGENTRUN_URL") or client.DEFAULT_URL
     try:
-        with client.RunsClient(url, os.environ.get("AGENTRUN_API_TOKEN") or None) as api:
+        with client.RunsClient(url, os.environ.get("AGENTRUN_API_TOKEN") or None,
+                               tenant=getattr(args, "tenant", None)) as api:
             return command(api, args, show)
     except client.ClientError as e:
         print(f"agentrun: {client.terminal_safe(str(e))}", file=sys.stderr)

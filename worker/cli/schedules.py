@@ -27,7 +27,7 @@ def add_schedules(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     )
     commands = schedules.add_subparsers(dest="schedules_command", required=True, metavar="COMMAND")
 
-    command = client_commands(commands, cmd_schedules)
+    command = client_commands(commands, cmd_schedules, tenant=True)
 
     p = command("create", "create a schedule", "Create a schedule; its first tick is the first after now. "
                 + CREATE_HELP)

@@ -223,7 +223,8 @@ class Operator:
         except OverQuota as e:
             # Its tenant's queue is full or its daily budget spent: Pending, saying which, until it has room.
             await self.waiting(f"waiting for its tenant's quota {e.quota}: {e.message}", ref, patch, retry, now, e,
-                               delay=min(max(e.retry_after, self.settings.retry_seconds), QUOTA_RETRY_MAX_SECONDS))
+                               delay=min(max(e.retry_after, self.settings.retry_seconds), QUOTA_RETRY_MAX_SECONDS),
+                               reason="OverQuota")
         except Refused as e:
             # An Agent applied with the AgentRun may not be stored yet, or not even seen (its watch is
             # not this one): one retry for that, then as long as the Agent there waits to be stored.
@@ -235,13 +236,13 @@ class Operator:
 
     async def waiting(
         self, message: str, ref: Ref, patch: kopf.Patch, retry: int, now: datetime.datetime, e: BaseException,
-        delay: float | None = None,
+        delay: float | None = None, reason: str = "DatabaseUnavailable",
     ) -> NoReturn:
         """The Pending status (and its Event, the first time), and a TemporaryError kopf retries after `delay`
         (None: the backoff of `retry`)."""
         if ref.status.get("phase") != mapping.PENDING and (event := mapping.event_for(mapping.PENDING, message)):
             await self.kube.event(ref.namespace, ref.name, ref.uid, *event)  # before the phase shows
-        patch.status.update(mapping.pending_status(message, ref.generation, ref.status, now))
+        patch.status.update(mapping.pending_status(message, ref.generation, ref.status, now, reason))
         raise kopf.TemporaryError(message, delay=self.retry_in(retry) if delay is None else delay) from e
 
     async def cancel_new(

@@ -486,11 +486,13 @@ def rejected_status(
 
 
 def pending_status(
-    message: str, generation: int | None, previous: Mapping[str, Any] | None, now: datetime.datetime
+    message: str, generation: int | None, previous: Mapping[str, Any] | None, now: datetime.datetime,
+    reason: str = "DatabaseUnavailable",
 ) -> dict[str, Any]:
-    """Not in the database yet (it is unreachable): the operator keeps retrying."""
+    """Not in the database yet (it is unreachable, or its tenant's quota refuses it: `reason` says which, as
+    `OverQuota`): the operator keeps retrying."""
     fields = {"phase": PENDING, "message": message}
-    wanted = [("Ready", "False", "DatabaseUnavailable", message), ("Succeeded", "Unknown", PENDING, message)]
+    wanted = [("Ready", "False", reason, message), ("Succeeded", "Unknown", PENDING, message)]
     return _status(fields, wanted, generation, previous, now)
 
 
@@ -578,6 +580,10 @@ def _money(value: Decimal) -> str:
 
 def phase_message(run: Run) -> str:
     if run.status is RunStatus.QUEUED:
+        if run.throttled:  # held back by its tenant's daily budget
+            until = run.throttled.get("until")
+            return (f"held back by tenant {run.tenant}'s quota {run.throttled.get('quota')}"
+                    + (f" until {until}" if until else "") + f": {run.throttled.get('reason') or ''}").rstrip(": ")
         if run.model_retries and run.run_at is not None:  # handed back in a model API outage
             return (f"handed back after {run.model_retries} failed model step{'s' if run.model_retries != 1 else ''}; "
                     f"to be retried from {run.run_at.isoformat(timespec='seconds')}")

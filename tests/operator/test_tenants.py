@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
+from agentrun.operator import mapping
 from agentrun.operator.settings import namespace_tenants
 from agentrun.worker.core.tenants import Quotas
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
-from tests.support.builders import worker
+from tests.support.builders import new_run, worker
 from tests.support.cluster import Cluster, operator_running, run_row, settings_for
 
 
@@ -47,8 +50,18 @@ async def test_an_agentrun_over_its_tenants_quota_waits_pending_and_is_made_once
         await cluster.create("held", input="hi")
         status = await cluster.wait_status("held", "Pending", lambda s: s.get("phase") == "Pending")
         assert "maxQueued" in status["message"] and "acme" in status["message"]
+        assert status["conditions"][0]["reason"] == "OverQuota"
         assert await store.list_runs() == []
         await store.set_quotas("acme", Quotas(max_queued=5))
         await cluster.wait_status("held", "Queued", lambda s: s.get("phase") == "Queued")
     [run] = await store.list_runs()
     assert run.tenant == "acme"
+
+
+async def test_a_run_held_back_by_its_tenants_budget_says_so_in_its_status(store: RunStore) -> None:
+    run, _ = await store.create(new_run(tenant="acme"))
+    held = dataclasses.replace(run, throttled={"quota": "tokensPerDay", "until": "2026-12-06T10:00:00+00:00",
+                                               "reason": "acme used 5000 of its 5000 tokens per day"})
+    assert mapping.phase_message(held) == ("held back by tenant acme's quota tokensPerDay until "
+                                           "2026-12-06T10:00:00+00:00: acme used 5000 of its 5000 tokens per day")
+    assert mapping.phase_message(run) == "waiting for a worker"

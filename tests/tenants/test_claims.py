@@ -121,6 +121,58 @@ async def test_weights_share_the_claims(store: RunStore, db: psycopg.AsyncConnec
     assert len(taken) == 40 and 28 <= share["heavy"] <= 32, share
 
 
+async def test_each_of_more_tenants_than_a_claim_looks_at_gets_its_turn(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    # A claim of one run looks at the first few tenants of the fair order only (`picked`): 30 tenants of
+    # equal share are each served once before any is served twice, oldest first among them.
+    for i in range(30):
+        await queue(db, f"t{i}", 3, age=30.0 - i)
+    order = [c.run.tenant for i in range(45) for c in await store.claim_many(f"w{i}", LEASE, limit=1)]
+    assert order[:30] == [f"t{i}" for i in range(30)]
+    assert collections.Counter(order[30:]) == {f"t{i}": 1 for i in range(15)}
+
+
+async def test_tenants_at_their_limit_take_no_place_of_a_tenant_with_room(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    for i in range(12):
+        await queue(db, f"full{i}", 2, age=60.0)
+        await set_tenant(db, f"full{i}", max_running=0)
+    await queue(db, "free", 2)  # the newest runs, behind twelve tenants that may run none
+    assert tenants(await store.claim_many("w1", LEASE, limit=1)) == {"free": 1}
+
+
+async def test_a_tenant_with_no_row_is_served_with_the_default_share(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    await queue(db, "known", 20, age=10.0)
+    await queue(db, "unknown", 2)
+    await db.execute("DELETE FROM tenant WHERE name = 'unknown'")  # made by another way than the door
+    taken: list[Claim] = []
+    for i in range(2):
+        taken += await store.claim_many(f"w{i}", LEASE, limit=2)
+    assert tenants(taken) == {"known": 2, "unknown": 2}
+
+
+async def test_runs_not_due_hide_no_tenant(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
+    await queue(db, "later", 5, priority=9)
+    await db.execute("UPDATE run SET run_at = now() + interval '1 hour' WHERE tenant = 'later'")
+    await queue(db, "now", 1)
+    got = await store.claim_many("w1", LEASE, limit=4)
+    assert tenants(got) == {"now": 1}
+
+
+async def test_claimers_at_once_across_many_tenants_take_each_run_once(
+    store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    for i in range(40):
+        await queue(db, f"t{i}", 5, priority=i % 3)
+    got = await asyncio.gather(*(store.claim_many(f"w{i}", LEASE, limit=3) for i in range(8)))
+    ids = [c.run.id for g in got for c in g]
+    assert len(ids) == len(set(ids)) == 24  # every claim filled, none twice: losers looked further
+
+
 async def test_priority_goes_before_the_fair_share(store: RunStore, db: psycopg.AsyncConnection[Any]) -> None:
     await queue(db, "urgent", 10, priority=5)
     await queue(db, "other", 10, age=5.0)

@@ -72,7 +72,7 @@ LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120, 3
 
 RunCounter = Callable[[], Awaitable[Mapping[str, int]]]
 TenantCounter = Callable[[], Awaitable[Sequence[Mapping[str, Any]]]]
-"""Each tenant's load (store/reads.py `count_by_tenant`): `tenant`, `queued`, `running`, `waiting`, `throttled`,
+"""Each tenant's load (store/tenants.py `count_by_tenant`): `tenant`, `queued`, `running`, `waiting`, `throttled`,
 `tokens` and `cost_usd` of the rolling day."""
 
 

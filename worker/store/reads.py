@@ -74,25 +74,6 @@ LIST_RUNS = f"""SELECT {RUN_COLUMNS} FROM run r
     ORDER BY r.created_at DESC, r.id DESC LIMIT %(limit)s"""
 
 
-# One row per tenant with a row (every tenant that has made a run). The unfinished runs are grouped once.
-BY_TENANT = """WITH counts AS (
-        SELECT tenant, count(*) FILTER (WHERE status = 'QUEUED') AS queued,
-               count(*) FILTER (WHERE status = 'RUNNING') AS running,
-               count(*) FILTER (WHERE status = 'WAITING') AS waiting,
-               count(*) FILTER (WHERE status = 'QUEUED' AND throttled IS NOT NULL) AS held,
-               count(*) FILTER (WHERE status = 'QUEUED' AND run_at <= now()) AS ready
-        FROM run WHERE status IN ('QUEUED', 'RUNNING', 'WAITING') GROUP BY tenant),
-    spent AS (
-        SELECT tenant, sum(tokens) AS tokens, sum(cost_usd) AS cost_usd FROM tenant_usage
-        WHERE minute > now() - interval '1 day' GROUP BY tenant)
-    SELECT t.name AS tenant, coalesce(c.queued, 0) AS queued, coalesce(c.running, 0) AS running,
-           coalesce(c.waiting, 0) AS waiting, coalesce(s.tokens, 0) AS tokens, coalesce(s.cost_usd, 0) AS cost_usd,
-           CASE WHEN t.max_running IS NOT NULL AND coalesce(c.running, 0) >= t.max_running
-                THEN greatest(coalesce(c.ready, 0), coalesce(c.held, 0)) ELSE coalesce(c.held, 0) END AS throttled
-    FROM tenant t LEFT JOIN counts c ON c.tenant = t.name LEFT JOIN spent s ON s.tenant = t.name
-    ORDER BY t.name"""
-
-
 def _filter_params(f: RunFilter) -> dict[str, Any]:
     sel = f.selector
     return {
@@ -154,12 +135,6 @@ class Reads(Gateway):
         """How many runs there are in each status (for the metrics gauge)."""
         rows = await self._all("SELECT status, count(*) AS n FROM run GROUP BY status", ())
         return {r["status"]: int(r["n"]) for r in rows}
-
-    async def count_by_tenant(self) -> list[dict[str, Any]]:
-        """Each tenant's load, for the metrics gauges: its runs queued, running and waiting, the queued ones
-        held back by a quota (`throttled`: marked so by a daily budget, or ready while the tenant is at its
-        `max_running`), and the tokens and cost of the rolling last day."""
-        return await self._all(BY_TENANT, ())
 
     # -- for the Kubernetes operator -------------------------------------------------------------
 

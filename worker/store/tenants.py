@@ -57,16 +57,37 @@ FROM tenant WHERE name = %(tenant)s"""
 # Read after the lock, in a statement of its own: its snapshot sees every run the submits before it committed.
 QUEUED = "SELECT count(*) AS queued FROM run WHERE tenant = %(tenant)s AND status = 'QUEUED'"
 
-TENANTS = """WITH t AS (SELECT * FROM tenant WHERE %(name)s::text IS NULL OR name = %(name)s),
-counts AS (
-    SELECT r.tenant, count(*) FILTER (WHERE r.status = 'QUEUED') AS queued,
-        count(*) FILTER (WHERE r.status = 'RUNNING') AS running,
-        count(*) FILTER (WHERE r.status = 'QUEUED' AND r.throttled IS NOT NULL) AS throttled
-    FROM run r JOIN t ON r.tenant = t.name WHERE r.status IN ('QUEUED', 'RUNNING') GROUP BY r.tenant)
+# Each tenant's unfinished runs, counted (of the tenant %(name)s only, unless NULL): queued, running, waiting,
+# the queued ones a daily budget holds back (`held`) and the queued ones due (`ready`). One pass over them for
+# the tenants' API and the metrics alike.
+RUN_COUNTS = """SELECT tenant, count(*) FILTER (WHERE status = 'QUEUED') AS queued,
+        count(*) FILTER (WHERE status = 'RUNNING') AS running,
+        count(*) FILTER (WHERE status = 'WAITING') AS waiting,
+        count(*) FILTER (WHERE status = 'QUEUED' AND throttled IS NOT NULL) AS held,
+        count(*) FILTER (WHERE status = 'QUEUED' AND run_at <= now()) AS ready
+    FROM run WHERE status IN ('QUEUED', 'RUNNING', 'WAITING') AND (%(name)s::text IS NULL OR tenant = %(name)s)
+    GROUP BY tenant"""
+
+TENANTS = f"""WITH t AS (SELECT * FROM tenant WHERE %(name)s::text IS NULL OR name = %(name)s),
+counts AS ({RUN_COUNTS})
 SELECT t.name, t.max_running, t.max_queued, t.tokens_per_day, t.cost_per_day_usd, t.weight, t.configured_at,
     t.updated_at, coalesce(c.queued, 0) AS queued, coalesce(c.running, 0) AS running,
-    coalesce(c.throttled, 0) AS throttled
+    coalesce(c.held, 0) AS throttled
 FROM t LEFT JOIN counts c ON c.tenant = t.name ORDER BY t.name"""
+
+# Each tenant's load for the metrics gauges: its runs counted as RUN_COUNTS has them, the queued ones its quotas
+# hold back (marked by a daily budget, or due while the tenant is at its max_running), and what it spent over
+# the rolling last day (a plain sum: the gauges need no budget's window).
+LOAD = f"""WITH counts AS ({RUN_COUNTS}),
+    spent AS (
+        SELECT tenant, sum(tokens) AS tokens, sum(cost_usd) AS cost_usd FROM tenant_usage
+        WHERE minute > now() - interval '1 day' GROUP BY tenant)
+    SELECT t.name AS tenant, coalesce(c.queued, 0) AS queued, coalesce(c.running, 0) AS running,
+           coalesce(c.waiting, 0) AS waiting, coalesce(s.tokens, 0) AS tokens, coalesce(s.cost_usd, 0) AS cost_usd,
+           CASE WHEN t.max_running IS NOT NULL AND coalesce(c.running, 0) >= t.max_running
+                THEN greatest(coalesce(c.ready, 0), coalesce(c.held, 0)) ELSE coalesce(c.held, 0) END AS throttled
+    FROM tenant t LEFT JOIN counts c ON c.tenant = t.name LEFT JOIN spent s ON s.tenant = t.name
+    ORDER BY t.name"""
 
 SET_QUOTAS = """INSERT INTO tenant AS t (name, max_running, max_queued, tokens_per_day, cost_per_day_usd, weight,
     configured_at)
@@ -177,6 +198,12 @@ class Tenants(Gateway):
                 over=over, configured_at=row["configured_at"], updated_at=row["updated_at"],
             ))
         return found
+
+    async def count_by_tenant(self) -> list[dict[str, Any]]:
+        """Each tenant's load, for the metrics gauges (LOAD): `tenant`, its runs `queued`, `running` and
+        `waiting`, the queued ones its quotas hold back (`throttled`), and the `tokens` and `cost_usd` of the
+        rolling last day."""
+        return await self._all(LOAD, {"name": None})
 
     async def tenant(self, name: str) -> Tenant | None:
         """The tenant named, as `tenants` has it; None if it has no row (no run of it yet, never set)."""

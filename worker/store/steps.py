@@ -85,7 +85,7 @@ step AS (
 owned AS (
     UPDATE run SET locked_until = now() + make_interval(secs => w.lease),
         tokens_used = run.tokens_used + coalesce(step.tokens, 0),
-        cost_usd = run.cost_usd + coalesce(step.cost_usd, 0), model_retries = 0, throttled = NULL
+        cost_usd = run.cost_usd + coalesce(step.cost_usd, 0), model_retries = 0
     FROM w JOIN fence USING (id) LEFT JOIN step USING (id) WHERE run.id = w.id
     RETURNING run.id, run.tokens_used, run.cost_usd, run.cancel_requested, now() AS db_now,
         run.messages_sent - run.messages_delivered AS messages_waiting, run.tenant),
@@ -159,7 +159,7 @@ class StepWrites(Gateway):
         kind: StepKind = StepKind.MODEL,
     ) -> tuple[int, Progress]:
         """The model step row, the token and cost counters, its tenant's usage (tenant_usage) and the lease
-        renewal, all or nothing; a run held back by its tenant's budget before (`throttled`) no longer is. A
+        renewal, all or nothing (the claim that took the run cleared its `throttled`). A
         COMPACT step (`kind`) is written the same way: a summarising call is billed like any model call.
 
         `write_id` names this write: sent again after its outcome was lost with a connection (`again`),
@@ -170,7 +170,7 @@ class StepWrites(Gateway):
         # Counted only by the write that made the step, not by a copy of it sent again.
         extra = """, tokens_used = run.tokens_used + CASE WHEN EXISTS (SELECT FROM step) THEN %(tokens)s ELSE 0 END,
                    cost_usd = run.cost_usd + CASE WHEN EXISTS (SELECT FROM step) THEN coalesce(%(cost)s, 0) ELSE 0 END,
-                   model_retries = 0, throttled = NULL"""
+                   model_retries = 0"""
         row = await self._fenced(
             run_id,
             f"""WITH {FENCE},

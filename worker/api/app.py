@@ -22,6 +22,7 @@ from agentrun.worker.api.schemas import NOT_NULL, REQUIRED_FIELDS
 from agentrun.worker.api.signals import signals_router
 from agentrun.worker.api.tenants import tenants_router
 from agentrun.worker.api.tools import tools_router
+from agentrun.worker.api.replays import replays_router
 from agentrun.worker.api.webhooks import WebhookCheck
 from agentrun.worker.api.whoami import whoami_router
 from agentrun.worker.api.workers import workers_router
@@ -72,6 +73,7 @@ def create_app(
     app.include_router(workers_router(store, identities.enabled))
     app.include_router(schedules_router(store, tools, settings, prices, identities, providers))
     app.include_router(tenants_router(store, identities.enabled))
+    app.include_router(replays_router(store, tools, settings, prices, identities, providers))
     app.state.events = EventHub(store, prices=prices)
     app.include_router(events_router(store, app.state.events, identities.enabled))
     app.include_router(signals_router(store, identities.enabled, metrics))

@@ -472,11 +472,15 @@ class RunView(Camel):
         "(`until`: when the quota's window allows it again, RFC 3339); null otherwise.")
     origin: str | None = Field(
         None, description="Which way the run came in: `api` (POST /api/runs: a new run, a continuation or a "
-        "fork), `operator` (an AgentRun), `schedule` (a schedule's tick) or `child` (a parent's sub-agent call); "
+        "fork), `operator` (an AgentRun), `schedule` (a schedule's tick), `child` (a parent's sub-agent call) or "
+        "`replay` (POST /api/replays); "
         "null for a run made before it was recorded. Read-only.")
     webhook: dict[str, Any] | None = Field(
         None, description="`{url, events, secretRef}`: where the run's status changes are posted; its deliveries "
         "are at /api/runs/{id}/webhooks.")
+    replay_id: uuid.UUID | None = Field(None, description="The replay this run is part of (GET /api/replays/{id}); "
+                                        "null for every other run.")
+    replay_of: uuid.UUID | None = Field(None, description="A replay's run: the recorded run it replays.")
     context_management: dict[str, Any] = Field(
         default_factory=lambda: context_shown(None), description="How the run's conversation is kept within "
         "the model's window: `{strategy, keepRecentTurns, triggerTokens?}` (README \"Long runs and the context "
@@ -504,7 +508,7 @@ class RunView(Camel):
             messages_sent=run.messages_sent, messages_delivered=run.messages_delivered,
             schedule_name=run.schedule_name, scheduled_time=run.scheduled_time, origin=run.origin,
             tenant=run.tenant, throttled=run.throttled if run.status is RunStatus.QUEUED else None,
-            webhook=run.webhook,
+            webhook=run.webhook, replay_id=run.replay_id, replay_of=run.replay_of,
             context_management=context_shown(run.context_management), labels=dict(run.labels),
             **_tree_fields(run, unknown),
         )
@@ -557,6 +561,8 @@ class RunSummary(Camel):
     parent_run_id: uuid.UUID | None = Field(None, description="The run it continues, forks, or was started by "
                                             "(a sub-agent's).")
     agent: str | None = Field(None, description="The agent it was made from, pinned: `name@version`.")
+    replay_id: uuid.UUID | None = Field(None, description="The replay this run is part of; null for every other run.")
+    replay_of: uuid.UUID | None = Field(None, description="A replay's run: the recorded run it replays.")
 
     @classmethod
     def of(cls, run: Run, prices: PriceTable | None = None) -> RunSummary:
@@ -568,7 +574,7 @@ class RunSummary(Camel):
             cost_usd_total=None if unknown else float(run.cost_usd_total), steps=run.steps, error=run.error,
             locked_by=run.locked_by, created_at=run.created_at, started_at=run.started_at,
             finished_at=run.finished_at, created_by=run.created_by, labels=dict(run.labels), tenant=run.tenant,
-            parent_run_id=run.parent_run_id, agent=agent_ref(run),
+            parent_run_id=run.parent_run_id, agent=agent_ref(run), replay_id=run.replay_id, replay_of=run.replay_of,
         )
 
 

@@ -16,7 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from agentrun.worker.core.answer import FINAL_ANSWER, problem
-from agentrun.worker.core.records import RunStatus, Step, StepKind
+from agentrun.worker.core.records import Run, RunStatus, Step, StepKind
 
 EXACT = "exact"
 SCHEMA_VALID = "schema_valid"
@@ -68,6 +68,15 @@ class RunView:
         if self.started_at is None or self.finished_at is None:
             return None
         return max(0, round((self.finished_at - self.started_at).total_seconds() * 1000))
+
+
+def view_of(run: Run, steps: Iterable[Step]) -> RunView:
+    """What a scorer sees of `run`, given its steps (its MODEL steps are enough: the tool calls are read there)."""
+    return RunView(
+        id=run.id, status=run.status.value, output=run.output, output_schema=run.output_schema,
+        tool_calls=tool_calls_of(steps), steps=run.steps, tokens=run.tokens_used_total, cost_usd=run.cost_usd_total,
+        model=run.model, system=run.system, input=run.input, error=run.error, started_at=run.started_at,
+        finished_at=run.finished_at)
 
 
 Scorer = Callable[[RunView, RunView], Any]

@@ -16,13 +16,13 @@ from agentrun.worker.api.agents import agents_router
 from agentrun.worker.api.events import EventHub, events_router
 from agentrun.worker.api.guards import BearerAuth, BodyLimit
 from agentrun.worker.api.identities import Identities
+from agentrun.worker.api.replays import replays_router
 from agentrun.worker.api.runs import runs_router
 from agentrun.worker.api.schedules import schedules_router
 from agentrun.worker.api.schemas import NOT_NULL, REQUIRED_FIELDS
 from agentrun.worker.api.signals import signals_router
 from agentrun.worker.api.tenants import tenants_router
 from agentrun.worker.api.tools import tools_router
-from agentrun.worker.api.replays import replays_router
 from agentrun.worker.api.webhooks import WebhookCheck
 from agentrun.worker.api.whoami import whoami_router
 from agentrun.worker.api.workers import workers_router

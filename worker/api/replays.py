@@ -47,8 +47,8 @@ from agentrun.worker.core.agents import parse_ref
 from agentrun.worker.core.errors import Refused
 from agentrun.worker.core.labels import KEY_PATTERN, MAX_NAME, MAX_PREFIX, VALUE_PATTERN, Selector, parse_selector
 from agentrun.worker.core.pricing import PriceTable
-from agentrun.worker.core.records import Run, RunStatus, Step
 from agentrun.worker.core.recording import Change, NewReplay, ToolPolicy
+from agentrun.worker.core.records import Run, RunStatus, Step
 from agentrun.worker.core.submission import Caller
 from agentrun.worker.core.tenants import DEFAULT_TENANT
 from agentrun.worker.llm.providers import Providers

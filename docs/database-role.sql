@@ -56,6 +56,9 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON schedule, schedule_tick TO agentrun_runt
 -- CLI; the workers add what each tenant's model steps spent, and prune the minutes older than a day.
 GRANT SELECT, INSERT, UPDATE ON tenant TO agentrun_runtime;
 GRANT SELECT, INSERT, UPDATE, DELETE ON tenant_usage TO agentrun_runtime;
+-- Replays (migration 0028): made via the API with their runs; their verdicts written as their runs finish
+-- and scored again on demand.
+GRANT SELECT, INSERT, UPDATE, DELETE ON replay, replay_result TO agentrun_runtime;
 -- Live events (migration 0013): each transaction that changes a run, step or decision takes a position
 -- from the sequence agentrun_event_position, which the migration grants to PUBLIC (a role made before
 -- the upgrade goes on writing steps); nothing to grant here.

@@ -131,8 +131,8 @@ class ReplayRequest(Camel):
         None, min_length=1, max_length=MAX_REPLAY_RUNS, description="The recorded runs to replay, by id: finished "
         "runs of the caller's tenant. Not with `selector`.")
     selector: ReplaySelector | None = Field(None, description="Which recorded runs to replay. Not with `runs`.")
-    change: ReplayChange = Field(default_factory=ReplayChange, description="What changes; none: the replay checks "
-                                 "that the same model and prompt still do what they did.")
+    change: ReplayChange | None = Field(None, description="What changes; none: the replay checks that the same "
+                                        "model and prompt still do what they did.")
     from_seq: Whole | None = Field(None, ge=2, le=MAX_SEQ, description="Keep each recorded run's steps before "
                                    "this seq and diverge from there; when absent the replay starts from the input.")
     tool_policy: ToolPolicy = Field(ToolPolicy.RECORDED, description="`recorded`: every tool call is answered "
@@ -259,13 +259,14 @@ class Scorers:
             return f"{name!r} is not listed in AGENTRUN_REPLAY_SCORERS"
         module, _, function = name.partition(":")
         try:
-            found = getattr(importlib.import_module(module), function)
+            found: Any = getattr(importlib.import_module(module), function)
         except Exception as e:  # an operator's module: whatever it raises on import is its problem, said so
             return f"cannot load {name!r}: {type(e).__name__}: {e}"
         if not callable(found):
             return f"{name!r} is not callable"
-        self._loaded[name] = found
-        return found
+        scorer: report.Scorer = found
+        self._loaded[name] = scorer
+        return scorer
 
 
 class ReplayRoutes:
@@ -290,7 +291,8 @@ class ReplayRoutes:
         tenant = tenant_for(request, None)
         recorded = await self.recorded(request, body, tenant)
         normalised = _normalised(body, recorded)
-        replay = NewReplay(id=uuid.uuid4(), request=normalised, change=body.change.as_change(),
+        change = body.change.as_change() if body.change is not None else Change()
+        replay = NewReplay(id=uuid.uuid4(), request=normalised, change=change,
                            tool_policy=body.tool_policy, scorer=body.scorer, from_seq=body.from_seq,
                            idempotency_key=key)
         caller = Caller(created_by=caller_name(request), tenant=tenant)
@@ -346,8 +348,9 @@ class ReplayRoutes:
         pairs = await self.store.pairs(replay)
         return ReplayView(
             **ReplaySummary.fields_of(replay),
-            results=[ReplayResult(recorded_run_id=p.recorded_id, replay_run_id=p.replayed.id,
-                                  status=p.replayed.status, passed=p.passed, diff=p.diff) for p in pairs],
+            results=[ReplayResult.model_validate({
+                "recordedRunId": p.recorded_id, "replayRunId": p.replayed.id, "status": p.replayed.status,
+                "pass": p.passed, "diff": p.diff}) for p in pairs],
             tokens=Totals(recorded=sum(p.recorded.tokens_used_total for p in pairs if p.recorded is not None),
                           replayed=sum(p.replayed.tokens_used_total for p in pairs)),
             cost_usd=_cost_totals(pairs), selector=replay.request.get("selector"),
@@ -405,7 +408,7 @@ def _normalised(body: ReplayRequest, recorded: Sequence[Run]) -> dict[str, Any]:
     return {
         "runs": [str(r.id) for r in recorded],
         "selector": body.selector.model_dump(mode="json", by_alias=True) if body.selector is not None else None,
-        "change": body.change.model_dump(mode="json", by_alias=True, exclude_none=True),
+        "change": body.change.model_dump(mode="json", by_alias=True, exclude_none=True) if body.change else {},
         "fromSeq": body.from_seq, "toolPolicy": body.tool_policy.value, "scorer": body.scorer,
     }
 

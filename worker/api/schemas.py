@@ -473,14 +473,18 @@ class RunView(Camel):
     origin: str | None = Field(
         None, description="Which way the run came in: `api` (POST /api/runs: a new run, a continuation or a "
         "fork), `operator` (an AgentRun), `schedule` (a schedule's tick), `child` (a parent's sub-agent call) or "
-        "`replay` (POST /api/replays); "
-        "null for a run made before it was recorded. Read-only.")
+        "`replay` (a replay of a recorded run, POST /api/replays); null for a run made before it was recorded. "
+        "Read-only.")
+    replay_id: uuid.UUID | None = Field(None, description="The replay the run is part of; null for every other "
+                                        "run. Read-only.")
+    replay_of: uuid.UUID | None = Field(None, description="A replay run: the recorded run it replays. Read-only.")
+    tool_policy: str | None = Field(
+        None, description="A replay run: how its tool calls are served, `recorded` or `recorded_then_live_readonly` "
+        "(docs/api.md \"Tool calls in a replay\"); "
+        "null for every other run. Read-only.")
     webhook: dict[str, Any] | None = Field(
         None, description="`{url, events, secretRef}`: where the run's status changes are posted; its deliveries "
         "are at /api/runs/{id}/webhooks.")
-    replay_id: uuid.UUID | None = Field(None, description="The replay this run is part of (GET /api/replays/{id}); "
-                                        "null for every other run.")
-    replay_of: uuid.UUID | None = Field(None, description="A replay's run: the recorded run it replays.")
     context_management: dict[str, Any] = Field(
         default_factory=lambda: context_shown(None), description="How the run's conversation is kept within "
         "the model's window: `{strategy, keepRecentTurns, triggerTokens?}` (README \"Long runs and the context "
@@ -507,8 +511,10 @@ class RunView(Camel):
             sub_agents=list(run.sub_agents) if run.sub_agents is not None else None,
             messages_sent=run.messages_sent, messages_delivered=run.messages_delivered,
             schedule_name=run.schedule_name, scheduled_time=run.scheduled_time, origin=run.origin,
+            replay_id=run.replay_id, replay_of=run.replay_of,
+            tool_policy=run.tool_policy,
             tenant=run.tenant, throttled=run.throttled if run.status is RunStatus.QUEUED else None,
-            webhook=run.webhook, replay_id=run.replay_id, replay_of=run.replay_of,
+            webhook=run.webhook,
             context_management=context_shown(run.context_management), labels=dict(run.labels),
             **_tree_fields(run, unknown),
         )
@@ -637,6 +643,9 @@ class TimelineStep(Camel):
                                               "JSON (`strategy`, `keepFromSeq`, `coversSeqs` [first, last], "
                                               "`estimatedTokens`, `window`, `triggerTokens`) and `cleared`, the "
                                               "tool results it replaced (clear_tool_results); null for other kinds.")
+    recorded_seq: int | None = Field(None, description="A TOOL step of a replay run served from the recording "
+                                     "(its tool never ran): the seq of the recorded run's step whose result it got; "
+                                     "null for a step that ran.")
 
     @classmethod
     def waiting(cls, call: PendingCall, decided: list[PendingCall], *, abandoned: bool = False) -> TimelineStep:
@@ -645,7 +654,7 @@ class TimelineStep(Camel):
                    status="ABANDONED" if abandoned else "WAITING", stop_reason=None, input_tokens=0, output_tokens=0,
                    cache_creation_input_tokens=0, cache_read_input_tokens=0, cost_usd=None, latency_ms=None,
                    attempts=0, started_at=None, finished_at=None, worker=None, inherited=False, created_by=None,
-                   compaction=None, decisions=[DecisionView.of(d) for d in decided])
+                   compaction=None, recorded_seq=None, decisions=[DecisionView.of(d) for d in decided])
 
     @classmethod
     def fields_of(cls, step: Step) -> dict[str, object]:
@@ -656,7 +665,7 @@ class TimelineStep(Camel):
             cache_read_input_tokens=step.cache_read_input_tokens, cost_usd=_usd(step.cost_usd),
             latency_ms=step.latency_ms, attempts=step.attempts, started_at=step.started_at,
             finished_at=step.finished_at, worker=step.worker, inherited=step.inherited, created_by=step.created_by,
-            compaction=compaction_of(step),
+            compaction=compaction_of(step), recorded_seq=step.recorded_seq,
         )
 
     @classmethod

@@ -37,6 +37,7 @@ class Origin(str, enum.Enum):
     OPERATOR = "operator"  # an AgentRun
     SCHEDULE = "schedule"  # a schedule's tick
     CHILD = "child"  # a parent's sub-agent call
+    REPLAY = "replay"  # a replay of a recorded run (runtime/door.py `Door.replay`)
 
 
 class StepKind(str, enum.Enum):
@@ -110,6 +111,9 @@ class NewRun:
     labels: dict[str, str] = dataclasses.field(default_factory=dict)  # Kubernetes syntax (core/labels.py)
     origin: Origin | None = None  # the way it came in, set by the door (runtime/door.py)
     tenant: str = "default"  # whose run it is (core/tenants.py): its identity's, its namespace's, its source's
+    replay_id: uuid.UUID | None = None  # the replay it is part of (core/recording.py); None for every other run
+    replay_of: uuid.UUID | None = None  # a replay run: the recorded run it replays
+    tool_policy: str | None = None  # a replay run: how its tool calls are served (a ToolPolicy's value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,6 +194,10 @@ class Run:
     agent: str | None = None
     agent_version: int | None = None
     sub_agents: tuple[str, ...] | None = None  # pinned: each "name@version"
+    replay_id: uuid.UUID | None = None  # the replay it is part of; None for every other run
+    replay_of: uuid.UUID | None = None  # a replay run: the recorded run it replays
+    # A replay run: how its tool calls are served (core/recording.py ToolPolicy's value); text, as `origin`.
+    tool_policy: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +223,7 @@ class Step:
     finished_at: datetime.datetime | None = None
     inherited: bool = False  # copied from the run this one was continued or forked from
     created_by: str | None = None  # USER: who sent the message (a message posted to the run)
+    recorded_seq: int | None = None  # TOOL, in a replay run: served from the recorded run's step of that seq
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The one door for a new run. Whichever way it comes in (the API's create, continue and fork, an AgentRun, a
 schedule's tick, a parent's sub-agent call), its agent is resolved, the submission policy applied, its agent
 and sub-agents pinned, the way it came recorded as its `origin`, and it is written by the one statement that
-inserts into `run` (store/insert.py). Nothing else makes a run: the architecture test holds the code to it."""
+inserts into `run` (store/insert.py). Nothing else makes a run: the architecture test holds the code to it.
+A replay's runs come in by it too (`Door.replay`), each planned as any run, all written with their replay."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import uuid
 from collections.abc import Sequence
 
 from agentrun.worker.core.agents import Agent, planned
+from agentrun.worker.core.errors import Refused
+from agentrun.worker.core.recording import NewReplay, refused_for, replay_spec, unfit_sources
 from agentrun.worker.core.records import NewRun, Origin, Run
 from agentrun.worker.core.schedules import Schedule
 from agentrun.worker.core.submission import Caller, Defaults, Offer, RunSpec
@@ -60,6 +63,44 @@ class Door:
         new = await self.plan(spec, origin, caller, source=source, defaults=defaults, offer=offer)
         run, created = await self.store.create(new)
         return Submitted(run, created, new)
+
+    async def replay(
+        self, replay: NewReplay, recorded: Sequence[Run], caller: Caller, *, defaults: Defaults = Defaults(),
+        offer: Offer = Offer(),
+    ) -> tuple[uuid.UUID, bool]:
+        """Make a replay: one run per recorded run (looked up by the caller, in its order), all written with
+        the `replay` row in one transaction, or none. Returns the replay's id and whether this call made it:
+        a replay with the same id or the caller's tenant's Idempotency-Key (`replay.idempotency_key`; the
+        caller's own is not used) is returned as it is, and nothing made.
+
+        Each run is planned as any run (Origin.REPLAY, the caller's tenant and identity): its source is the
+        recorded run, whose fields it inherits, with the change applied (`core/recording.replay_spec`: a
+        fork of the recorded run when it keeps some of its steps); it carries `replay_id`, `replay_of` and
+        the tool policy, and no webhook (a replay tells nobody outside). Raises Refused, its fields named as
+        the replay's request names them (`change.model`, `fromSeq`, `runs[2]`, ...): a recorded run of
+        another tenant, unfinished or listed twice (core/recording.unfit_sources), a bad change or fromSeq;
+        OverQuota if the tenant's quotas refuse one of the runs; ValueError for a text that cannot be
+        stored (as `submit`)."""
+        tenant = caller.tenant or (recorded[0].tenant if recorded else DEFAULT_TENANT)
+        if (first := await self.store.first_replay(replay, tenant)) is not None:
+            return first, False
+        unfit_sources(recorded, tenant)
+        # The replay's Idempotency-Key and id are the replay's, not each of its runs'.
+        as_caller = dataclasses.replace(caller, tenant=tenant, idempotency_key=None, id=None)
+        runs = []
+        for i, run in enumerate(recorded):
+            try:
+                spec = replay_spec(replay, run)
+                # The agent is resolved as for a new run, and the fork set again after: a replay may change
+                # the agent of a run it keeps some steps of, which a fork requested by a client may not.
+                applied, agent, sub_agents = await self.store.for_run(dataclasses.replace(spec, fork_from=None), tenant)
+                applied = dataclasses.replace(applied, fork_from=spec.fork_from)
+                new = planned((applied, agent, sub_agents), run, Origin.REPLAY, as_caller, defaults, offer)
+            except Refused as e:
+                raise refused_for(e, i) from e
+            runs.append(dataclasses.replace(new, replay_id=replay.id, replay_of=run.id,
+                                            tool_policy=replay.tool_policy.value, webhook=None))
+        return await self.store.create_replay(replay, tenant, caller.created_by, runs)
 
     async def tick(self, plan: Planner) -> list[Tick]:
         """One pass of the schedules: each due one's run made in the transaction that moves it on to its next

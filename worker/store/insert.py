@@ -17,7 +17,7 @@ RUN_ROW = """id uuid, input text, model text, system text, tools text[], token_b
     created_by text, traceparent text, priority int, run_at timestamptz, delay_seconds float8, agent text,
     agent_version int, sub_agents text[], schedule_name text, scheduled_time timestamptz, webhook jsonb,
     context_management jsonb, labels jsonb, parent_tool_use_id text, root_run_id uuid, depth int, origin text,
-    tenant text"""
+    tenant text, replay_id uuid, replay_of uuid, tool_policy text"""
 
 # The runs of the rows in %(runs)s (a JSON array), each made once: a run whose id, idempotency key or
 # (parent, tool_use id) is taken already is left as it is (ON CONFLICT DO NOTHING); returns the ids made.
@@ -30,13 +30,13 @@ INSERT_RUN = f"""INSERT INTO run (id, input, model, system, tools, token_budget,
         timeout_seconds, deadline_at, idempotency_key, k8s_namespace, k8s_name, require_approval, output_schema,
         parent_run_id, forked_at_seq, created_by, traceparent, priority, run_at, agent, agent_version, sub_agents,
         schedule_name, scheduled_time, webhook, context_management, labels, parent_tool_use_id, root_run_id,
-        depth, origin, tenant, created_at)
+        depth, origin, tenant, replay_id, replay_of, tool_policy, created_at)
     SELECT n.id, n.input, n.model, n.system, n.tools, n.token_budget, n.cost_budget_usd, n.max_steps,
         n.timeout_seconds, at.run_at + make_interval(secs => n.timeout_seconds), n.idempotency_key, n.k8s_namespace,
         n.k8s_name, n.require_approval, n.output_schema, n.parent_run_id, n.forked_at_seq, n.created_by,
         n.traceparent, n.priority, at.run_at, n.agent, n.agent_version, n.sub_agents, n.schedule_name,
         n.scheduled_time, n.webhook, n.context_management, n.labels, n.parent_tool_use_id,
-        n.root_run_id, n.depth, n.origin, n.tenant,
+        n.root_run_id, n.depth, n.origin, n.tenant, n.replay_id, n.replay_of, n.tool_policy,
         CASE WHEN n.parent_tool_use_id IS NULL THEN now() ELSE clock_timestamp() END
     FROM jsonb_to_recordset(%(runs)s::jsonb) AS n ({RUN_ROW})
     CROSS JOIN LATERAL (
@@ -78,7 +78,8 @@ def run_row(new: NewRun, parent: uuid.UUID | None = None) -> dict[str, Any]:
         "parent_tool_use_id": new.spawned_by[1] if child and new.spawned_by else None,
         "root_run_id": str(new.root_run_id) if child and new.root_run_id else None,
         "depth": new.depth if child else 0, "origin": new.origin.value if new.origin is not None else None,
-        "tenant": new.tenant,
+        "tenant": new.tenant, "replay_id": str(new.replay_id) if new.replay_id else None,
+        "replay_of": str(new.replay_of) if new.replay_of else None, "tool_policy": new.tool_policy,
     }
 
 

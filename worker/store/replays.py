@@ -104,7 +104,10 @@ Judge = Callable[[Run, Sequence[Step], Run | None, Sequence[Step]], Awaitable[Ve
 
 
 def _replay(row: dict[str, Any]) -> Replay:
-    return Replay(**{k: (int(v) if k in ("runs", "finished", "judged", "passed") else v) for k, v in row.items()})
+    row = dict(row)
+    for count in ("runs", "finished", "judged", "passed"):
+        row[count] = int(row[count])
+    return Replay(**row)
 
 
 def _viewing(viewer: Viewer) -> dict[str, Any]:

@@ -43,6 +43,7 @@ RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_bu
     r.parent_tool_use_id, r.root_run_id, r.depth,
     r.children_active, r.children_tokens, r.children_cost, r.waiting_for, r.schedule_name, r.scheduled_time, r.webhook,
     r.context_management, r.labels, r.origin, r.tenant, r.throttled,
+    r.replay_id, r.replay_of, r.tool_policy,
     CASE WHEN r.children_active > 0 THEN (SELECT row(coalesce(sum(t.tokens_used + t.children_tokens), 0),
                                                      coalesce(sum(t.cost_usd + t.children_cost), 0))
         FROM ({ACTIVE_DESCENDANTS}) t) END AS live,
@@ -54,7 +55,7 @@ RUN_COLUMNS = """r.id, r.status, r.input, r.model, r.system, r.tools, r.token_bu
 
 STEP_COLUMNS = """run_id, seq, kind, status, tool_name, tool_use_id, request, response, stop_reason,
     input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd,
-    latency_ms, attempts, worker, started_at, finished_at, inherited, created_by"""
+    latency_ms, attempts, worker, started_at, finished_at, inherited, created_by, recorded_seq"""
 
 # A COMPACT step's bodies are small and say what the timeline shows of it (api/schemas.compaction_of).
 TIMELINE_COLUMNS = STEP_COLUMNS.replace(

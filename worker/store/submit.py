@@ -11,6 +11,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from agentrun.worker.core.errors import OverQuota
+from agentrun.worker.core.recording import NewReplay
 from agentrun.worker.core.records import (
     NewRun,
     Run,
@@ -70,14 +71,14 @@ renumbered AS (
 steps AS (
     INSERT INTO run_step (run_id, seq, kind, status, tool_name, tool_use_id, request, response, stop_reason,
         input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens, cost_usd, latency_ms,
-        attempts, worker, started_at, finished_at, inherited, created_by)
+        attempts, worker, started_at, finished_at, inherited, created_by, recorded_seq)
     SELECT %(id)s, 1, 'USER', 'DONE', NULL, NULL, NULL, o.input, NULL, 0, 0, 0, 0, NULL, NULL, 1, NULL, now(), now(),
-           true, NULL FROM opening o
+           true, NULL, NULL FROM opening o
     UNION ALL
     SELECT %(id)s, (SELECT n FROM shift) + row_number() OVER (ORDER BY c.seq), c.kind, c.status, c.tool_name,
            c.tool_use_id, coalesce(rn.request, c.request), coalesce(rn.response, c.response), c.stop_reason,
            c.input_tokens, c.output_tokens, c.cache_creation_input_tokens, c.cache_read_input_tokens, c.cost_usd,
-           c.latency_ms, c.attempts, c.worker, c.started_at, c.finished_at, true, c.created_by
+           c.latency_ms, c.attempts, c.worker, c.started_at, c.finished_at, true, c.created_by, c.recorded_seq
     FROM copied c LEFT JOIN renumbered rn ON rn.seq = c.seq
     RETURNING seq),
 own AS (
@@ -164,6 +165,17 @@ async def cancel_in(cur: psycopg.AsyncCursor[dict[str, Any]], run_id: uuid.UUID,
 _FIRST = """SELECT id FROM run WHERE id = %(id)s
     OR (%(key)s::text IS NOT NULL AND tenant = %(tenant)s AND idempotency_key = %(key)s)"""
 
+# A replay, made with its runs (Submissions.create_replay); a replay whose id or (tenant, Idempotency-Key) is
+# taken already is left as it is, and no run is made.
+_INSERT_REPLAY = """INSERT INTO replay (id, tenant, created_by, request, tool_policy, scorer, from_seq, idempotency_key)
+    VALUES (%(id)s, %(tenant)s, %(created_by)s, %(request)s, %(tool_policy)s, %(scorer)s, %(from_seq)s, %(key)s)
+    ON CONFLICT DO NOTHING
+    RETURNING id"""
+
+# The replay a retry names (its id, or its tenant's Idempotency-Key), made by the first copy.
+_FIRST_REPLAY = """SELECT id FROM replay WHERE id = %(id)s
+    OR (%(key)s::text IS NOT NULL AND tenant = %(tenant)s AND idempotency_key = %(key)s)"""
+
 CANCEL_ATTEMPTS = 5
 """How often a cancel is tried when PostgreSQL breaks a deadlock with a child's end by failing it."""
 
@@ -197,6 +209,39 @@ class Submissions(Gateway):
         if run is None:
             raise RuntimeError("run insert conflicted on a key that names no run")
         return run, False
+
+    async def first_replay(self, replay: NewReplay, tenant: str) -> uuid.UUID | None:
+        """The replay made already with `replay`'s id or its tenant's Idempotency-Key, if any."""
+        found = await self._one(_FIRST_REPLAY, {"id": replay.id, "key": replay.idempotency_key, "tenant": tenant})
+        return found["id"] if found is not None else None
+
+    async def create_replay(
+        self, replay: NewReplay, tenant: str, created_by: str | None, runs: list[NewRun],
+    ) -> tuple[uuid.UUID, bool]:
+        """Insert a replay and its runs in one transaction: all of them, or nothing. Returns the replay's id
+        and whether this call made it; a replay with the same id or (tenant, Idempotency-Key) is returned
+        instead, and no run made. Each run is admitted by its tenant's quotas as any run (`insert_run`):
+        OverQuota if one is refused, nothing written. Raises ValueError naming the field of a text that
+        cannot be stored, as `create`."""
+        params = [run_params(new) for new in runs]
+        replay_params = {"id": replay.id, "tenant": tenant, "created_by": created_by, "request": Jsonb(replay.request),
+                         "tool_policy": replay.tool_policy.value, "scorer": replay.scorer,
+                         "from_seq": replay.from_seq, "key": replay.idempotency_key}
+        async with self.pool.connection() as conn, conn.transaction():
+            cur = conn.cursor(row_factory=dict_row)
+            await cur.execute(_INSERT_REPLAY.encode(), replay_params)
+            made = await cur.fetchone() is not None
+            if made:
+                for p in params:
+                    if await insert_run(cur, p) is None:
+                        raise RuntimeError(f"replay run {p['id']} conflicts with a run made before")
+        if made:
+            return replay.id, True
+        # The conflicting row may have been committed after this statement's snapshot: look again.
+        first = await self.first_replay(replay, tenant)
+        if first is None:
+            raise RuntimeError("replay insert conflicted on a key that names no replay")
+        return first, False
 
     async def cancel(self, run_id: uuid.UUID, by: str | None = None) -> Run | None:
         """Ask a run to stop: a run no worker drives (queued, scheduled, handed back to wait out a backoff, or

@@ -6,6 +6,7 @@ scores each pair once, when its replay run has finished, the first time someone 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import importlib
 import inspect
@@ -343,9 +344,12 @@ class ReplayRoutes:
         replay = await self.store.replay(replay_id, viewer)
         if replay is None:
             raise _not_found(replay_id)
-        if await self.store.score(replay.id, self._judge(replay.scorer)):
-            replay = await self.store.replay(replay_id, viewer) or replay
+        await self.store.score(replay.id, self._judge(replay.scorer))
         pairs = await self.store.pairs(replay)
+        # The counts as the results read them (another reader may have scored since the replay was read).
+        judged = [p.passed for p in pairs if p.passed is not None]
+        replay = dataclasses.replace(replay, runs=len(pairs), finished=sum(p.replayed.status.terminal for p in pairs),
+                                     judged=len(judged), passed=sum(judged))
         return ReplayView(
             **ReplaySummary.fields_of(replay),
             results=[ReplayResult.model_validate({

@@ -103,7 +103,8 @@ async def test_a_replay_of_listed_runs_is_reported_as_its_runs_finish(
     a = await recorded(store, db, CALLS, input="pay bob")
     b = await recorded(store, db, CALLS[:1], input="pay ann")
     await db.execute("UPDATE run SET tokens_used = 100 WHERE id IN (%s, %s)", (a.id, b.id))
-    made = await make(http, {"runs": [str(a.id), str(b.id)], "change": {"model": "claude-haiku-4-5"}})
+    made = await make(http, {"runs": [str(a.id), str(b.id)], "change": {"model": "claude-haiku-4-5"},
+                             "toolPolicy": "recorded"})
     assert made["runs"] == 2
     first = await report(http, made["id"])
     assert (first["status"], first["passRate"], first["runs"], first["finished"]) == ("RUNNING", None, 2, 0)
@@ -174,8 +175,9 @@ async def test_a_selector_finds_the_tenants_finished_runs_never_a_replays(
     # Its own runs are never selected again; an object of labels, a limit.
     again = await make(http, {"selector": {"labels": {"team": "billing"}, "limit": 2}})
     assert again["runs"] == 2
-    everything = await make(http, {"selector": {}})  # every finished run, replays' runs left out
-    assert everything["runs"] == 5
+    everything = await make(http, {"selector": {}, "toolPolicy": "recorded_then_live_readonly"})
+    assert everything["runs"] == 5  # every finished run, replays' runs left out
+    assert (await report(http, everything["id"]))["toolPolicy"] == "recorded_then_live_readonly"
 
 
 @pytest.mark.parametrize(("body", "status", "field"), [

@@ -125,8 +125,9 @@ class ReplayChange(Camel):
 class ReplayRequest(Camel):
     """A replay: recorded runs (`runs`, or a `selector`: one of them) run again with a change."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
-        "oneOf": [{"required": ["runs"]}, {"required": ["selector"]}]})
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"oneOf": [
+        {"required": ["runs"], "properties": {"runs": {"type": "array"}}},
+        {"required": ["selector"], "properties": {"selector": {"type": "object"}}}]})
 
     runs: list[Annotated[uuid.UUID, Field(strict=False)]] | None = Field(
         None, min_length=1, max_length=MAX_REPLAY_RUNS, description="The recorded runs to replay, by id: finished "
@@ -136,7 +137,7 @@ class ReplayRequest(Camel):
                                         "model and prompt still do what they did.")
     from_seq: Whole | None = Field(None, ge=2, le=MAX_SEQ, description="Keep each recorded run's steps before "
                                    "this seq and diverge from there; when absent the replay starts from the input.")
-    tool_policy: ToolPolicy = Field(ToolPolicy.RECORDED, description="`recorded`: every tool call is answered "
+    tool_policy: ToolPolicy = Field(ToolPolicy.RECORDED, strict=False, description="`recorded`: every tool call is answered "
                                     "from the recording (a call it has no match for gets an error result); "
                                     "`recorded_then_live_readonly`: such a call runs if its tool only reads.")
     scorer: Name = Field(report.DEFAULT_SCORER, description="What passes: `exact` (same status and output), "

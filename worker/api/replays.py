@@ -393,12 +393,17 @@ class ReplayRoutes:
             description="The `next` cursor of the previous page: replays made before this one.")] = None,
     ) -> ReplayPage:
         """The replays the caller's tenant made, newest first, a page at a time, each with its status and pass
-        rate so far (verdicts are written when a replay is read: GET /api/replays/{id}). Scope: `read`."""
+        rate so far (the runs of the page's replays that have finished are scored first, as by GET
+        /api/replays/{id}). Scope: `read`."""
         viewer = viewer_of(request)
         found = await self.store.replays(viewer, limit + 1, after)
         if after is not None and not found and await self.store.replay(after, viewer) is None:
             raise _field_error(422, "after", "names no replay; pass the `next` of a previous page")
         page = found[:limit]
+        scored = [await self.store.score(r.id, self._judge(r.scorer)) for r in page if r.judged < r.finished]
+        if any(scored):  # read again, with the verdicts just written
+            found = await self.store.replays(viewer, limit + 1, after)
+            page = found[:limit]
         return ReplayPage(items=[ReplaySummary.of(r) for r in page],
                           next=page[-1].id if len(found) > limit else None)
 

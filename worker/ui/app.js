@@ -1083,7 +1083,7 @@ function replaysView() {
   main.replaceChildren(
     h("section", { class: "list-head" }, h("h1", {}, "Replays")),
     h("p", { class: "muted small" }, "Recorded runs run again against a change, their tool calls answered from the recording. "
-      + "Make one with `agentrun replay` or POST /api/replays."),
+      + "Make one with ", h("code", {}, "agentrun replay"), " or ", h("code", {}, "POST /api/replays"), "."),
     h("table", { class: "runs replays", "aria-label": "replays, newest first" },
       h("thead", {}, h("tr", {}, ["Replay", "Status", "Pass rate", "Runs", "Change", "Scorer", "Created"]
         .map((c) => h("th", { scope: "col", class: ["Pass rate", "Runs"].includes(c) ? "num" : null }, c)))),

@@ -137,9 +137,10 @@ class ReplayRequest(Camel):
                                         "model and prompt still do what they did.")
     from_seq: Whole | None = Field(None, ge=2, le=MAX_SEQ, description="Keep each recorded run's steps before "
                                    "this seq and diverge from there; when absent the replay starts from the input.")
-    tool_policy: ToolPolicy = Field(ToolPolicy.RECORDED, strict=False, description="`recorded`: every tool call is answered "
-                                    "from the recording (a call it has no match for gets an error result); "
-                                    "`recorded_then_live_readonly`: such a call runs if its tool only reads.")
+    tool_policy: ToolPolicy = Field(
+        ToolPolicy.RECORDED, strict=False, description="`recorded`: every tool call is answered from the recording "
+        "(a call it has no match for gets an error result); `recorded_then_live_readonly`: such a call runs if its "
+        "tool only reads.")
     scorer: Name = Field(report.DEFAULT_SCORER, description="What passes: `exact` (same status and output), "
                          "`schema_valid` (the replay succeeded with a valid output), `same_tool_calls` (same "
                          "success or failure, the same tool calls in the same order), or a `module:function` listed "

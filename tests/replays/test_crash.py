@@ -12,8 +12,8 @@ from typing import Any
 
 import psycopg
 
-from agentrun.worker.core.records import RunStatus, StepKind
 from agentrun.worker.core.recording import Change, NewReplay
+from agentrun.worker.core.records import RunStatus, StepKind
 from agentrun.worker.core.submission import Caller
 from agentrun.worker.runtime.door import Door
 from agentrun.worker.store import RunStore

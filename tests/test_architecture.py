@@ -17,6 +17,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PURE = [
     "agentrun.worker.core.records",
     "agentrun.worker.core.replay",
+    "agentrun.worker.core.replays",
     "agentrun.worker.core.guard",
     "agentrun.worker.core.pricing",
     "agentrun.worker.core.types",

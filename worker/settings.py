@@ -270,6 +270,11 @@ class WorkerSettings:
     """Seconds between looks at the outbox while idle: the safety net under its notifications
     (AGENTRUN_WEBHOOK_POLL_SECONDS)."""
 
+    replay_scorers: tuple[str, ...] = ()
+    """Custom scorers a replay may name, each `module:function` (AGENTRUN_REPLAY_SCORERS, comma-separated):
+    foreign code the API calls on every replayed run, so only what the operator listed. Empty: the built-in
+    ones only (`exact`, `schema_valid`, `same_tool_calls`)."""
+
     pool_size: int = 10
     """Database connections. Steps hold a connection only while they write, so a few serve many runs."""
 

@@ -15,6 +15,7 @@ import asyncio
 import os
 import socket
 import threading
+import urllib.parse
 import uuid
 from collections.abc import Iterator
 from decimal import Decimal
@@ -162,7 +163,11 @@ def guarded_server(postgres_url: str, template_url: str) -> Iterator[LiveApi]:
 STATE_CONFLICTS = {
     ("Idempotency-Key", "was already used for a different request"),
     ("after", "names no run; pass the `next` of a previous page"),
+    ("after", "names no replay; pass the `next` of a previous page"),
 }
+# What a replay is made of is stored state too: runs that are not there (or not finished, or a replay's own), a
+# selector that finds none, a change or fromSeq the recorded runs refuse, a scorer the configuration does not list.
+REPLAY_FIELDS = ("runs", "selector", "change", "fromSeq", "scorer")
 QUERY_GRAMMARS = {"labelSelector", "status", "agent", "createdAfter", "createdBefore", "q", "model", "createdBy"}
 # An agent's definition decides these (stored state too): a limit above the agent's, a limit the agent
 # leaves to the run and the run leaves out; and a sub-agent naming the agent being defined.
@@ -207,6 +212,9 @@ def _state_conflict(response: Any) -> bool:
         return _schedule_rule(response)
     body = response.json() if "json" in str(response.headers.get("content-type", "")) else {}
     fields = {f["field"] for f in body.get("fields", [])} if isinstance(body, dict) else set()
+    if urllib.parse.urlsplit(str(response.request.url)).path == "/api/replays" and response.request.method == "POST":
+        return response.status_code in (404, 409, 422) and bool(fields) and all(
+            f.startswith(REPLAY_FIELDS) for f in fields)
     # A run to continue or fork that is not there, did not succeed, or has fewer steps: stored state.
     if response.status_code == 404 and fields and fields <= {"continueFrom", "forkFrom.runId"}:
         return True

@@ -13,8 +13,11 @@ from typing import Any
 import pytest
 
 from agentrun.worker.core.agents import Agent
+from agentrun.worker.core.recording import NewReplay
 from agentrun.worker.core.records import DecisionKind
+from agentrun.worker.core.submission import Caller
 from agentrun.worker.obs.metrics import Metrics
+from agentrun.worker.runtime.door import Door
 from agentrun.worker.settings import WorkerSettings
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
@@ -60,7 +63,11 @@ async def world(store: RunStore) -> dict[str, str]:
     assert claimed is not None and claimed.run.id == waiting.id
     await store.park(waiting.id, "w", [("toolu_2", DecisionKind.APPROVAL, "noop", "{}", 0)])
     await store.put_agent(Agent(name="helper", version=0, system="helper"))
-    return {"done": str(done.id), "waiting": str(waiting.id)}
+    replay = NewReplay(id=uuid.uuid4(), request={"runs": [str(done.id)]})
+    finished = await store.get(done.id)
+    assert finished is not None
+    await Door(store).replay(replay, [finished], Caller())
+    return {"done": str(done.id), "waiting": str(waiting.id), "replay": str(replay.id)}
 
 
 def _operations(document: dict[str, Any]) -> list[tuple[str, str]]:
@@ -83,6 +90,8 @@ def _body(method: str, path: str, ids: dict[str, str]) -> dict[str, Any] | None:
         return {"name": "helper2"}
     if path == "/api/events":
         return {"key": "k", "payload": 1}
+    if path == "/api/replays":
+        return {"runs": [ids["done"]]}
     return {}
 
 
@@ -103,7 +112,7 @@ async def test_every_route_reads_runs_only_through_the_scoped_door(
     async with asgi_client(app) as client:
         for method, path in operations:
             alive = "pending" in path or path.endswith(("/cancel", "/messages")) and method == "POST"
-            run_id = world["waiting"] if alive else world["done"]
+            run_id = world["waiting"] if alive else world["replay"] if path.startswith("/api/replays/") else world["done"]
             r = await client.request(method, _url(path, run_id), json=_body(method, path, world))
             assert r.status_code < 500, (method, path, r.status_code, r.text)
             answered[(method, path)] = r.status_code

@@ -11,7 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
+from agentrun.worker.core.recording import NewReplay
 from agentrun.worker.core.records import DecisionKind
+from agentrun.worker.core.submission import Caller
+from agentrun.worker.runtime.door import Door
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.scripted import ScriptedLlm
 from agentrun.worker.tools import ToolBox
@@ -30,6 +33,16 @@ async def team_a(store: RunStore) -> dict[str, str]:
     assert claimed is not None and claimed.run.id == waiting.id
     await store.park(waiting.id, "w", [("toolu_2", DecisionKind.APPROVAL, "noop", "{}", 0)])
     return {"done": str(done.id), "waiting": str(waiting.id)}
+
+
+@pytest.fixture
+async def team_a_all(store: RunStore, team_a: dict[str, str]) -> dict[str, str]:
+    """Team A's runs and a replay of the finished one, for the tests that walk every operation."""
+    done = await store.get(uuid.UUID(team_a["done"]))
+    assert done is not None
+    replay = NewReplay(id=uuid.uuid4(), request={"runs": [str(done.id)]})
+    await Door(store).replay(replay, [done], Caller(tenant="team-a"))
+    return {**team_a, "replay": str(replay.id)}
 
 
 def _operations(document: dict[str, Any]) -> list[tuple[str, str]]:
@@ -59,12 +72,15 @@ def _run_operations(client: httpx.AsyncClient) -> list[tuple[str, str]]:
 
 def _run_for(method: str, path: str, runs: dict[str, str]) -> str:
     alive = "pending" in path or path.endswith(("/cancel", "/messages")) and method == "POST"
+    if path.startswith("/api/replays/"):
+        return runs["replay"]
     return runs["waiting"] if alive else runs["done"]
 
 
 async def test_another_tenants_run_is_a_404_on_every_route_of_a_run(
-    http: httpx.AsyncClient, team_a: dict[str, str],
+    http: httpx.AsyncClient, team_a_all: dict[str, str],
 ) -> None:
+    team_a = team_a_all
     for method, path in _run_operations(http):
         url = _url(path, _run_for(method, path, team_a))
         r = await http.request(method, url, json=_body(method, path), headers=auth("bob"))
@@ -73,8 +89,9 @@ async def test_another_tenants_run_is_a_404_on_every_route_of_a_run(
 
 
 async def test_its_own_tenant_and_a_platform_operator_see_it_on_every_route(
-    http: httpx.AsyncClient, team_a: dict[str, str],
+    http: httpx.AsyncClient, team_a_all: dict[str, str],
 ) -> None:
+    team_a = team_a_all
     for who in ("carol", "root"):  # reads only: the writes would change the run for the next caller
         for method, path in _run_operations(http):
             if method != "GET":
@@ -183,11 +200,12 @@ async def test_whoami_names_the_tenant(http: httpx.AsyncClient) -> None:
 
 
 async def test_every_operation_of_the_document_hides_another_tenants_things(
-    http: httpx.AsyncClient, store: RunStore, team_a: dict[str, str],
+    http: httpx.AsyncClient, store: RunStore, team_a_all: dict[str, str],
 ) -> None:
     """Bob (team-b) calls every operation of the OpenAPI document at team-a's runs, agent and schedule: a 404
     for each of them by name or id, lists without them, a name of theirs free for his own, an event that wakes
     none of theirs; and no answer carries anything of team-a's."""
+    team_a = team_a_all
     secret = "team a's secret system prompt"
     assert (await http.post("/api/agents", json={"name": "helper", "system": secret}, headers=auth("alice"))
             ).status_code == 201
@@ -204,6 +222,7 @@ async def test_every_operation_of_the_document_hides_another_tenants_things(
         ("POST", "/api/events"): {"key": "deploy"},
         ("PATCH", "/api/schedules/{name}"): {"suspend": True},
         ("PUT", "/api/tenants/{name}"): {"maxRunning": 0},
+        ("POST", "/api/replays"): {"runs": [team_a["done"]]},
     }
     creates = {("POST", "/api/agents"), ("POST", "/api/schedules")}  # last: they make bob's own of those names
     for method, path in sorted(operations, key=lambda op: op in creates):
@@ -220,8 +239,8 @@ async def test_every_operation_of_the_document_hides_another_tenants_things(
             assert r.status_code == 403, (method, path, r.status_code, text)  # for admins of every tenant only
         elif "{id}" in path or "{name}" in path:
             assert r.status_code == 404, (method, path, r.status_code, text)
-        elif path == "/api/runs" and method == "POST":
-            assert r.status_code == 404, text  # continueFrom a run bob cannot see
+        elif path in ("/api/runs", "/api/replays") and method == "POST":
+            assert r.status_code == 404, text  # continueFrom (or replay) a run bob cannot see
         elif method == "POST":
             assert r.status_code in (200, 201), (method, path, r.status_code, text)  # his own, in his tenant
         else:

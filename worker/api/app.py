@@ -16,6 +16,7 @@ from agentrun.worker.api.agents import agents_router
 from agentrun.worker.api.events import EventHub, events_router
 from agentrun.worker.api.guards import BearerAuth, BodyLimit
 from agentrun.worker.api.identities import Identities
+from agentrun.worker.api.replays import replays_router
 from agentrun.worker.api.runs import runs_router
 from agentrun.worker.api.schedules import schedules_router
 from agentrun.worker.api.schemas import NOT_NULL, REQUIRED_FIELDS
@@ -72,6 +73,7 @@ def create_app(
     app.include_router(workers_router(store, identities.enabled))
     app.include_router(schedules_router(store, tools, settings, prices, identities, providers))
     app.include_router(tenants_router(store, identities.enabled))
+    app.include_router(replays_router(store, tools, settings, prices, identities, providers))
     app.state.events = EventHub(store, prices=prices)
     app.include_router(events_router(store, app.state.events, identities.enabled))
     app.include_router(signals_router(store, identities.enabled, metrics))

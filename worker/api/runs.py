@@ -195,18 +195,28 @@ class RunRoutes:
             max_length=63, pattern=TENANT_PATTERN,
             description="Only runs of this tenant. An identity sees its own tenant's runs only, whatever it "
             "asks; a platform operator's (tenant `*`) sees every tenant's, and narrows them with this.")] = None,
+        replays: Annotated[bool, Query(
+            description="Include the runs of replays (POST /api/replays), left out by default.")] = False,
+        replay_of: Annotated[uuid.UUID | None, Query(
+            alias="replayOf", description="Only the replay runs of this recorded run (replays' runs included).")
+        ] = None,
+        replay_id: Annotated[uuid.UUID | None, Query(
+            alias="replayId", description="Only the runs of this replay (replays' runs included).")] = None,
     ) -> RunPage:
         """Runs, newest first, a page at a time (keyset pagination: stable while runs are added).
 
         The answer is `{"items": [...], "next": "<uuid>" | null}`; to get the following page pass `next` as
         `after`, with the same filters. `next` is null on the last page. Every filter is optional and they
-        combine (all must hold); a bad value is a 422 naming the parameter. Scope: `read`.
+        combine (all must hold); a bad value is a 422 naming the parameter. The runs of replays are left out
+        unless `replays=true` (or `replayOf` / `replayId` names them). Scope: `read`.
         """
         where = RunFilter(
             statuses=_statuses(status), selector=_selector(label_selector), model=_storable_query(model, "model"),
             **_agent_filter(agent), created_by=_storable_query(created_by, "createdBy"), parent=parent,
             created_after=_aware(created_after, "createdAfter"), created_before=_aware(created_before, "createdBefore"),
             text=_storable_query(q, "q"), tenant=tenant,
+            # A replay's runs are tests of a change, not work: listed when asked for.
+            replays=None if replays or replay_of or replay_id else False, replay_of=replay_of, replay_id=replay_id,
         )
         reads = self.reads(request)
         runs = await reads.list_runs(None, limit + 1, after, where=where)

@@ -567,6 +567,8 @@ class RunSummary(Camel):
     parent_run_id: uuid.UUID | None = Field(None, description="The run it continues, forks, or was started by "
                                             "(a sub-agent's).")
     agent: str | None = Field(None, description="The agent it was made from, pinned: `name@version`.")
+    replay_id: uuid.UUID | None = Field(None, description="The replay this run is part of; null for every other run.")
+    replay_of: uuid.UUID | None = Field(None, description="A replay's run: the recorded run it replays.")
 
     @classmethod
     def of(cls, run: Run, prices: PriceTable | None = None) -> RunSummary:
@@ -578,7 +580,7 @@ class RunSummary(Camel):
             cost_usd_total=None if unknown else float(run.cost_usd_total), steps=run.steps, error=run.error,
             locked_by=run.locked_by, created_at=run.created_at, started_at=run.started_at,
             finished_at=run.finished_at, created_by=run.created_by, labels=dict(run.labels), tenant=run.tenant,
-            parent_run_id=run.parent_run_id, agent=agent_ref(run),
+            parent_run_id=run.parent_run_id, agent=agent_ref(run), replay_id=run.replay_id, replay_of=run.replay_of,
         )
 
 

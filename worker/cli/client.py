@@ -77,6 +77,21 @@ class RunsClient:
     def get(self, run_id: str) -> dict[str, Any]:
         return self._call("GET", f"/api/runs/{checked_run_id(run_id)}")  # type: ignore[no-any-return]
 
+    def create_replay(self, body: Mapping[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        """POST /api/replays (cli/replay.py)."""
+        if idempotency_key is not None and not _header_safe(idempotency_key):
+            raise ClientError(0, f"the idempotency key {_shown(idempotency_key)} must be printable ASCII characters")
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return self._call("POST", "/api/replays", json=dict(body), headers=headers)  # type: ignore[no-any-return]
+
+    def replay(self, replay_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/api/replays/{checked_run_id(replay_id, 'replay id')}")  # type: ignore[no-any-return]
+
+    def replays(self, limit: int | None = None, after: str | None = None) -> dict[str, Any]:
+        params = {k: v for k, v in {"limit": limit, "after": checked_run_id(after, "--after") if after else None
+                                    }.items() if v is not None}
+        return self._call("GET", "/api/replays", params=params)  # type: ignore[no-any-return]
+
     def timeline(self, run_id: str) -> list[dict[str, Any]]:
         return self._call("GET", f"/api/runs/{checked_run_id(run_id)}/timeline")  # type: ignore[no-any-return]
 

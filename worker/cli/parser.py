@@ -20,6 +20,7 @@ from agentrun.worker.cli.local import cmd_demo, cmd_dev
 from agentrun.worker.cli.migrate import cmd_migrate
 from agentrun.worker.cli.operator import cmd_operator
 from agentrun.worker.cli.prune import cmd_prune
+from agentrun.worker.cli.replay import add_replay
 from agentrun.worker.cli.runs import add_runs
 from agentrun.worker.cli.schedules import add_schedules
 from agentrun.worker.cli.tenants import add_tenants
@@ -35,7 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="agentrun",
         description="agentrun: a durable runtime for LLM agents on PostgreSQL and Kubernetes.",
         epilog="Environment: AGENTRUN_DATABASE_URL, AGENTRUN_LOG_FORMAT (console|json), AGENTRUN_LOG_LEVEL; "
-        "`runs`, `agents`, `schedules` and `tenants` read AGENTRUN_URL and AGENTRUN_API_TOKEN. Each secret variable "
+        "`runs`, `agents`, `schedules`, `tenants` and `replay` read AGENTRUN_URL and AGENTRUN_API_TOKEN. Each "
+        "secret variable "
         "(database URL, API token, model API keys, MCP header variables) may instead name a file in <NAME>_FILE, "
         "e.g. AGENTRUN_DATABASE_URL_FILE.",
     )
@@ -52,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_events(sub)
     add_schedules(sub)
     add_tenants(sub)
+    add_replay(sub)
     return parser
 
 

@@ -71,6 +71,7 @@ def worker_settings(args: argparse.Namespace) -> WorkerSettings:
         database_retry_max=_env_positive_float("AGENTRUN_DATABASE_RETRY_MAX_SECONDS")
         or WorkerSettings.database_retry_max,
         tenant_quotas=_tenant_quotas(),
+        replay_scorers=_replay_scorers(),
         **_webhook_settings(),
     )
 
@@ -81,6 +82,16 @@ def _tenant_quotas() -> Any:
 
     try:
         return tenant_quotas(os.environ.get("AGENTRUN_TENANT_QUOTAS"))
+    except ValueError as e:
+        raise SystemExit(f"agentrun: {e}") from None
+
+
+def _replay_scorers() -> tuple[str, ...]:
+    """The custom scorers replays may name (AGENTRUN_REPLAY_SCORERS), checked here so a bad one exits."""
+    from agentrun.worker.core.replays import scorers_setting
+
+    try:
+        return scorers_setting(os.environ.get("AGENTRUN_REPLAY_SCORERS"))
     except ValueError as e:
         raise SystemExit(f"agentrun: {e}") from None
 

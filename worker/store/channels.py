@@ -40,6 +40,9 @@ SIGNAL_IDEMPOTENCY_LOCK_CLASS = 0x61675769  # "agWi"
 QUOTA_LOCK_CLASS = 0x61675471  # "agTq"
 """`pg_advisory_xact_lock(QUOTA_LOCK_CLASS, hashtext(tenant))`: the submits of a tenant with a `max_queued`
 take turns counting its queued runs and inserting theirs (store/tenants.py), so none overshoots it."""
+REPLAY_SCORE_LOCK_CLASS = 0x61675273  # "agRs"
+"""`pg_advisory_xact_lock(REPLAY_SCORE_LOCK_CLASS, hashtext(replay id))`: the readers of a replay take turns
+scoring its finished runs (store/replays.py), so a scorer (an LLM judge, say) judges each pair once."""
 MIGRATION_LOCK_KEY = 0x61676E7452756E  # "agntRun"
 """Serialises processes migrating at once (migrate.py)."""
 PRUNE_LOCK_KEY = 0x61675270  # "agRp"

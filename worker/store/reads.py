@@ -41,6 +41,9 @@ class RunFilter:
     created_before: datetime.datetime | None = None
     text: str | None = None  # a case-insensitive substring of the input
     tenant: str | None = None  # the tenant whose runs (store/scoped.py narrows it to the viewer's)
+    replays: bool | None = None  # False: no replay's run; True: replays' runs only; None: either
+    replay_of: uuid.UUID | None = None  # the replay runs of this recorded run
+    replay_id: uuid.UUID | None = None  # the runs of this replay
 
 
 # One statement whatever the filter: each condition is off when its parameter is NULL, so the SQL text is a
@@ -58,6 +61,9 @@ LIST_RUNS = f"""SELECT {RUN_COLUMNS} FROM run r
       AND (%(created_after)s::timestamptz IS NULL OR r.created_at > %(created_after)s)
       AND (%(created_before)s::timestamptz IS NULL OR r.created_at < %(created_before)s)
       AND (%(text)s::text IS NULL OR strpos(lower(r.input), lower(%(text)s)) > 0)
+      AND (%(replays)s::boolean IS NULL OR (r.replay_id IS NOT NULL) = %(replays)s::boolean)
+      AND (%(replay_of)s::uuid IS NULL OR r.replay_of = %(replay_of)s)
+      AND (%(replay_id)s::uuid IS NULL OR r.replay_id = %(replay_id)s)
       AND (%(eq)s::jsonb IS NULL OR r.labels @> %(eq)s::jsonb)
       AND (%(present)s::text[] IS NULL OR r.labels ?& %(present)s::text[])
       AND (%(absent)s::text[] IS NULL OR NOT r.labels ?| %(absent)s::text[])
@@ -81,6 +87,7 @@ def _filter_params(f: RunFilter) -> dict[str, Any]:
         "parent": f.parent, "model": f.model, "agent": f.agent, "agent_version": f.agent_version,
         "created_by": f.created_by, "created_after": f.created_after, "created_before": f.created_before,
         "text": f.text or None, "tenant": f.tenant,
+        "replays": f.replays, "replay_of": f.replay_of, "replay_id": f.replay_id,
         "eq": Jsonb(sel.equal) if sel and sel.equal else None,
         "present": sel.present if sel and sel.present else None,
         "absent": sel.absent if sel and sel.absent else None,

@@ -17,6 +17,7 @@ zero rows means the lease is gone (`LeaseLost`). The store is split by concern, 
 - webhooks.py: the webhook outbox (deliveries the run table's trigger writes) and its attempts
 - workers.py: the worker processes at work, each announcing itself on its heartbeat
 - tenants.py: tenants' quotas and usage, a new run admitted under them, a run handed back over its budget
+- replays.py: replays as their callers read them, and each replay run's verdict, written once
 - rows.py: the columns, the fence and the records rows become; gateway.py: the pool and query helpers
 """
 
@@ -29,6 +30,7 @@ from agentrun.worker.store.claims import Claims
 from agentrun.worker.store.decisions import Decisions
 from agentrun.worker.store.messages import Messages
 from agentrun.worker.store.reads import Reads
+from agentrun.worker.store.replays import Replays
 from agentrun.worker.store.schedules import Schedules
 from agentrun.worker.store.scoped import ScopedReads
 from agentrun.worker.store.steps import StepWrites
@@ -41,7 +43,7 @@ from agentrun.worker.store.workers import Workers
 
 class RunStore(
     Schedules, Submissions, Reads, Claims, StepWrites, Decisions, Children, Agents, Messages, Waits, Webhooks,
-    Workers, Tenants,
+    Workers, Tenants, Replays,
 ):
     """The run tables' one gateway. `writes` sends the fenced writes of held runs; by default they are
     group-committed (groupcommit.py)."""

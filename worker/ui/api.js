@@ -91,6 +91,8 @@ export const api = {
   schedules: () => call("GET", "/api/schedules"),
   workers: () => call("GET", "/api/workers"),
   tools: () => call("GET", "/api/tools"),
+  replays: () => call("GET", "/api/replays"),
+  replay: (id) => call("GET", `/api/replays/${id}`),
 };
 
 // Server-sent events read with fetch (EventSource cannot send an Authorization header). Resumes after a

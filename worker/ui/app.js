@@ -1062,6 +1062,186 @@ function runView(id) {
   return () => { alive = false; stop(); clearInterval(tick); clearInterval(treeTick); connState(""); };
 }
 
+// -- replays (issue 47): the list, and a replay's report with the recorded and replayed runs side by side --
+
+const fmtRate = (r) => (r === null || r === undefined ? "–" : `${Math.round(r * 100)}%`);
+function verdict(pass) {
+  if (pass === null || pass === undefined) return h("span", { class: "verdict none" }, "–");
+  return pass ? h("span", { class: "verdict pass" }, icon("check"), " pass") : h("span", { class: "verdict fail" }, icon("cross"), " fail");
+}
+function replayStatus(status) {
+  return h("span", { class: `badge s-${status === "COMPLETED" ? "succeeded" : "running"}` }, icon(status === "COMPLETED" ? "check" : "play"), " ", status);
+}
+function changeText(change) {
+  const parts = Object.entries(change || {}).map(([k, v]) => (k === "system" ? "system prompt" : `${k} ${Array.isArray(v) ? v.join(",") : v}`));
+  return parts.length ? parts.join(" · ") : "no change";
+}
+
+function replaysView() {
+  const body = h("tbody");
+  const info = h("p", { class: "muted", role: "status" });
+  main.replaceChildren(
+    h("section", { class: "list-head" }, h("h1", {}, "Replays")),
+    h("p", { class: "muted small" }, "Recorded runs run again against a change, their tool calls answered from the recording. "
+      + "Make one with ", h("code", {}, "agentrun replay"), " or ", h("code", {}, "POST /api/replays"), "."),
+    h("table", { class: "runs replays", "aria-label": "replays, newest first" },
+      h("thead", {}, h("tr", {}, ["Replay", "Status", "Pass rate", "Runs", "Change", "Scorer", "Created"]
+        .map((c) => h("th", { scope: "col", class: ["Pass rate", "Runs"].includes(c) ? "num" : null }, c)))),
+      body),
+    info);
+  let timer = null;
+  let alive = true;
+  async function refresh() {
+    try {
+      const listed = await api.replays();
+      if (!alive) return;
+      body.replaceChildren(...listed.items.map((r) => h("tr", { "data-replay": r.id },
+        h("td", { class: "mono" }, h("a", { href: `#/replays/${r.id}` }, shortId(r.id))),
+        h("td", {}, replayStatus(r.status)),
+        h("td", { class: "num" }, fmtRate(r.passRate)),
+        h("td", { class: "num" }, r.finished === r.runs ? `${r.runs}` : `${r.finished} of ${r.runs}`),
+        h("td", {}, changeText(r.change)),
+        h("td", { class: "mono small" }, r.scorer),
+        h("td", {}, h("time", { datetime: r.createdAt, title: r.createdAt }, age(r.createdAt))))));
+      info.textContent = listed.items.length ? "" : "No replays yet.";
+      connState("");
+    } catch (err) {
+      if (alive) connState(`cannot list replays: ${err.message}`);
+    }
+    if (alive) timer = setTimeout(refresh, 3000);
+  }
+  refresh();
+  return () => { alive = false; clearTimeout(timer); };
+}
+
+// A run's conversation, loaded whole once (a finished run does not change), for the side-by-side view.
+async function loadConversation(id) {
+  const [run, timeline] = await Promise.all([api.get(id), api.timeline(id)]);
+  const details = new Map();
+  const shown = timeline.filter((s) => s.seq !== null && s.status !== "STARTED").slice(0, 200);
+  await Promise.all(shown.map(async (s) => { details.set(s.seq, await api.step(id, s.seq)); }));
+  return { run, timeline, details };
+}
+
+function sideOf(title, loaded, id) {
+  if (!loaded) return h("section", { class: "side" }, h("h3", {}, title), h("p", { class: "muted" }, "loading…"));
+  if (loaded.error) return h("section", { class: "side" }, h("h3", {}, title), notice(loaded.error));
+  const { run, timeline, details } = loaded;
+  return h("section", { class: "side", "aria-label": `${title} conversation` },
+    h("h3", {}, title, " ", h("a", { class: "mono small", href: `#/runs/${id}` }, shortId(id)), " ", badge(run.status)),
+    h("p", { class: "small muted" }, `${run.model} · ${fmtInt(run.tokensUsedTotal ?? run.tokensUsed)} tokens · ${fmtUsd(run.costUsdTotal ?? run.costUsd)}`),
+    conversation(run, timeline, details, new Map()),
+    run.output !== null && run.output !== undefined
+      ? h("div", { class: "output" }, h("div", { class: "who" }, "output"), h("pre", {}, typeof run.output === "string" ? run.output : JSON.stringify(run.output, null, 2)))
+      : null);
+}
+
+function diffFacts(diff) {
+  if (!diff) return h("p", { class: "muted small" }, "Not scored yet: the replay run has not finished.");
+  if (diff.recordedMissing) return notice(diff.error || "the recorded run is gone");
+  const rows = [];
+  const pair = (label, p, f = (x) => x) => rows.push(h("dt", {}, label), h("dd", {}, `${f(p.recorded)} → ${f(p.replayed)}`));
+  pair("Status", diff.status);
+  rows.push(h("dt", {}, "Output"), h("dd", {}, diff.output.equal ? "equal" : "differs",
+    diff.output.schemaValid ? "" : ` · not valid: ${diff.output.schemaProblem}`));
+  const calls = diff.toolCalls;
+  rows.push(h("dt", {}, "Tool calls"), h("dd", {}, `distance ${calls.distance}`,
+    calls.firstDifference !== null ? ` · first difference at call ${calls.firstDifference + 1}` : "",
+    h("div", { class: "mono small" }, `${calls.recorded.join(", ") || "none"}  →  ${calls.replayed.join(", ") || "none"}`)));
+  pair("Steps", diff.steps);
+  pair("Tokens", diff.tokens, fmtInt);
+  pair("Cost", diff.costUsd, fmtUsd);
+  pair("Latency", diff.latencyMs, ms);
+  if (diff.scorerError) rows.push(h("dt", {}, "Scorer"), h("dd", { class: "error" }, diff.scorerError));
+  if (diff.scorerDetail) rows.push(h("dt", {}, "Scorer says"), h("dd", { class: "mono small" }, JSON.stringify(diff.scorerDetail)));
+  return h("dl", { class: "diff" }, rows);
+}
+
+function replayView(id) {
+  let replay = null;
+  let error = null;
+  let open = null; // the replay run whose comparison is shown
+  const loaded = new Map(); // run id -> its conversation (or {error})
+  let alive = true;
+  let timer = null;
+  const root = h("div", { class: "replay" });
+  main.replaceChildren(root);
+
+  async function compare(result) {
+    open = open === result.replayRunId ? null : result.replayRunId;
+    render();
+    if (open === null) return;
+    for (const runId of [result.recordedRunId, result.replayRunId]) {
+      if (loaded.has(runId) && !loaded.get(runId).error && TERMINAL.has(loaded.get(runId).run.status)) continue;
+      try { loaded.set(runId, await loadConversation(runId)); } catch (err) { loaded.set(runId, { error: err.message }); }
+      if (alive) render();
+    }
+    const el = document.getElementById("compare");
+    if (el) el.scrollIntoView({ block: "nearest" });
+  }
+
+  function render() {
+    if (error) { root.replaceChildren(h("p", {}, h("a", { href: "#/replays" }, "← Replays")), notice(error)); return; }
+    if (!replay) { root.replaceChildren(h("p", { class: "muted" }, "Loading…")); return; }
+    const r = replay;
+    const judged = r.results.filter((x) => x.pass !== null && x.pass !== undefined);
+    const passed = judged.filter((x) => x.pass).length;
+    const delta = (p) => (p.recorded ? ` (${p.replayed >= p.recorded ? "+" : ""}${Math.round(((p.replayed - p.recorded) / p.recorded) * 100)}%)` : "");
+    const rows = r.results.map((x) => {
+      const d = x.diff || {};
+      return h("tr", { "data-replay-run": x.replayRunId, class: open === x.replayRunId ? "selected" : null },
+        h("td", { class: "mono" }, h("a", { href: `#/runs/${x.recordedRunId}` }, shortId(x.recordedRunId))),
+        h("td", { class: "mono" }, h("a", { href: `#/runs/${x.replayRunId}` }, shortId(x.replayRunId))),
+        h("td", {}, badge(x.status)),
+        h("td", {}, verdict(x.pass)),
+        h("td", { class: "num" }, d.toolCalls ? d.toolCalls.distance : "–"),
+        h("td", {}, d.output ? (d.output.equal ? "equal" : "differs") : "–"),
+        h("td", { class: "num" }, d.tokens && d.tokens.recorded !== null && d.tokens.recorded !== undefined ? `${fmtInt(d.tokens.recorded)} → ${fmtInt(d.tokens.replayed)}` : "–"),
+        h("td", {}, h("button", { class: "link", "aria-expanded": open === x.replayRunId ? "true" : "false",
+          onclick: () => compare(x) }, open === x.replayRunId ? "Hide" : "Compare")));
+    });
+    const chosen = r.results.find((x) => x.replayRunId === open);
+    root.replaceChildren(
+      h("p", {}, h("a", { href: "#/replays" }, "← Replays")),
+      h("section", { class: "run-head" },
+        h("div", {}, h("h1", {}, "Replay ", h("span", { class: "mono" }, shortId(r.id))),
+          h("p", { class: "muted" }, changeText(r.change), ` · scorer ${r.scorer} · tool policy ${r.toolPolicy}`,
+            r.fromSeq ? ` · from step ${r.fromSeq}` : "")),
+        h("div", { class: "head-status" }, replayStatus(r.status))),
+      h("section", { class: "card totals", "aria-label": "report" },
+        h("div", { class: "big" }, h("div", { class: "figure", "data-pass-rate": r.passRate ?? "" }, fmtRate(r.passRate)), h("div", { class: "muted small" }, `pass rate · ${passed} of ${judged.length} judged`)),
+        h("div", { class: "big" }, h("div", { class: "figure" }, `${r.finished} / ${r.runs}`), h("div", { class: "muted small" }, "replay runs finished")),
+        h("div", { class: "big" }, h("div", { class: "figure" }, fmtInt(r.tokens.replayed)), h("div", { class: "muted small" }, `tokens, against ${fmtInt(r.tokens.recorded)} recorded${delta(r.tokens)}`)),
+        h("div", { class: "big" }, h("div", { class: "figure" }, fmtUsd(r.costUsd.replayed)), h("div", { class: "muted small" }, `cost, against ${fmtUsd(r.costUsd.recorded)} recorded${delta(r.costUsd)}`))),
+      h("table", { class: "runs results", "aria-label": "verdicts, one per recorded run" },
+        h("thead", {}, h("tr", {}, ["Recorded run", "Replay run", "Status", "Verdict", "Tool-call distance", "Output", "Tokens", ""]
+          .map((c) => h("th", { scope: "col", class: ["Tool-call distance", "Tokens"].includes(c) ? "num" : null }, c)))),
+        h("tbody", {}, rows)),
+      chosen ? h("section", { id: "compare", class: "card compare-card", "aria-label": "recorded and replayed run, side by side" },
+        h("h2", {}, "Recorded and replayed, side by side"),
+        diffFacts(chosen.diff),
+        h("div", { class: "compare" },
+          sideOf("Recorded", loaded.get(chosen.recordedRunId), chosen.recordedRunId),
+          sideOf("Replayed", loaded.get(chosen.replayRunId), chosen.replayRunId))) : null,
+    );
+  }
+
+  async function refresh() {
+    try {
+      replay = await api.replay(id);
+      error = null;
+    } catch (err) {
+      error = err instanceof ApiError && err.status === 404 ? `No replay ${id} (or not yours to see).` : `cannot load the replay: ${err.message}`;
+    }
+    if (!alive) return;
+    render();
+    if (replay && replay.status !== "COMPLETED") timer = setTimeout(refresh, 2000);
+  }
+  render();
+  refresh();
+  return () => { alive = false; clearTimeout(timer); };
+}
+
 // -- routing ----------------------------------------------------------------------------------------
 
 function route() {
@@ -1073,6 +1253,17 @@ function route() {
   if (path === "/workers") {
     cleanup = workersView();
     document.title = "workers · agentrun";
+    return;
+  }
+  if (path === "/replays") {
+    cleanup = replaysView();
+    document.title = "replays · agentrun";
+    return;
+  }
+  const replayPage = path.match(/^\/replays\/([0-9a-fA-F-]{36})$/);
+  if (replayPage) {
+    cleanup = replayView(replayPage[1].toLowerCase());
+    document.title = `replay ${shortId(replayPage[1])} · agentrun`;
     return;
   }
   if (path === "/schedules") {

@@ -284,7 +284,7 @@ def test_errors_modules_load_no_framework() -> None:
 # part of runtime/ with a narrow interface (issue 45). What it may define, besides dunders:
 DRIVER = {"me", "settings", "drive", "_resume", "_resume_seq", "_loop", "_owed", "_decide", "_finish",
           "_final_answer", "_hand_back_in_outage", "_model_step", "_tool_step"}
-ENGINE_PARTS = {"durable", "messages", "people", "waiting", "subagents", "compaction"}
+ENGINE_PARTS = {"durable", "messages", "people", "waiting", "subagents", "compaction", "recorded"}
 
 
 def test_the_driver_is_the_loop_and_its_two_steps() -> None:

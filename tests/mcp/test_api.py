@@ -54,13 +54,13 @@ async def test_get_tools_lists_python_and_mcp_tools_with_their_rules(store: RunS
             body = r.json()
             assert body["tools"] == [
                 {"name": "local_lookup", "source": "python", "idempotent": False, "requiresApproval": False,
-                 "available": True},
+                 "available": True, "readOnly": False},
                 {"name": "shop__charge", "source": "mcp:shop", "idempotent": False, "requiresApproval": True,
-                 "available": True},
+                 "available": True, "readOnly": False},
                 {"name": "shop__lookup", "source": "mcp:shop", "idempotent": True, "requiresApproval": False,
-                 "available": True},
+                 "available": True, "readOnly": False},
                 {"name": "shop__status", "source": "mcp:shop", "idempotent": True, "requiresApproval": False,
-                 "available": True},
+                 "available": True, "readOnly": True},
             ]
             servers = {s["name"]: s for s in body["servers"]}
             assert servers["shop"] == {"name": "shop", "transport": "http", "connected": True, "error": None}

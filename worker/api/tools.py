@@ -21,6 +21,8 @@ class ToolView(BaseModel):
     idempotent: bool = Field(description="False: a call a crash interrupted waits for a person (in doubt).")
     requiresApproval: bool = Field(description="Every call waits for a person's approval.")  # noqa: N815
     available: bool = Field(description="Calls can go through now (false: its MCP server is not connected).")
+    readOnly: bool = Field(False, description="It only reads (`@tool(..., read_only=True)`, MCP `readOnlyHint`): "  # noqa: N815
+                           "a replay under `recorded_then_live_readonly` may call it live (docs/api.md, Replays).")
 
 
 class ServerView(BaseModel):
@@ -51,7 +53,8 @@ def tools_router(tools: ToolBox, secured: bool) -> APIRouter:
         Scope: `read`."""
         return ToolList(
             tools=[ToolView(name=t.name, source=t.source, idempotent=t.idempotent,
-                            requiresApproval=t.requires_approval, available=t.available) for t in tools.listing()],
+                            requiresApproval=t.requires_approval, available=t.available, readOnly=t.read_only)
+                   for t in tools.listing()],
             servers=[ServerView(name=s.name, transport=s.transport, connected=s.connected, error=s.error)
                      for s in tools.servers()],
         )

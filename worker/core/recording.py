@@ -1,17 +1,20 @@
 """Replays (issue 47): a recorded run run again against a change, its tool calls answered from the recording.
-Pure: what a replay asks for (`NewReplay`), the run each recorded run's replay is (`replay_spec`)."""
+Pure: what a replay asks for (`NewReplay`), the run each recorded run's replay is (`replay_spec`), and which
+recorded result a call of a replay run gets (`Recording`), or why it gets none (`blocked_because`)."""
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import enum
+import json
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from agentrun.worker.core.agents import parse_ref
 from agentrun.worker.core.errors import Problem, Refusal, Refused
-from agentrun.worker.core.records import Run
+from agentrun.worker.core.records import Run, Step, StepKind, StepStatus
 from agentrun.worker.core.submission import RunSpec
 
 
@@ -114,3 +117,94 @@ def unfit_sources(recorded: Sequence[Run], tenant: str | None) -> None:
         seen.add(run.id)
     if not recorded:
         raise Refused.of(Refusal.INVALID, [Problem("runs", "names no run to replay")])
+
+
+# -- tool calls in a replay (docs/api.md "Tool calls in a replay") -----------------------------------
+
+NOT_RECORDED = "not in the recording"
+"""What every error result of a call a replay blocked says (the words a test or a scorer can look for)."""
+
+Key = tuple[str, str]
+"""A call as matching sees it: the tool's name and its canonical input."""
+
+
+def canonical(value: Any) -> str:
+    """A call's input as matching compares it: the JSON value with its object keys sorted, written without
+    insignificant whitespace. Strings (keys and values) compare exactly, character for character; arrays
+    keep their order; numbers compare as JSON parsing gives them (an integer never equals a fraction: 1 is
+    not 1.0; 1e2 is 100.0)."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def key_of(name: str, tool_input: Any) -> Key:
+    return name, canonical(tool_input)
+
+
+def step_key(step: Step) -> Key:
+    """The key of a TOOL step, from the input it stored as JSON text (a text that is not JSON is its own key)."""
+    try:
+        value = json.loads(step.request) if step.request is not None else None
+    except ValueError:
+        return step.tool_name or "", step.request or ""
+    return key_of(step.tool_name or "", value)
+
+
+class Recording:
+    """The results a replay run may be served, and what it took of them.
+
+    The k-th call of the replay with a key gets the recorded result of the k-th recorded call with that key:
+    the recorded run's finished TOOL steps after the replay's starting point (`after_seq`: its fork's seq, 0
+    for a fresh start), in seq order, against the replay run's own TOOL steps after that point, finished,
+    whatever they got (served, blocked or run live). Both come from the step log, so a worker that resumes
+    the replay after a crash counts what the first one served and serves the rest the same."""
+
+    def __init__(self, recorded: Sequence[Step], replayed: Sequence[Step], skip: Callable[[str], bool]) -> None:
+        self._calls: dict[Key, list[Step]] = {}
+        for step in recorded:
+            if step.kind is StepKind.TOOL and step.status is not StepStatus.STARTED and not skip(step.tool_name or ""):
+                self._calls.setdefault(step_key(step), []).append(step)
+        self._made: collections.Counter[Key] = collections.Counter(
+            step_key(s) for s in replayed
+            if s.kind is StepKind.TOOL and s.status is not StepStatus.STARTED and not skip(s.tool_name or ""))
+
+    def take(self, name: str, tool_input: Any) -> Step | None:
+        """The recorded step whose result the next call (`name`, `tool_input`) gets, or None; the call is
+        counted either way (it is answered: served, blocked, or run live)."""
+        key = key_of(name, tool_input)
+        k = self._made[key]
+        self._made[key] += 1
+        calls = self._calls.get(key, [])
+        return calls[k] if k < len(calls) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Abilities:
+    """What a replay needs to know of a tool to run a call of it live."""
+
+    known: bool  # one of the worker's tools (not a sub-agent, not a built-in wait)
+    read_only: bool
+    idempotent: bool
+    destructive: bool
+    needs_approval: bool
+
+
+def blocked_because(policy: ToolPolicy, name: str, tool: Abilities) -> str | None:
+    """Why a call the recording has no result for is not run live (the error result it gets), or None: it
+    runs. Under `recorded` none runs; under `recorded_then_live_readonly` a call of a read-only, idempotent,
+    not destructive tool that needs no approval does. A sub-agent's call or a wait never does: a replay
+    starts no child and waits for nothing the recording does not answer."""
+    if tool.needs_approval:
+        return (f"error: {NOT_RECORDED}: this call of {name} needs a person's approval, and the approval is not "
+                "in the recording (a replay never asks anyone)")
+    if policy is ToolPolicy.RECORDED:
+        return (f"error: {NOT_RECORDED}: the recorded run made no such call of {name} with this input (or not this "
+                "many times); under the tool policy `recorded` a replay runs no tool")
+    if not tool.known:
+        return (f"error: {NOT_RECORDED}: {name} is not a tool a replay may run live (a sub-agent, a wait, or a "
+                "tool this worker does not have)")
+    if not tool.read_only or not tool.idempotent or tool.destructive:
+        why = ("it is destructive" if tool.destructive else "it is not idempotent" if not tool.idempotent
+               else "it is not read-only")
+        return (f"error: {NOT_RECORDED}: the recorded run made no such call of {name} with this input, and {why}: "
+                "a replay never runs it")
+    return None

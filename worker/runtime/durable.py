@@ -62,19 +62,24 @@ class Durable:
                 await asyncio.sleep(self._rng.uniform(delay / 2, delay))
                 again, delay = True, min(delay * 2, 1.0)
 
-    async def settle(self, run: Run, conv: Conversation, use: dict[str, Any], ok: bool, output: str) -> Progress:
-        """Record a call's result without executing it (denied, recorded by a person, an answer checked)."""
+    async def settle(
+        self, run: Run, conv: Conversation, use: dict[str, Any], ok: bool, output: str, recorded_seq: int | None = None,
+    ) -> Progress:
+        """Record a call's result without executing it (denied, recorded by a person, an answer checked, or
+        served from a replay's recording: the recorded step's `recorded_seq`)."""
         tool_use_id, name = use["id"], use["name"]
         write_id = uuid.uuid4()
         progress = await self.write(lambda again: self.steps.settle_tool(
             run.id, self.me, self.lease_seconds, write_id=write_id, epoch=run.lease_epoch, again=again,
             tool_use_id=tool_use_id, tool_name=name, request=dumps(use.get("input")), ok=ok, output=output,
+            recorded_seq=recorded_seq,
         ))
         status = StepStatus.DONE if ok else StepStatus.ERROR
         conv.apply(Step(run.id, conv.steps + 1, StepKind.TOOL, status, tool_name=name, tool_use_id=tool_use_id,
-                        response=output))
-        log.info("%s run=%s TOOL %s id=%s recorded without running: %s", self.me, run.id.hex[:8], name,
-                 tool_use_id, "ok" if ok else "error")
+                        response=output, recorded_seq=recorded_seq))
+        served = f" (served from recorded step {recorded_seq})" if recorded_seq is not None else ""
+        log.info("%s run=%s TOOL %s id=%s recorded without running%s: %s", self.me, run.id.hex[:8], name,
+                 tool_use_id, served, "ok" if ok else "error")
         return progress
 
     async def release(self, run: Run, delay: float | None = None) -> None:

@@ -5,7 +5,8 @@ the worker must let go of it. Resuming after a crash is the same code path as co
 
 The driver is the loop and its two steps, the model's and a tool's. What else a step may be goes to a part
 of its own, each with a narrow interface the loop calls: messages (messages.py), people in the loop
-(people.py), durable waits (waiting.py), sub-agents (subagents.py) and the context window (compaction.py);
+(people.py), durable waits (waiting.py), sub-agents (subagents.py), the context window (compaction.py) and
+the calls of a replay run, answered from its recording (recorded.py);
 the fenced writes they share are durable.py's.
 """
 
@@ -18,13 +19,13 @@ import random
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from agentrun.worker.core import children as sub
 from agentrun.worker.core import context
 from agentrun.worker.core.answer import FINAL_ANSWER, MAX_CORRECTIONS, answer_of, problem, system_sent, tools_sent
 from agentrun.worker.core.children import MAX_CHILDREN_PER_TURN, MAX_DEPTH
-from agentrun.worker.core.decisions import Execute, Fail, Park, Settle
+from agentrun.worker.core.decisions import Execute, Fail, Next, Park, Settle
 from agentrun.worker.core.guard import Stop, deadline_passed, final, guard, remaining
 from agentrun.worker.core.observer import NO_NOTES, UNKNOWN_TOOL, NoObserver, Observer, StepNotes
 from agentrun.worker.core.pricing import PriceTable
@@ -50,6 +51,7 @@ from agentrun.worker.runtime.lease import CancelRequested, LeaseKeeper
 from agentrun.worker.runtime.messages import Messages
 from agentrun.worker.runtime.people import AGAIN, People
 from agentrun.worker.runtime.quotas import Budgets
+from agentrun.worker.runtime.recorded import Recorded
 from agentrun.worker.runtime.subagents import SubAgents
 from agentrun.worker.runtime.waiting import Waits
 from agentrun.worker.store import LeaseLost, RunStore
@@ -135,6 +137,7 @@ class RunDriver:
                                     max_agent_depth=settings.max_agent_depth)
         self.compaction = Compaction(self.durable, store, keeper, self.llm, self.prices, self.observer)
         self.budgets = Budgets(self.durable, store)
+        self.recorded = Recorded(self.durable, store, tools)
 
     @property
     def me(self) -> str:
@@ -167,6 +170,7 @@ class RunDriver:
             self.people.forget(run.id)
             self.sub_agents.forget(run.id)
             self.waits.forget(run.id)
+            self.recorded.forget(run.id)
 
     async def _resume(self, run: Run, progress: Progress, fresh: bool) -> RunStatus | None:
         if run.crashes >= self.settings.max_crash_claims:
@@ -279,7 +283,8 @@ class RunDriver:
     async def _owed(self, run: Run, progress: Progress, conv: Conversation) -> Progress | Stop | None:
         """Take the next step about the tool calls the run owes: a structured answer, a call that runs, a
         result recorded without running it, the run's end; or park the run for people (None), or for its
-        sub-agents once every other call of the turn has its result."""
+        sub-agents once every other call of the turn has its result. A replay run's calls are answered from
+        its recording instead (recorded.py): served, blocked, or run live, never parked."""
         answer = next((u for u in conv.pending.values() if u.get("name") == FINAL_ANSWER), None)
         if answer is not None and run.output_schema is not None:
             return await self._final_answer(run, conv, answer)
@@ -289,14 +294,18 @@ class RunDriver:
         # until one approved it: asked for, or denied (an error result); no child is made before.
         others = [u for u in conv.pending.values()
                   if u.get("name") not in agents or not self.people.approved(run, u, decided)]
+        step: Next | Literal["again"]
         try:
-            if not others:
+            if run.replay_id is not None:  # a replay run: its recording answers, never a person, a child, a timer
+                served = await self.recorded.next(run, conv, list(conv.pending.values()))
+                if not isinstance(served, Execute):
+                    return served
+                step = served
+            elif not others:
                 return await self.sub_agents.calls(run, progress, conv, list(conv.pending.values()))
-            waited = await self.waits.ended(run, conv, others)
-            if waited is not False:
+            elif (waited := await self.waits.ended(run, conv, others)) is not False:
                 return waited
-            step = await self.people.next(run, conv, others)
-            if step == AGAIN:
+            elif (step := await self.people.next(run, conv, others)) == AGAIN:
                 return await self._owed(run, progress, conv)
             with logs.step_context(step_seq=None):
                 if isinstance(step, Execute):

@@ -120,6 +120,19 @@ class Reads(Gateway):
         )
         return [as_step(r) for r in rows]
 
+    async def tool_calls(self, run_ids: list[uuid.UUID], after_seq: int) -> dict[uuid.UUID, list[Step]]:
+        """Each run's finished TOOL steps after `after_seq`, in seq order: what a replay run is served from,
+        and what it took (core/recording.Recording), read in one round trip."""
+        rows = await self._all(
+            f"""SELECT {STEP_COLUMNS} FROM run_step
+                WHERE run_id = ANY(%s) AND seq > %s AND kind = 'TOOL' AND status <> 'STARTED' ORDER BY run_id, seq""",
+            (run_ids, after_seq),
+        )
+        found: dict[uuid.UUID, list[Step]] = {run_id: [] for run_id in run_ids}
+        for row in rows:
+            found[row["run_id"]].append(as_step(row))
+        return found
+
     async def steps_before(self, run_id: uuid.UUID, seq: int) -> list[Step]:
         """The steps before `seq`, in order: what a replay rebuilds that step's request from."""
         rows = await self._all(

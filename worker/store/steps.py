@@ -329,30 +329,32 @@ class StepWrites(Gateway):
     async def settle_tool(
         self, run_id: uuid.UUID, worker: str, lease_seconds: float, *, write_id: uuid.UUID | None = None,
         epoch: int | None = None, again: bool = False, tool_use_id: str, tool_name: str, request: str, ok: bool,
-        output: str,
+        output: str, recorded_seq: int | None = None,
     ) -> Progress:
         """Record a tool call's outcome without executing it (a person denied it, or recorded what a call in
-        doubt did): a finished step, made at once, or the call's STARTED row finished. Never executed
-        here, so a new row counts 0 attempts."""
+        doubt did, or a replay served it from its recording: `recorded_seq`): a finished step, made at once,
+        or the call's STARTED row finished. Never executed here, so a new row counts 0 attempts."""
         row = await self._fenced(
             run_id,
             f"""WITH {FENCE},
                 step AS (
                     INSERT INTO run_step (run_id, seq, kind, tool_name, tool_use_id, status, request, response,
-                                          attempts, worker, finished_at, write_id)
+                                          attempts, worker, finished_at, write_id, recorded_seq)
                     SELECT id, (SELECT coalesce(max(seq), 0) + 1 FROM run_step WHERE run_id = %(id)s),
-                        'TOOL', %(name)s, %(tuid)s, %(status)s, %(request)s, %(output)s, 0, %(worker)s, now(), %(wid)s
+                        'TOOL', %(name)s, %(tuid)s, %(status)s, %(request)s, %(output)s, 0, %(worker)s, now(), %(wid)s,
+                        %(recorded)s
                     FROM fence
                     ON CONFLICT (run_id, tool_use_id) WHERE kind = 'TOOL'
                     DO UPDATE SET status = EXCLUDED.status, response = EXCLUDED.response, worker = EXCLUDED.worker,
-                                  finished_at = now(), write_id = EXCLUDED.write_id
+                                  finished_at = now(), write_id = EXCLUDED.write_id,
+                                  recorded_seq = EXCLUDED.recorded_seq
                     WHERE run_step.status = 'STARTED' OR run_step.write_id = EXCLUDED.write_id
                     RETURNING seq),
                 {OWNED.format(extra="")}
                 SELECT step.seq, {PROGRESS} FROM owned LEFT JOIN step ON true""",
             {"id": run_id, "worker": worker, "lease": lease_seconds, "tuid": tool_use_id, "name": tool_name,
              "request": request, "status": "DONE" if ok else "ERROR", "output": output,
-             "wid": write_id or uuid.uuid4(), "epoch": epoch},
+             "wid": write_id or uuid.uuid4(), "epoch": epoch, "recorded": recorded_seq},
             again=again,
         )
         if row is None:

@@ -1,6 +1,7 @@
 """Tools: the tool box (Python tools, `@tool`, the threads they run on) and the MCP client."""
 
 from agentrun.worker.core.waits import WaitForEvent as WaitForEvent
+from agentrun.worker.tools.box import BUILTINS as BUILTINS
 from agentrun.worker.tools.box import DEFAULT_INPUT_SCHEMA as DEFAULT_INPUT_SCHEMA
 from agentrun.worker.tools.box import SourceStatus as SourceStatus
 from agentrun.worker.tools.box import Tool as Tool

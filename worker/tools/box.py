@@ -77,6 +77,11 @@ class Tool:
     requires_approval: bool = False
     reconcile: ReconcileFunction | None = None
     """Asked about a call in doubt before a person is (engine.py): done, not done, or cannot tell."""
+    read_only: bool = False
+    """It only reads: a replay run may call it live when the recording has no result for the call (the
+    `recorded_then_live_readonly` tool policy), if it is idempotent and not destructive too."""
+    destructive: bool = False
+    """Said to change the world irreversibly (an MCP tool's `destructiveHint: true`): never called by a replay."""
 
     @property
     def is_async(self) -> bool:
@@ -115,6 +120,7 @@ class ToolInfo:
     idempotent: bool
     requires_approval: bool
     available: bool
+    read_only: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,6 +164,7 @@ def tool(
     timeout_seconds: float = 30.0,
     requires_approval: bool = False,
     reconcile: ReconcileFunction | None = None,
+    read_only: bool = False,
 ) -> Callable[[ToolFunction], Tool]:
     """Declare a tool: `@tool(name="lookup", description="…", input_schema={…}, idempotent=True)`.
 
@@ -167,6 +174,8 @@ def tool(
     `reconcile=fn` lets such a tool settle a call in doubt itself: `fn(args, ctx)` (sync or async, within
     `timeout_seconds`) returns the call's result when the call was done, None when it was not (it then
     runs again), and raises when it cannot tell (a person is asked, as without a probe).
+    `read_only=True` says a call changes nothing: a replay under the `recorded_then_live_readonly` tool policy
+    may call it live when the recording has no result for the call (never a tool that is not idempotent).
     """
     if reconcile is not None and not callable(reconcile):
         raise ValueError(f"tool {name}: reconcile must be a function (args, ctx) -> str | None")
@@ -180,7 +189,7 @@ def tool(
     def wrap(fn: ToolFunction) -> Tool:
         return Tool(
             name, description or (fn.__doc__ or "").strip(), schema, fn, idempotent, timeout_seconds, requires_approval,
-            reconcile,
+            reconcile, read_only,
         )
 
     return wrap
@@ -386,12 +395,13 @@ class ToolBox:
 
     def listing(self) -> list[ToolInfo]:
         """Every tool known now, Python and from sources, by name."""
-        found = {t.name: ToolInfo(t.name, "python", t.idempotent, t.requires_approval, True)
+        found = {t.name: ToolInfo(t.name, "python", t.idempotent, t.requires_approval, True, t.read_only)
                  for t in self._tools.values()}
         for source in self.sources:
             up = source.available()
             for t in source.tools():
-                found.setdefault(t.name, ToolInfo(t.name, source.source, t.idempotent, t.requires_approval, up))
+                found.setdefault(t.name, ToolInfo(t.name, source.source, t.idempotent, t.requires_approval, up,
+                                                  t.read_only))
         return [found[n] for n in sorted(found)]
 
     def servers(self) -> list[SourceStatus]:

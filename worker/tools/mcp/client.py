@@ -279,7 +279,8 @@ class McpServer:
                     idempotent=results.idempotent(t, self.config),
                     timeout_seconds=maximum + MAX_GRACE,
                     requires_approval=results.requires_approval(t, self.config),
-                    reconcile=reconcile if probe_tool is not None else None)
+                    reconcile=reconcile if probe_tool is not None else None,
+                    read_only=results.read_only(t), destructive=results.destructive(t))
 
     def _stand_in(self, name: str) -> Tool:
         """A tool of this server's prefix while its list is not known: not idempotent (a call a crash

@@ -44,6 +44,17 @@ def idempotent(tool: types.Tool, config: ServerConfig) -> bool:
     return hints is not None and (hints.idempotent_hint is True or hints.read_only_hint is True)
 
 
+def read_only(tool: types.Tool) -> bool:
+    """Annotated `readOnlyHint: true`: a replay may call it live when its recording has no result for a call."""
+    return tool.annotations is not None and tool.annotations.read_only_hint is True
+
+
+def destructive(tool: types.Tool) -> bool:
+    """Annotated `destructiveHint: true`, whatever else it says: a replay never calls it. (A tool that says
+    nothing is not read-only either, so a replay never calls it live anyway.)"""
+    return tool.annotations is not None and tool.annotations.destructive_hint is True
+
+
 def requires_approval(tool: types.Tool, config: ServerConfig) -> bool:
     """Per the config's override, else `requireApproval`: `all` every call, `destructive` the calls of a
     tool that is not read-only and not annotated `destructiveHint: false` (the MCP specification's

@@ -287,6 +287,22 @@ async def test_concurrent_readers_score_each_pair_once(
     assert sorted(map(str, judged)) == sorted(r["replayRunId"] for r in reports[0]["results"])
 
 
+async def test_a_slow_scorer_judges_over_several_reads(
+    http: httpx.AsyncClient, store: RunStore, db: psycopg.AsyncConnection[Any], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from agentrun.worker.api import replays
+
+    monkeypatch.setattr(replays, "SCORING_BUDGET", 0.0)  # one pair per read
+    runs = [await recorded(store, db, CALLS) for _ in range(3)]
+    made = await make(http, {"runs": [str(r.id) for r in runs]})
+    for result in (await report(http, made["id"]))["results"]:
+        await finish(db, result["replayRunId"], CALLS)
+    seen = [await report(http, made["id"]) for _ in range(3)]
+    assert [(r["status"], r["finished"], r["scored"]) for r in seen] == [
+        ("RUNNING", 3, 1), ("RUNNING", 3, 2), ("COMPLETED", 3, 3)]
+    assert seen[-1]["passRate"] == 1.0
+
+
 async def test_a_recorded_run_pruned_since_is_said_so(
     http: httpx.AsyncClient, store: RunStore, db: psycopg.AsyncConnection[Any],
 ) -> None:

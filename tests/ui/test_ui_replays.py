@@ -66,5 +66,12 @@ async def test_a_replays_report_and_a_pair_side_by_side(
         assert await page.locator("img").count() == 0
         await page.screenshot(path=shot("ui-replay.png", tmp_path), full_page=True)
 
+        # The replay run's own page says what it replays.
+        await replayed_side.get_by_role("link", name=results[str(b.id)][:8]).click()
+        await expect(page.locator("#replay-of")).to_contain_text(f"Replay of run {str(b.id)[:8]} in replay {replay_id[:8]}")
+        await page.screenshot(path=shot("ui-replay-run.png", tmp_path))
+        await page.locator("#replay-of").get_by_role("link", name=replay_id[:8]).click()
+        await expect(page.locator("[data-pass-rate]")).to_have_text("50%")
+
         await page.goto(f"{url}/ui/#/replays/00000000-0000-0000-0000-000000000001")
         await expect(page.get_by_role("alert")).to_contain_text("No replay")

@@ -61,6 +61,8 @@ from agentrun.worker.tools import ToolBox
 MAX_REPLAY_RUNS = 1000
 DEFAULT_SELECTOR_LIMIT = 100
 MAX_SELECTOR_CHARS = 4096
+SCORING_BUDGET = 10.0
+"""Seconds a read of replays spends judging pairs before it answers (a client waits 30 s by default)."""
 FINISHED = tuple(s for s in RunStatus if s.terminal)
 FinishedStatus = Literal["SUCCEEDED", "FAILED", "CANCELLED", "TIMED_OUT"]
 
@@ -185,10 +187,12 @@ class ReplaySummary(Camel):
     """A replay in a list (GET /api/replays/{id} has its results)."""
 
     id: uuid.UUID
-    status: Literal["RUNNING", "COMPLETED"] = Field(description="RUNNING until every replay run has finished.")
+    status: Literal["RUNNING", "COMPLETED"] = Field(description="RUNNING until every replay run has finished and "
+                                                    "been scored, then COMPLETED.")
     pass_rate: float | None = Field(description="Passed over judged pairs; null until one is judged.")
     runs: int
-    finished: int
+    finished: int = Field(description="Replay runs that have finished.")
+    scored: int = Field(description="Pairs scored: a verdict stored (pass, fail, or none for a recording gone).")
     scorer: str
     tool_policy: ToolPolicy
     change: dict[str, Any]
@@ -199,11 +203,12 @@ class ReplaySummary(Camel):
 
     @classmethod
     def fields_of(cls, replay: Replay) -> dict[str, Any]:
-        done = replay.finished >= replay.runs
+        done = replay.scored >= replay.runs
         return dict(
             id=replay.id, status="COMPLETED" if done else "RUNNING",
             pass_rate=replay.passed / replay.judged if replay.judged else None, runs=replay.runs,
-            finished=replay.finished, scorer=replay.scorer, tool_policy=ToolPolicy(replay.tool_policy),
+            finished=replay.finished, scored=replay.scored, scorer=replay.scorer,
+            tool_policy=ToolPolicy(replay.tool_policy),
             change=replay.request.get("change") or {}, from_seq=replay.from_seq, created_at=replay.created_at,
             created_by=replay.created_by, tenant=replay.tenant)
 
@@ -341,17 +346,19 @@ class ReplayRoutes:
     async def get(self, replay_id: ReplayId, request: Request) -> ReplayView:
         """A replay and its report: each recorded run with its replay run's status and verdict, the pass rate
         and the totals. A replay run that has finished is scored the first time the replay is read after, and
-        its verdict kept. `status` is RUNNING until every replay run has finished, then COMPLETED. Scope: `read`."""
+        its verdict kept (a slow custom scorer judges for at most SCORING_BUDGET seconds per read; the rest on the
+        next reads). `status` is RUNNING until every replay run has finished and been scored, then COMPLETED.
+        Scope: `read`."""
         viewer = viewer_of(request)
         replay = await self.store.replay(replay_id, viewer)
         if replay is None:
             raise _not_found(replay_id)
-        await self.store.score(replay.id, self._judge(replay.scorer))
+        await self.store.score(replay.id, self._judge(replay.scorer), SCORING_BUDGET)
         pairs = await self.store.pairs(replay)
         # The counts as the results read them (another reader may have scored since the replay was read).
         judged = [p.passed for p in pairs if p.passed is not None]
         replay = dataclasses.replace(replay, runs=len(pairs), finished=sum(p.replayed.status.terminal for p in pairs),
-                                     judged=len(judged), passed=sum(judged))
+                                     scored=sum(p.scored for p in pairs), judged=len(judged), passed=sum(judged))
         return ReplayView(
             **ReplaySummary.fields_of(replay),
             results=[ReplayResult.model_validate({
@@ -401,7 +408,8 @@ class ReplayRoutes:
         if after is not None and not found and await self.store.replay(after, viewer) is None:
             raise _field_error(422, "after", "names no replay; pass the `next` of a previous page")
         page = found[:limit]
-        scored = [await self.store.score(r.id, self._judge(r.scorer)) for r in page if r.judged < r.finished]
+        scored = [await self.store.score(r.id, self._judge(r.scorer), SCORING_BUDGET / len(page))
+                  for r in page if r.scored < r.finished]
         if any(scored):  # read again, with the verdicts just written
             found = await self.store.replays(viewer, limit + 1, after)
             page = found[:limit]

@@ -99,6 +99,7 @@ WORKER_ENV = (
     "AGENTRUN_WEBHOOK_TIMEOUT_SECONDS (default 10); AGENTRUN_WEBHOOK_BACKOFF (first retry waits, default 5,10,30); "
     "AGENTRUN_WEBHOOK_BACKOFF_MAX_SECONDS (default 3600); AGENTRUN_WEBHOOK_GIVE_UP_SECONDS (default 86400); "
     "AGENTRUN_WEBHOOK_POLL_SECONDS (default 5); "
+    "AGENTRUN_REPLAY_SCORERS (comma-separated module:function custom scorers replays may name); "
     "AGENTRUN_DATABASE_RETRY_MAX_SECONDS (longest wait between attempts to reach the database, default 5)."
 )
 """The environment of `agentrun worker`, as its --help lists it."""

@@ -16,6 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 from agentrun.worker.core.answer import FINAL_ANSWER, problem
+from agentrun.worker.core.recording import canonical
 from agentrun.worker.core.records import Run, RunStatus, Step, StepKind
 
 EXACT = "exact"
@@ -33,7 +34,8 @@ MAX_SHOWN_CALLS = 200
 
 @dataclasses.dataclass(frozen=True)
 class ToolCall:
-    """A tool call the model asked for: its name and its input in canonical JSON (keys sorted, no spaces)."""
+    """A tool call the model asked for: its name and its input in canonical JSON, as a replay matches calls
+    (core/recording.py `canonical`: keys sorted, no whitespace)."""
 
     name: str
     input: str
@@ -81,18 +83,6 @@ def view_of(run: Run, steps: Iterable[Step]) -> RunView:
 
 Scorer = Callable[[RunView, RunView], Any]
 """A custom scorer (`module:function`): both runs in, a bool or `{"pass": bool, ...}` out."""
-
-
-def canonical(value: Any) -> str:
-    """A tool input as canonical JSON: keys sorted, no whitespace, so inputs that differ only in key order or
-    in the spacing of their JSON text compare equal."""
-    if isinstance(value, str):
-        text = value
-        try:
-            value = json.loads(text)
-        except ValueError:
-            return text
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def tool_calls_of(steps: Iterable[Step]) -> tuple[ToolCall, ...]:

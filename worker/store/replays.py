@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
@@ -24,14 +25,14 @@ from agentrun.worker.store.rows import RUN_COLUMNS, STEP_COLUMNS, as_run, as_ste
 VISIBLE_REPLAY = "(%(viewer_tenant)s::text IS NULL OR p.tenant = %(viewer_tenant)s)"
 
 REPLAY_COLUMNS = """p.id, p.tenant, p.created_by, p.created_at, p.request, p.tool_policy, p.scorer, p.from_seq,
-    c.runs, c.finished, v.judged, v.passed"""
+    c.runs, c.finished, v.scored, v.judged, v.passed"""
 
 # Its runs, those finished, and its verdicts so far (judged: a pass or a fail; passed: passes).
 COUNTS = """CROSS JOIN LATERAL (
         SELECT count(*) AS runs, count(*) FILTER (WHERE r.status NOT IN ('QUEUED', 'RUNNING', 'WAITING')) AS finished
         FROM run r WHERE r.replay_id = p.id) c
     CROSS JOIN LATERAL (
-        SELECT count(x.pass) AS judged, count(*) FILTER (WHERE x.pass) AS passed
+        SELECT count(*) AS scored, count(x.pass) AS judged, count(*) FILTER (WHERE x.pass) AS passed
         FROM replay_result x WHERE x.replay_id = p.id) v"""
 
 GET_REPLAY = f"SELECT {REPLAY_COLUMNS} FROM replay p {COUNTS} WHERE p.id = %(id)s AND {VISIBLE_REPLAY}"
@@ -83,6 +84,7 @@ class Replay:
     from_seq: int | None
     runs: int = 0
     finished: int = 0
+    scored: int = 0  # pairs with a verdict stored (a pass, a fail, or none for a recording pruned since)
     judged: int = 0  # pairs with a pass or a fail
     passed: int = 0
 
@@ -105,7 +107,7 @@ Judge = Callable[[Run, Sequence[Step], Run | None, Sequence[Step]], Awaitable[Ve
 
 def _replay(row: dict[str, Any]) -> Replay:
     row = dict(row)
-    for count in ("runs", "finished", "judged", "passed"):
+    for count in ("runs", "finished", "scored", "judged", "passed"):
         row[count] = int(row[count])
     return Replay(**row)
 
@@ -146,13 +148,15 @@ class Replays(Gateway):
             return []
         return [as_run(r) for r in await self._all(RUNS_BY_ID, {"ids": list(ids)})]
 
-    async def score(self, replay_id: uuid.UUID, judge: Judge) -> int:
+    async def score(self, replay_id: uuid.UUID, judge: Judge, budget: float | None = None) -> int:
         """Judge the replay's finished runs that have no verdict yet and store each verdict, once; returns how
         many were stored. Readers of one replay take turns (an advisory lock held while they judge): the
-        second finds the first's verdicts and judges none again."""
+        second finds the first's verdicts and judges none again. `budget`: seconds after which no further pair
+        is begun (a slow scorer's pairs are then judged over several reads)."""
         if not (await self._one(ANY_UNSCORED, {"id": replay_id}) or {}).get("unscored"):
             return 0
         stored = 0
+        deadline = time.monotonic() + budget if budget is not None else None
         async with self.pool.connection() as conn, conn.transaction():
             cur = conn.cursor(row_factory=dict_row)
             await cur.execute(LOCK.encode(), {"lock_class": REPLAY_SCORE_LOCK_CLASS, "id": replay_id})
@@ -168,6 +172,8 @@ class Replays(Gateway):
                     "replay_id": replay_id, "run_id": replayed.id, "recorded_id": replayed.replay_of,
                     "pass": verdict.passed, "diff": Jsonb(verdict.diff)})
                 stored += cur.rowcount
+                if deadline is not None and time.monotonic() > deadline:  # one pair at least, each read
+                    break
         return stored
 
     @staticmethod

@@ -778,8 +778,13 @@ function lineage(run, descendants, children) {
   const made = (descendants || []).filter((r) => !subAgents.has(r.id));
   const from = made.length ? h("p", { id: "descendants" }, "Continued or forked as: ",
     made.map((r, i) => [i ? ", " : "", h("a", { href: `#/runs/${r.id}`, class: "mono", "data-run": r.id }, shortId(r.id)), " ", badge(r.status)])) : null;
-  if (!run.parentRunId) return from;
-  return h("div", { class: "lineage" }, parentLine(run), from);
+  // A replay's run: the replay it is part of and the recorded run it replays (issue 47).
+  const replayed = run.replayId ? h("p", { id: "replay-of" }, "Replay of run ",
+    h("a", { href: `#/runs/${run.replayOf}`, class: "mono" }, shortId(run.replayOf || "")), " in replay ",
+    h("a", { href: `#/replays/${run.replayId}`, class: "mono" }, shortId(run.replayId)),
+    run.toolPolicy ? ` · tool calls: ${run.toolPolicy}` : "") : null;
+  if (!run.parentRunId) return replayed || from ? h("div", { class: "lineage" }, replayed, from) : null;
+  return h("div", { class: "lineage" }, replayed, parentLine(run), from);
 }
 
 function parentLine(run) {

@@ -10,12 +10,18 @@ import pytest
 
 from agentrun.worker.core.records import Progress
 from agentrun.worker.store import Claim, RunStore
-from bench import claim, fairness, long_run, memory, pickup, throughput
+from bench import claim, fairness, long_run, memory, pickup, replay, throughput
 
 
 async def test_throughput_runs_every_run_to_the_end(database_url: str) -> None:
     figures = await throughput.bench(database_url, runs=6, turns=2, concurrency=3)
     assert figures["statuses"] == {"SUCCEEDED": 6} and figures["steps"] == 6 * 5
+
+
+async def test_replay_serves_every_call_of_every_run_from_the_recording(database_url: str) -> None:
+    figures = await replay.bench(database_url, runs=4, turns=2, concurrency=2)
+    assert figures["statuses"] == {"SUCCEEDED": 4}
+    assert (figures["served_calls"], figures["calls_not_served"]) == (4 * 2, 0)
 
 
 async def test_long_run_times_every_step(database_url: str) -> None:

@@ -21,6 +21,7 @@ from agentrun.worker.store.children import CANCEL_DESCENDANTS
 from agentrun.worker.store.gateway import Gateway
 from agentrun.worker.store.groupcommit import Shared
 from agentrun.worker.store.insert import INSERT_RUN, run_row
+from agentrun.worker.store.rows import RUN_COLUMNS, as_run
 from agentrun.worker.store.tenants import admit
 
 # A continued or forked run starts with the steps of its parent, copied and marked inherited: replay
@@ -108,7 +109,7 @@ def run_params(new: NewRun) -> dict[str, Any]:
 KNOWN_TENANT = """WITH known AS (
     INSERT INTO tenant (name) SELECT %(tenant)s WHERE NOT EXISTS (SELECT 1 FROM tenant WHERE name = %(tenant)s)
     ON CONFLICT DO NOTHING)"""
-_INSERT = f"{KNOWN_TENANT}\n{INSERT_RUN.format(gate='')}".encode()
+_INSERT = f"{KNOWN_TENANT}\n{INSERT_RUN.format(gate='', returning='r.id')}".encode()
 
 
 # Runs made alone, many at once (Submissions.create): the runs of a group-commit batch in one statement, each
@@ -120,7 +121,7 @@ _INSERT = f"{KNOWN_TENANT}\n{INSERT_RUN.format(gate='')}".encode()
 NO_QUOTAS = """WHERE NOT EXISTS (SELECT 1 FROM tenant q WHERE q.name = n.tenant AND (q.max_queued IS NOT NULL
         OR q.tokens_per_day IS NOT NULL OR q.cost_per_day_usd IS NOT NULL))
     ORDER BY n.tenant, n.idempotency_key"""
-UNLIMITED_RUNS = INSERT_RUN.format(gate=NO_QUOTAS)
+UNLIMITED_RUNS = INSERT_RUN.format(gate=NO_QUOTAS, returning=RUN_COLUMNS)  # the run as read: no read after
 _INSERT_MANY = f"""WITH known AS (
     INSERT INTO tenant (name) SELECT DISTINCT k.tenant FROM jsonb_to_recordset(%(runs)s::jsonb) AS k (tenant text)
     WHERE NOT EXISTS (SELECT 1 FROM tenant WHERE name = k.tenant) ORDER BY k.tenant
@@ -249,13 +250,11 @@ class Submissions(Gateway):
         batch failed (the run, made or not, is then looked for by its id on the way that follows)."""
         row = params["runs"].obj[0]
         try:
-            made = await self.writes.write(params["id"], _INSERT_MANY, {"runs": params["runs"]}, (INSERT_MANY, (row,)))
+            made = await self.inserts.write(params["id"], _INSERT_MANY, {"runs": params["runs"]}, (INSERT_MANY, (row,)))
         except psycopg.Error:
             return None
         if made is not None:
-            run = await self.get(params["id"])
-            assert run is not None
-            return run, True
+            return as_run(made), True
         # Not made: a run with its key or id was there (committed before this statement's snapshot or
         # while it waited), or its tenant has quotas.
         first = await self._one(_FIRST, params)

@@ -195,6 +195,10 @@ async def cancel_in(cur: psycopg.AsyncCursor[dict[str, Any]], run_id: uuid.UUID,
 _FIRST = """SELECT id FROM run WHERE id = %(id)s
     OR (%(key)s::text IS NOT NULL AND tenant = %(tenant)s AND idempotency_key = %(key)s)"""
 
+# The same, read whole: one query for a retry answered from the batch (Submissions._made_with_others).
+_FIRST_RUN = f"""SELECT {RUN_COLUMNS} FROM run r WHERE r.id = %(id)s
+    OR (%(key)s::text IS NOT NULL AND r.tenant = %(tenant)s AND r.idempotency_key = %(key)s)"""
+
 # A replay, made with its runs (Submissions.create_replay); a replay whose id or (tenant, Idempotency-Key) is
 # taken already is left as it is, and no run is made.
 _INSERT_REPLAY = """INSERT INTO replay (id, tenant, created_by, request, tool_policy, scorer, from_seq, idempotency_key)
@@ -257,9 +261,8 @@ class Submissions(Gateway):
             return as_run(made), True
         # Not made: a run with its key or id was there (committed before this statement's snapshot or
         # while it waited), or its tenant has quotas.
-        first = await self._one(_FIRST, params)
-        run = await self.get(first["id"]) if first is not None else None
-        return (run, False) if run is not None else None
+        first = await self._one(_FIRST_RUN, params)
+        return (as_run(first), False) if first is not None else None
 
     async def first_replay(self, replay: NewReplay, tenant: str) -> uuid.UUID | None:
         """The replay made already with `replay`'s id or its tenant's Idempotency-Key, if any."""

@@ -195,6 +195,9 @@ def _schedule_rule(response: Any) -> bool:
         return False
     if response.status_code == 422 and all(f in ("run.webhook.url", "run.webhook.secretRef") for f, _ in fields):
         return True  # the URL policy and the configured secrets, as for a run (below)
+    if response.status_code == 422 and fields == [("run.tenant", p) for _, p in fields] and all(
+            p.startswith("a schedule's runs are its own tenant's") for _, p in fields):
+        return True  # the template's tenant against the schedule's (the body's or the caller's): no schema says it
     if response.status_code == 404:
         return all(f == "run.agent" or f.startswith("run.subAgents[") for f, _ in fields)
     if response.status_code == 422 and len(fields) == 1 and fields[0][0] in (

@@ -460,10 +460,11 @@ def replays_router(
     routes = ReplayRoutes(store, submissions, Scorers(settings.replay_scorers), prices)
     secured = identities.enabled if identities is not None else bool(settings.api_token or settings.api_tokens_file)
     router = APIRouter(prefix="/api/replays", tags=["replays"], route_class=OrjsonRoute,
-                       responses=documented_errors(secured))
+                       responses=documented_errors(secured, runs=False))
     read = access(Scope.READ, secured)
     router.post("", status_code=201, response_model=ReplayCreated, **access(Scope.SUBMIT, secured),
                 responses=CREATE_ERRORS)(routes.create)
     router.get("", response_model=ReplayPage, **read)(routes.list)
-    router.get("/{id}", response_model=ReplayView, **read)(routes.get)
+    router.get("/{id}", response_model=ReplayView, **read,
+               responses={404: {"model": ErrorBody, "description": "No such replay (or another tenant's)"}})(routes.get)
     return router

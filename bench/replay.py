@@ -1,4 +1,4 @@
-"""B12 (issue 47): a replay of `--runs` recorded runs against running them fresh, on the same zero-latency model.
+"""B14 (issue 47): a replay of `--runs` recorded runs against running them fresh, on the same zero-latency model.
 
 The fresh runs (each `--turns` tool turns of a no-op tool and a final answer) are made and run to the end by an
 in-process worker: they are the recording. Then one replay of all of them (`Door.replay`, tool policy
@@ -99,7 +99,7 @@ def main() -> None:
         env = _pg.describe(url)
         figures = asyncio.run(bench(url, args.runs, args.turns, args.concurrency))
     figures.update(env)
-    print(f"B12 replay: {figures['runs']} runs × {2 * args.turns + 1} steps, concurrency {args.concurrency}")
+    print(f"B14 replay: {figures['runs']} runs × {2 * args.turns + 1} steps, concurrency {args.concurrency}")
     print(f"  fresh {figures['fresh_seconds']} s, replayed {figures['replay_seconds']} s: ratio {figures['ratio']} "
           f"(target ≤ {TARGET_RATIO}: {'met' if figures['met'] else 'MISSED'})")
     print(f"  replay runs {figures['statuses']}; {figures['served_calls']} calls served from the recording, "

@@ -10,7 +10,7 @@ import pytest
 
 from agentrun.worker.core.records import Progress
 from agentrun.worker.store import Claim, RunStore
-from bench import claim, fairness, long_run, memory, pickup, replay, submit, throughput
+from bench import capacity, claim, fairness, long_run, memory, pickup, replay, submit, throughput
 
 
 async def test_throughput_runs_every_run_to_the_end(database_url: str) -> None:
@@ -162,3 +162,20 @@ async def test_fairness_times_each_small_tenants_run(database_url: str) -> None:
     assert figures["small"] == 3 and figures["steps"] > 0
     many = await claim.measure(database_url, queued=50, claimers=2, claims_each=5, tenants=5)
     assert many["double_claims"] == 0 and many["claims_recorded"] == many["claims"]
+
+
+async def test_capacity_measures_a_step_and_a_renewal(database_url: str) -> None:
+    measured = await capacity.measure(database_url, runs=4, turns=1, concurrency=2)
+    assert measured["steps"] == 4 * 3 and measured["wal_bytes_per_step"] > 0
+    renewed = await capacity.renewals(database_url, held=20, rounds=2)
+    assert renewed["held"] == 20 and renewed["wal_bytes_per_renewal"] > 0
+
+
+def test_capacity_counts_each_run_in_flight_for_its_steps_and_its_lease() -> None:
+    measured = {"server_cpu_ms_per_step": 0.5, "wal_bytes_per_step": 1000.0,
+                "renewal": {"server_cpu_ms_per_renewal": 0.05, "wal_bytes_per_renewal": 300.0, "renew_every_s": 10.0}}
+    table = capacity.capacity(measured, cores=2, utilisation=0.5)
+    assert table["steps_per_s_at_zero_latency"] == 2000
+    # at 1 s: each run costs 2 steps (1 ms) and a twentieth of a renewal's 0.05 ms a second
+    assert table["in_flight"]["1s"]["runs"] == round(1000 / (1.0 + 0.005))
+    assert table["in_flight"]["30s"]["steps_per_s"] < table["in_flight"]["1s"]["steps_per_s"]

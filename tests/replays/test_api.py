@@ -28,7 +28,7 @@ from tests.support.tenants import auth, write_identities
 
 CALLS = [("charge", {"amount": 5, "to": "bob"}, "charged 5"), ("lookup", {"q": "x"}, "found x")]
 SCORERS = ("tests.replays.test_api:cheaper", "tests.replays.test_api:raises", "tests.replays.test_api:counted",
-           "tests.replays.test_api:garbage")
+           "tests.replays.test_api:garbage", "tests.replays.test_api:judge", "tests.replays.test_api:opinionless")
 
 # -- the custom scorers the app is configured with (AGENTRUN_REPLAY_SCORERS) ------------------------------------
 
@@ -46,6 +46,22 @@ def raises(recorded: RunView, replayed: RunView) -> bool:
 
 def garbage(recorded: RunView, replayed: RunView) -> Any:
     return "maybe"
+
+
+async def judge(recorded: RunView, replayed: RunView) -> dict[str, Any]:
+    """An LLM judge would await its model here."""
+    await asyncio.sleep(0)
+    return {"pass": replayed.output == recorded.output, "reason": "same answer"}
+
+
+class Judge:
+    """A scorer object whose __call__ is a coroutine."""
+
+    async def __call__(self, recorded: RunView, replayed: RunView) -> bool:
+        raise ValueError("no opinion")
+
+
+opinionless = Judge()
 
 
 def counted(recorded: RunView, replayed: RunView) -> bool:
@@ -262,13 +278,16 @@ async def test_custom_scorers_and_their_failures(
     a = await recorded(store, db, CALLS)
     await db.execute("UPDATE run SET tokens_used = 100 WHERE id = %s", (a.id,))
     results = {}
-    for scorer in ("cheaper", "raises", "garbage"):
+    for scorer in ("cheaper", "raises", "garbage", "judge", "opinionless"):
         made = await make(http, {"runs": [str(a.id)], "scorer": f"tests.replays.test_api:{scorer}"})
         await finish(db, (await report(http, made["id"]))["results"][0]["replayRunId"], CALLS, tokens=30)
         results[scorer] = (await report(http, made["id"]))
     assert results["cheaper"]["passRate"] == 1.0
     assert results["cheaper"]["results"][0]["diff"]["scorerDetail"] == {"saved": 70}
-    for broken, said in (("raises", "RuntimeError: the judge is out"), ("garbage", "returned 'maybe'")):
+    assert results["judge"]["results"][0]["diff"]["scorerDetail"] == {"reason": "same answer"}
+    assert results["judge"]["passRate"] == 1.0
+    for broken, said in (("raises", "RuntimeError: the judge is out"), ("garbage", "returned 'maybe'"),
+                         ("opinionless", "ValueError: no opinion")):
         result = results[broken]["results"][0]
         assert result["pass"] is False and said in result["diff"]["scorerError"], result
         assert results[broken]["status"] == "COMPLETED" and results[broken]["passRate"] == 0.0

@@ -75,6 +75,13 @@ async def test_a_replay_at_the_rate_passes_and_json_prints_the_report(
     assert code == 0 and "pass rate: 1.00 (1 of 1 judged)" in out, err
     code, out, err = await agentrun(capsys, "replay", "list", "--url", server_url)
     assert code == 0 and report["id"] in out and "system=…" in out, err
+    replay_run = report["results"][0]["replayRunId"]
+    code, out, err = await agentrun(capsys, "runs", "list", "--url", server_url)
+    assert code == 0 and replay_run not in out and str(a.id) in out, err
+    code, out, err = await agentrun(capsys, "runs", "list", "--replays", "--url", server_url)
+    assert code == 0 and replay_run in out and str(a.id) in out, err
+    code, out, err = await agentrun(capsys, "runs", "list", "--replay-id", report["id"], "--url", server_url)
+    assert code == 0 and replay_run in out and str(a.id) not in out, err
 
 
 async def test_a_replay_that_does_not_finish_in_time(

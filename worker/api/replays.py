@@ -379,18 +379,19 @@ class ReplayRoutes:
             if scorer in report.BUILT_IN:
                 return report.judge(scorer, then, now)
             custom = self.scorers.load(scorer)
+            diff = {**report.compare(then, now), "scorer": scorer}
             if isinstance(custom, str):  # unlisted since, or its module broke
-                diff = {**report.compare(then, now), "scorer": scorer, "scorerError": custom}
-                return report.Verdict(False, diff)
-            if inspect.iscoroutinefunction(custom):  # an LLM judge, say: awaited here
-                diff = {**report.compare(then, now), "scorer": scorer}
-                try:
-                    result = await custom(then, now)
-                except Exception as e:  # a scorer is foreign code: its failure is the pair's
-                    return report.Verdict(False, {**diff, "scorerError": f"{type(e).__name__}: {e}"[:500]})
-                return report.custom_result(diff, result)
-            # A plain function may block: off the event loop.
-            return await asyncio.to_thread(report.judge, scorer, then, now, custom)
+                return report.Verdict(False, {**diff, "scorerError": custom})
+            try:
+                # A coroutine function (an LLM judge, say) is awaited here; a plain function may block: a thread.
+                result = (await custom(then, now) if inspect.iscoroutinefunction(custom)
+                          else await asyncio.to_thread(custom, then, now))
+                if inspect.isawaitable(result):  # a callable object whose __call__ is async
+                    result = await result
+            except Exception as e:  # a scorer is foreign code: its failure is the pair's, said in its diff
+                message = f"{type(e).__name__}: {e}"[:report.MAX_SCORER_ERROR]
+                return report.Verdict(False, {**diff, "scorerError": message})
+            return report.custom_result(diff, result)
 
         return judge
 
@@ -459,10 +460,11 @@ def replays_router(
     routes = ReplayRoutes(store, submissions, Scorers(settings.replay_scorers), prices)
     secured = identities.enabled if identities is not None else bool(settings.api_token or settings.api_tokens_file)
     router = APIRouter(prefix="/api/replays", tags=["replays"], route_class=OrjsonRoute,
-                       responses=documented_errors(secured))
+                       responses=documented_errors(secured, runs=False))
     read = access(Scope.READ, secured)
     router.post("", status_code=201, response_model=ReplayCreated, **access(Scope.SUBMIT, secured),
                 responses=CREATE_ERRORS)(routes.create)
     router.get("", response_model=ReplayPage, **read)(routes.list)
-    router.get("/{id}", response_model=ReplayView, **read)(routes.get)
+    router.get("/{id}", response_model=ReplayView, **read,
+               responses={404: {"model": ErrorBody, "description": "No such replay (or another tenant's)"}})(routes.get)
     return router

@@ -126,6 +126,9 @@ def add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="only runs created at or after TIME (ISO 8601: 2026-12-01, 2026-12-01T09:00:00Z)")
     p.add_argument("--created-before", type=timestamp, metavar="TIME", help="only runs created before TIME")
     p.add_argument("-q", "--query", metavar="TEXT", help="only runs whose input contains TEXT (any case)")
+    p.add_argument("--replays", action="store_true",
+                   help="include the runs of replays (`agentrun replay`), left out by default")
+    p.add_argument("--replay-id", metavar="ID", help="only the runs of this replay")
     p.add_argument("--limit", type=positive_int, metavar="N", help="runs per page (default: 50, at most 200)")
     paging = p.add_mutually_exclusive_group()
     paging.add_argument("--after", metavar="ID", help="the cursor a previous page printed, for the next page")
@@ -381,7 +384,8 @@ def _list(api: RunsClient, args: argparse.Namespace, show: Show) -> int:
 
     filters = {"labelSelector": args.label_selector, "model": args.model, "agent": args.agent,
                "createdBy": args.created_by, "createdAfter": args.created_after,
-               "createdBefore": args.created_before, "q": args.query}
+               "createdBefore": args.created_before, "q": args.query, "replays": "true" if args.replays else None,
+               "replayId": client.checked_run_id(args.replay_id, "--replay-id") if args.replay_id else None}
     if args.all:
         page = api.list_all(args.status, args.limit, args.parent, **filters)
     else:

@@ -226,9 +226,9 @@ class Submissions(Gateway):
         """
         params = run_params(new)
         if params["parent"] is None:  # no steps to inherit in its transaction: it may go with others
-            found = await self._made_with_others(params)
-            if found is not None:
-                return found
+            batched = await self._made_with_others(params)
+            if batched is not None:
+                return batched
         try:
             async with self.pool.connection() as conn, conn.transaction():
                 cur = conn.cursor(row_factory=dict_row)

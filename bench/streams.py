@@ -21,6 +21,7 @@ driving `--runs` runs of many tool turns at `--model-latency` s per model call, 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import datetime
 import json
@@ -29,10 +30,13 @@ import signal
 import socket
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import psycopg  # noqa: E402
 
 from agentrun.worker.store import RunStore  # noqa: E402
 from agentrun.worker.store.pool import open_pool  # noqa: E402
@@ -48,6 +52,13 @@ def rss_kb(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def cpu_s(pid: int) -> float:
+    """A process's CPU time so far (user + system), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # ---- the API process ---------------------------------------------------------------------------------
@@ -66,24 +77,57 @@ async def serve_api(url: str) -> None:
     app = create_app(store, ToolBox([_pg.noop]), WorkerSettings(database_url="unused", worker_id="bench-api",
                                                                 default_model=_pg.MODEL), Metrics())
     hub = app.state.events
-    counts = {"horizons": 0, "reads": 0, "read_runs": 0}
+    counts: dict[str, float] = {"horizons": 0, "reads": 0, "read_runs": 0, "horizon_s": 0.0, "read_s": 0.0}
     horizon, read = hub.feed.horizon, hub.feed.read
 
     async def counted_horizon() -> int | None:
         counts["horizons"] += 1
-        return await horizon()
+        t0 = time.perf_counter()
+        try:
+            return await horizon()
+        finally:
+            counts["horizon_s"] += time.perf_counter() - t0
 
     async def counted_read(since: Any) -> Any:
         counts["reads"] += 1
         counts["read_runs"] += len(since)
-        return await read(since)
+        t0 = time.perf_counter()
+        try:
+            return await read(since)
+        finally:
+            counts["read_s"] += time.perf_counter() - t0
 
     hub.feed.horizon, hub.feed.read = counted_horizon, counted_read
+    # From a run's notification (its commit, as this process hears it) to the end of the read that found it.
+    heard: dict[Any, float] = {}
+    waits: list[float] = []
+    dispatch = hub._dispatch
+
+    def timed_dispatch(note: Any) -> None:
+        if note.channel == "agentrun_events":
+            with contextlib.suppress(ValueError):
+                heard.setdefault(uuid.UUID(note.payload), time.perf_counter())
+        dispatch(note)
+
+    async def timed_read(since: Any) -> Any:
+        found = await counted_read(since)
+        now = time.perf_counter()
+        for run_id in since:
+            at = heard.pop(run_id, None)
+            if at is not None:
+                waits.append(1000 * (now - at))
+        return found
+
+    hub._dispatch, hub.feed.read = timed_dispatch, timed_read
 
     @app.get("/bench/counters", include_in_schema=False)
     async def counters() -> dict[str, Any]:
         subscribers = sum(len(s) for s in hub.subscribers.values())
-        return {**counts, "rounds": hub.rounds, "subscribers": subscribers,
+        taken = sorted(waits)
+        waits.clear()
+        return {**counts, "rounds": hub.rounds, "subscribers": subscribers, "notify_to_read_ms": {
+                    "p50": taken[len(taken) // 2] if taken else None,
+                    "p99": taken[int(0.99 * len(taken))] if taken else None},
                 "statements": counts["horizons"] + 4 * counts["reads"]}
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -185,20 +229,42 @@ class Stream:
             t = datetime.datetime.fromisoformat(at).timestamp()
             committed[position] = max(t, committed.get(position, 0.0))
             if t >= self.clock.since:
-                self.clock.delays.append((now - t) * 1000)
+                self.clock.samples.append((self.run_id, t, now))
                 self.clock.steps += 1
         elif kind == "run" and position in committed and committed[position] >= self.clock.since:
-            self.clock.delays.append((now - committed[position]) * 1000)
+            self.clock.samples.append((self.run_id, committed[position], now))
             self.clock.runs += 1
 
 
 class Clock:
+    """The events timed: (run, its transaction's start, arrival); and when each run's commits were heard."""
+
     def __init__(self) -> None:
         self.measuring = False
         self.since = 0.0
-        self.delays: list[float] = []
+        self.samples: list[tuple[str, float, float]] = []
+        self.heard: dict[str, list[float]] = {}
         self.steps = 0
         self.runs = 0
+
+    async def listen(self, url: str) -> None:
+        """An independent LISTEN on the events channel: PostgreSQL delivers a notification at its commit."""
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+            await conn.execute("LISTEN agentrun_events")
+            async for note in conn.notifies():
+                self.heard.setdefault(note.payload, []).append(time.time())
+
+    def delays(self) -> tuple[list[float], list[float]]:
+        """(from the transaction's start, from its commit as heard) in ms. A run's first commit heard at or
+        after its transaction's start is that transaction's: a run's writes come from its one holder, in turn."""
+        from_start, from_commit = [], []
+        for run_id, started, arrived in self.samples:
+            from_start.append(1000 * (arrived - started))
+            heard = self.heard.get(run_id, [])
+            i = bisect.bisect_left(heard, started)
+            if i < len(heard):
+                from_commit.append(1000 * (arrived - heard[i]))
+        return from_start, from_commit
 
 
 async def _spawn(*args: str) -> tuple[asyncio.subprocess.Process, str]:
@@ -240,10 +306,11 @@ async def _db(conn: Any) -> tuple[int, int]:
 
 
 async def _phase(name: str, seconds: float, port: int, conn: Any, clock: Clock | None,
-                 streams: int) -> dict[str, Any]:
+                 streams: int, pids: dict[str, int]) -> dict[str, Any]:
     await asyncio.sleep(1.1)  # the server flushes its statistics about once a second
     x0, s0 = await _db(conn)
     c0 = await _counters(port)
+    cpu0 = {k: cpu_s(pid) for k, pid in pids.items()}
     t0 = time.time()
     if clock is not None:
         clock.since, clock.measuring = t0, True
@@ -254,6 +321,7 @@ async def _phase(name: str, seconds: float, port: int, conn: Any, clock: Clock |
     elapsed = time.time() - t0
     x1, s1 = await _db(conn)
     c1 = await _counters(port)
+    cpu = {f"{k}_cpu_percent": round(100 * (cpu_s(pid) - cpu0[k]) / elapsed, 1) for k, pid in pids.items()}
     steps = s1 - s0
     statements = c1["statements"] - c0["statements"]
     return {
@@ -262,7 +330,11 @@ async def _phase(name: str, seconds: float, port: int, conn: Any, clock: Clock |
         "db_transactions_per_s": round((x1 - x0 - 4) / elapsed, 1),  # less this process's 4 reads
         "db_transactions_per_step": round((x1 - x0 - 4) / max(steps, 1), 3),
         "feed_statements_per_s": round(statements / elapsed, 1),
-        "feed_reads": c1["reads"] - c0["reads"], "feed_runs_read": c1["read_runs"] - c0["read_runs"],
+        "feed_horizon_ms": round(1000 * (c1["horizon_s"] - c0["horizon_s"])
+                                 / max(1, c1["horizons"] - c0["horizons"]), 1),
+        "feed_read_ms": round(1000 * (c1["read_s"] - c0["read_s"]) / max(1, c1["reads"] - c0["reads"]), 1),
+        "feed_notify_to_read_ms": {k: v and round(v, 1) for k, v in c1["notify_to_read_ms"].items()},
+        "feed_reads": c1["reads"] - c0["reads"], "feed_runs_read": c1["read_runs"] - c0["read_runs"], **cpu,
     }
 
 
@@ -285,6 +357,7 @@ async def bench(url: str, runs: int, streams: int, latency: float, seconds: floa
     port = int(ready.split()[1])
     worker: asyncio.subprocess.Process | None = None
     clock = Clock()
+    listening = asyncio.create_task(clock.listen(url))
     opened: list[Stream] = []
     try:
         # Warm: one stream opened and closed, so the feed's tasks and connections exist before the baseline.
@@ -308,20 +381,21 @@ async def bench(url: str, runs: int, streams: int, latency: float, seconds: floa
         subscribers = (await _counters(port))["subscribers"]
         worker, _ = await _spawn("--part", "worker", "--database-url", url, "--runs", str(runs),
                                  "--turns", str(turns), "--model-latency", str(latency))
+        pids = {"api": api.pid, "worker": worker.pid, "client": os.getpid()}
         async with pool.connection() as conn:
             await conn.set_autocommit(True)
             deadline = time.monotonic() + 60
             while (await _db(conn))[1] < 2 * runs and time.monotonic() < deadline:  # every run under way
                 await asyncio.sleep(0.2)
-            phases = [await _phase("all streams", seconds, port, conn, clock, streams)]
+            phases = [await _phase("all streams", seconds, port, conn, clock, streams, pids)]
             for s in opened[runs:]:
                 assert s.task is not None
                 s.task.cancel()
-            phases.append(await _phase("one stream per run", seconds, port, conn, None, min(runs, streams)))
+            phases.append(await _phase("one stream per run", seconds, port, conn, None, min(runs, streams), pids))
             for s in opened[:runs]:
                 assert s.task is not None
                 s.task.cancel()
-            phases.append(await _phase("no stream", seconds, port, conn, None, 0))
+            phases.append(await _phase("no stream", seconds, port, conn, None, 0, pids))
         failed = [s for s in opened if s.task is not None and s.task.done() and not s.task.cancelled()
                   and s.task.exception() is not None]
     finally:
@@ -331,11 +405,15 @@ async def bench(url: str, runs: int, streams: int, latency: float, seconds: floa
         if worker is not None:
             await _stop(worker)
         await _stop(api)
+        listening.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await listening
         await pool.close()
     full, per_run, _ = phases
     growth = (full["feed_statements_per_s"] / per_run["feed_statements_per_s"]
               if per_run["feed_statements_per_s"] else None)
-    p99 = _pct(clock.delays, 0.99)
+    from_start, from_commit = clock.delays()
+    p99 = _pct(from_commit, 0.99)
     met = {
         "p99": p99 is not None and p99 <= P99_TARGET_MS,
         "db_load_flat": growth is not None and growth <= GROWTH_TARGET,
@@ -343,9 +421,11 @@ async def bench(url: str, runs: int, streams: int, latency: float, seconds: floa
     return {
         "runs": runs, "streams": streams, "model_latency_s": latency, "turns": turns,
         "streams_open_s": round(open_s, 2), "subscribers": subscribers,
-        "events_timed": len(clock.delays), "step_events_timed": clock.steps, "run_events_timed": clock.runs,
-        "delay_ms": {"p50": _pct(clock.delays, 0.5), "p90": _pct(clock.delays, 0.9), "p99": p99,
-                     "max": round(max(clock.delays), 1) if clock.delays else None},
+        "events_timed": len(from_commit), "step_events_timed": clock.steps, "run_events_timed": clock.runs,
+        "delay_ms": {"p50": _pct(from_commit, 0.5), "p90": _pct(from_commit, 0.9), "p99": p99,
+                     "max": round(max(from_commit), 1) if from_commit else None},
+        "delay_from_transaction_start_ms": {"p50": _pct(from_start, 0.5), "p90": _pct(from_start, 0.9),
+                                            "p99": _pct(from_start, 0.99)},
         "phases": phases, "feed_growth": round(growth, 2) if growth is not None else None,
         "api_rss_no_stream_mb": round(rss0 / 1024, 1), "api_rss_idle_streams_mb": round(rss1 / 1024, 1),
         "kb_per_idle_stream": round((rss1 - rss0) / streams, 1),
@@ -362,10 +442,16 @@ def report(f: dict[str, Any]) -> None:
     print(f"  commit → stream delay over {f['events_timed']} events ({f['step_events_timed']} step, "
           f"{f['run_events_timed']} run): p50 {d['p50']} ms, p90 {d['p90']} ms, p99 {d['p99']} ms, max {d['max']} ms "
           f"(target p99 ≤ {P99_TARGET_MS:g}): {'met' if f['met']['p99'] else 'MISSED'}")
+    t = f["delay_from_transaction_start_ms"]
+    print(f"  (from the start of the transaction that wrote it, an upper bound: p50 {t['p50']} ms, p90 {t['p90']} ms, "
+          f"p99 {t['p99']} ms)")
     for p in f["phases"]:
         print(f"  {p['phase']} ({p['streams']}): {p['steps_per_s']} steps/s, database {p['db_transactions_per_s']} "
               f"transactions/s ({p['db_transactions_per_step']} per step), change feed {p['feed_statements_per_s']} "
-              f"statements/s ({p['feed_reads']} reads of {p['feed_runs_read']} runs)")
+              f"statements/s ({p['feed_reads']} reads of {p['feed_runs_read']} runs, {p['feed_read_ms']} ms "
+              f"each; horizon {p['feed_horizon_ms']} ms; notification to read {p['feed_notify_to_read_ms']}); "
+              f"CPU: API {p['api_cpu_percent']} %, worker {p['worker_cpu_percent']} %, "
+              f"this client {p['client_cpu_percent']} %")
     print(f"  feed statements/s with {f['streams']} streams / with one per run: {f['feed_growth']} "
           f"(target ≤ {GROWTH_TARGET}): {'met' if f['met']['db_load_flat'] else 'MISSED'}; "
           f"streams failed: {f['streams_failed']}")

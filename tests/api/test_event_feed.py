@@ -411,14 +411,14 @@ async def test_many_streams_of_one_run_cost_one_read_per_change_and_one_encoding
         return await read(since)
 
     encoded: list[str] = []
-    sse = events._sse
+    sse = events.encode
 
     def counted_sse(kind: str, position: Any, data: Any) -> bytes:
         encoded.append(kind)
         return sse(kind, position, data)
 
     monkeypatch.setattr(hub.feed, "read", counted)
-    monkeypatch.setattr(events, "_sse", counted_sse)
+    monkeypatch.setattr(events, "encode", counted_sse)
     limits = httpx.Limits(max_connections=40, max_keepalive_connections=0)
     async with serving(app) as url, httpx.AsyncClient(base_url=url, limits=limits) as http:
         streams = [Stream(http, f"/api/runs/{run.id}/events").start() for _ in range(20)]

@@ -64,7 +64,7 @@ class Event:
     @functools.cached_property
     def frame(self) -> bytes:
         """The event as sent, encoded once: the feed gives the same Event to every stream of its run."""
-        return _sse(self.kind, self.position, self.data)
+        return encode(self.kind, self.position, self.data)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,7 +398,8 @@ def changes(rows: RunRows, after: Position, horizon: int, prices: PriceTable | N
     return Batch(events, settling, rows.run.status.terminal and not settling, rows.run.status.value, rows.run.steps)
 
 
-def _sse(kind: str, position: Position, data: Any) -> bytes:
+def encode(kind: str, position: Position, data: Any) -> bytes:
+    """One server-sent event as a stream sends it."""
     return b"id: %s\nevent: %s\ndata: %s\n\n" % (event_id(position).encode(), kind.encode(), orjson.dumps(data))
 
 
@@ -412,15 +413,15 @@ async def stream_events(hub: EventHub, run_id: uuid.UUID, after: Position, first
             # The text that came first goes first (it was published before the step that holds it was
             # written); gathered into one event per model call, it never keeps the events waiting long.
             for seq, text in sub.take_deltas():
-                out.append(_sse("delta", position, {"seq": seq, "text": text}))
+                out.append(encode("delta", position, {"seq": seq, "text": text}))
             # Progress of the calls whose step the stream has given, before the steps that end them.
             for data in sub.take_progress():
-                out.append(_sse("progress", position, data))
+                out.append(encode("progress", position, data))
             for event in sub.take_events():
                 position = event.position
                 out.append(event.frame)
             if sub.ended is not None and not sub.events:
-                out.append(_sse("end", position, {"status": sub.ended}))
+                out.append(encode("end", position, {"status": sub.ended}))
                 yield b"".join(out)
                 return
             if out:

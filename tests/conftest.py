@@ -1,7 +1,9 @@
 """Test fixtures: a real PostgreSQL, one migrated template database, and a fresh clone of it per test.
 
-PostgreSQL comes from AGENTRUN_TEST_DATABASE_URL if set, else a testcontainers `postgres:16` when a
-Docker daemon answers, else an embedded server (pgserver) in a temporary directory.
+PostgreSQL comes from AGENTRUN_TEST_DATABASE_URL if set, else from AGENTRUN_TEST_PG (a major version, 14
+to 18: a throwaway server of that version, worker/testing/pg_versions.py, downloaded once), else a
+testcontainers `postgres:16` when a Docker daemon answers, else an embedded server (pgserver, 16) in a
+temporary directory.
 """
 
 from __future__ import annotations
@@ -83,6 +85,11 @@ def postgres_url() -> Iterator[str]:
     """A PostgreSQL server for the whole session; the URL names its maintenance database."""
     if url := os.environ.get("AGENTRUN_TEST_DATABASE_URL"):
         yield url
+    elif major := os.environ.get("AGENTRUN_TEST_PG"):
+        from agentrun.worker.testing import pg_versions
+
+        with pg_versions.server(major) as url:
+            yield url
     elif _docker_answers():
         from testcontainers.postgres import PostgresContainer
 

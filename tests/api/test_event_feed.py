@@ -392,3 +392,43 @@ async def test_positions_keep_growing_across_the_upgrade_so_older_event_ids_stil
             assert max(old) < min(new) and new == sorted(new)
             cur = await conn.execute("SELECT agentrun_event_horizon()")
             assert (await cur.fetchone()) == (new[-1] + 1,)
+
+
+async def test_many_streams_of_one_run_cost_one_read_per_change_and_one_encoding_per_event(
+    app: FastAPI, store: RunStore, db: psycopg.AsyncConnection[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Fan-out (issue 48 §4): the feed reads a changed run once for all its streams, and each event is
+    encoded once and the same bytes sent to every stream, not once per stream."""
+    from agentrun.worker.api import events
+
+    run, _ = await store.create(new_run())
+    hub = app.state.events
+    reads: list[int] = []
+    read = hub.feed.read
+
+    async def counted(since: Any) -> Any:
+        reads.append(len(since))
+        return await read(since)
+
+    encoded: list[str] = []
+    sse = events.encode
+
+    def counted_sse(kind: str, position: Any, data: Any) -> bytes:
+        encoded.append(kind)
+        return sse(kind, position, data)
+
+    monkeypatch.setattr(hub.feed, "read", counted)
+    monkeypatch.setattr(events, "encode", counted_sse)
+    limits = httpx.Limits(max_connections=40, max_keepalive_connections=0)
+    async with serving(app) as url, httpx.AsyncClient(base_url=url, limits=limits) as http:
+        streams = [Stream(http, f"/api/runs/{run.id}/events").start() for _ in range(20)]
+        try:
+            await asyncio.gather(*(s.until(lambda s: bool(s.of("run")), what="the run") for s in streams))
+            reads.clear()
+            encoded.clear()
+            await add_step(db, run.id, 1)
+            await asyncio.gather(*(s.until(has_step(1), timeout=DEADLINE, what="step 1") for s in streams))
+        finally:
+            await asyncio.gather(*(s.close() for s in streams))
+    assert reads and all(n == 1 for n in reads) and len(reads) <= 3, f"reads of the run: {reads}"
+    assert 1 <= encoded.count("step") <= len(reads), f"encodings: {encoded}"

@@ -179,3 +179,11 @@ def test_capacity_counts_each_run_in_flight_for_its_steps_and_its_lease() -> Non
     # at 1 s: each run costs 2 steps (1 ms) and a twentieth of a renewal's 0.05 ms a second
     assert table["in_flight"]["1s"]["runs"] == round(1000 / (1.0 + 0.005))
     assert table["in_flight"]["30s"]["steps_per_s"] < table["in_flight"]["1s"]["steps_per_s"]
+
+
+async def test_streams_bench_opens_every_stream_and_measures_three_phases(database_url: str) -> None:
+    from bench import streams
+
+    f = await streams.bench(database_url, runs=3, streams=6, latency=0.2, seconds=0.5)
+    assert f["subscribers"] == 6 and f["streams_failed"] == 0
+    assert [p["streams"] for p in f["phases"]] == [6, 3, 0] and set(f["met"]) == {"p99", "db_load_flat"}

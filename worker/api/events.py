@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import re
 import time
@@ -59,6 +60,11 @@ class Event:
     def row(self) -> tuple[int, int]:
         """Which row it shows (kind, seq): a newer event of the same row replaces it while unsent."""
         return self.position[1], self.position[2]
+
+    @functools.cached_property
+    def frame(self) -> bytes:
+        """The event as sent, encoded once: the feed gives the same Event to every stream of its run."""
+        return encode(self.kind, self.position, self.data)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -392,7 +398,8 @@ def changes(rows: RunRows, after: Position, horizon: int, prices: PriceTable | N
     return Batch(events, settling, rows.run.status.terminal and not settling, rows.run.status.value, rows.run.steps)
 
 
-def _sse(kind: str, position: Position, data: Any) -> bytes:
+def encode(kind: str, position: Position, data: Any) -> bytes:
+    """One server-sent event as a stream sends it."""
     return b"id: %s\nevent: %s\ndata: %s\n\n" % (event_id(position).encode(), kind.encode(), orjson.dumps(data))
 
 
@@ -401,28 +408,28 @@ async def stream_events(hub: EventHub, run_id: uuid.UUID, after: Position, first
     last_sent = time.monotonic()
     with hub.subscribe(run_id, first, after) as sub:
         while not hub.closing.is_set():
+            # Whatever is ready goes in one write: one send through the server per wake, not one per event.
+            out: list[bytes] = []
             # The text that came first goes first (it was published before the step that holds it was
             # written); gathered into one event per model call, it never keeps the events waiting long.
-            deltas = sub.take_deltas()
-            for seq, text in deltas:
-                yield _sse("delta", position, {"seq": seq, "text": text})
-                last_sent = time.monotonic()
+            for seq, text in sub.take_deltas():
+                out.append(encode("delta", position, {"seq": seq, "text": text}))
             # Progress of the calls whose step the stream has given, before the steps that end them.
-            progress = sub.take_progress()
-            for data in progress:
-                yield _sse("progress", position, data)
-                last_sent = time.monotonic()
-            events = sub.take_events()
-            for event in events:
+            for data in sub.take_progress():
+                out.append(encode("progress", position, data))
+            for event in sub.take_events():
                 position = event.position
-                yield _sse(event.kind, position, event.data)
-                last_sent = time.monotonic()
+                out.append(event.frame)
             if sub.ended is not None and not sub.events:
-                yield _sse("end", position, {"status": sub.ended})
+                out.append(encode("end", position, {"status": sub.ended}))
+                yield b"".join(out)
                 return
+            if out:
+                yield b"".join(out)
+                last_sent = time.monotonic()
             if sub.gone:
                 return  # the run is gone
-            if deltas or events or progress:
+            if out:
                 continue
             sub.wake.clear()
             quiet = not (sub.events or sub.deltas_ready or sub.progress_ready)

@@ -50,6 +50,7 @@ async def in_flight(url: str, runs: int, turns: int, latency: float) -> dict[str
     worker = _pg.make_worker(store, SlowLlm(turns, latency), [_pg.noop], concurrency=runs, pool_size=POOL_SIZE)
     monitor = await open_pool(url, max_size=1)  # apart from the worker's pool, and not counted with it
     peak, all_at_once_s, samples, pool_peak, sessions_peak = 0, None, [], 0, 0
+    at_peak = before
     t0 = time.perf_counter()
     serving = asyncio.create_task(worker.run())
     async with monitor.connection() as conn:
@@ -57,6 +58,8 @@ async def in_flight(url: str, runs: int, turns: int, latency: float) -> dict[str
         while True:
             await asyncio.sleep(0.05)
             now_in_flight = len(worker.driving)
+            if now_in_flight and now_in_flight >= peak:
+                at_peak = rss_mb()  # per run in flight, also when not all of them get in flight at once
             peak = max(peak, now_in_flight)
             if now_in_flight >= runs:
                 samples.append(rss_mb())
@@ -91,7 +94,7 @@ async def in_flight(url: str, runs: int, turns: int, latency: float) -> dict[str
         "steps": steps, "seconds": round(elapsed, 2), "steps_per_s": round(steps / elapsed, 1),
         "latency_bound_steps_per_s": round(runs * (2 * turns + 1) / (model_calls * latency), 1),
         "rss_before_mb": round(before, 1), "rss_in_flight_max_mb": round(max(samples), 1) if samples else None,
-        "kb_per_run_in_flight": round(1024 * (max(samples) - before) / runs, 1) if samples else None,
+        "kb_per_run_in_flight": round(1024 * (at_peak - before) / peak, 1) if peak else None,
         "pool_size": POOL_SIZE, "pool_connections_peak": pool_peak,
         "db_sessions_peak": sessions_peak, "statuses": statuses,
         "writes": stats.writes, "write_batches": stats.batches, "largest_batch": stats.largest,

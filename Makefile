@@ -41,11 +41,12 @@ test: $(STAMP) helm checkov
 PG_VERSIONS ?= 14 15 16 17 18
 PG_MATRIX_TESTS ?= tests/worker tests/tenants tests/replays tests/schedules tests/agents
 test-pg-matrix: $(STAMP)
-	@set -e; for v in $(PG_VERSIONS); do \
+	@failed=""; for v in $(PG_VERSIONS); do \
 	  echo "== PostgreSQL $$v"; \
 	  AGENTRUN_TEST_PG=$$v env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest $(PG_MATRIX_TESTS) \
-	    -q $(PYTEST_ARGS); \
-	done
+	    -q $(PYTEST_ARGS) || failed="$$failed $$v"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "== failed on PostgreSQL$$failed"; exit 1; fi; echo "== passed on $(PG_VERSIONS)"
 
 ## lint: mypy --strict on both packages and ruff on the repo (the suite runs both too, in tests/test_static.py)
 lint: $(STAMP)

@@ -80,6 +80,24 @@ async def test_idempotency_key_returns_the_same_run(client: httpx.AsyncClient, d
     assert count == (2,)
 
 
+async def test_32_clients_resending_one_idempotency_key_at_once_make_exactly_one_run(
+    server_url: str, db: psycopg.AsyncConnection[Any],
+) -> None:
+    """Over real HTTP connections, each its own, all at once: one run, and every answer names it."""
+    headers = {"Idempotency-Key": "order-at-once"}
+
+    async def send() -> httpx.Response:
+        async with httpx.AsyncClient(base_url=server_url, timeout=60) as c:
+            return await c.post("/api/runs", json=RUN, headers=headers)
+
+    answers = await asyncio.gather(*(send() for _ in range(32)))
+    assert {r.status_code for r in answers} == {201}, [r.text for r in answers if r.status_code != 201]
+    assert len({r.json()["id"] for r in answers}) == 1
+    assert sum(r.headers.get("idempotent-replayed") == "true" for r in answers) == 31
+    count = await (await db.execute("SELECT count(*) FROM run WHERE idempotency_key = 'order-at-once'")).fetchone()
+    assert count == (1,)
+
+
 async def test_idempotency_key_reused_for_another_request_is_refused(client: httpx.AsyncClient) -> None:
     headers = {"Idempotency-Key": "order-42"}
     await client.post("/api/runs", json=RUN, headers=headers)

@@ -10,7 +10,7 @@ import pytest
 
 from agentrun.worker.core.records import Progress
 from agentrun.worker.store import Claim, RunStore
-from bench import capacity, claim, fairness, long_run, memory, pickup, replay, throughput
+from bench import capacity, claim, fairness, long_run, memory, pickup, replay, submit, throughput
 
 
 async def test_throughput_runs_every_run_to_the_end(database_url: str) -> None:
@@ -32,6 +32,19 @@ async def test_long_run_times_every_step(database_url: str) -> None:
 async def test_pickup_measures_each_sample(database_url: str) -> None:
     figures = await pickup.bench(database_url, samples=3, poll=60.0, gap=0.0)
     assert figures["samples"] == 3
+
+
+async def test_submit_makes_every_run_exactly_once_through_a_worker_process(database_url: str) -> None:
+    figures = await submit.bench(database_url, clients=3, submissions=12, retry_every=4, warmup=0)
+    assert (figures["submissions"], figures["retries"], figures["runs_made"]) == (12, 3, 12)
+    assert figures["exactly_once"] and figures["errors"] == {}
+
+
+def test_submit_verdict_is_the_whole_target() -> None:
+    assert submit.missed_targets(2100, 40, True, 0) == []
+    assert submit.missed_targets(2100, 60, True, 0) == ["p99 60.0 ms above 50"]
+    assert submit.missed_targets(2100, 40, False, 0) == ["runs made differ from keys sent"]  # fast, not exact
+    assert submit.missed_targets(1000, 40, True, 2) == ["1000 submissions/s below 2000", "2 failed requests"]
 
 
 def test_claim_verdict_is_the_whole_target_not_the_p99_alone() -> None:

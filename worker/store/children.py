@@ -44,7 +44,7 @@ CANCEL_DESCENDANTS = f"""WITH RECURSIVE tree AS (
 
 
 # The children of a spawn: the one statement that makes runs (store/insert.py), behind the parent's fence.
-SPAWNED = INSERT_RUN.format(gate="CROSS JOIN fence WHERE NOT fence.cancel_requested")
+SPAWNED = INSERT_RUN.format(gate="CROSS JOIN fence WHERE NOT fence.cancel_requested", returning="r.id")
 
 
 class Children(Gateway):

@@ -29,6 +29,9 @@ class Gateway:
     ) -> None:
         self.pool = pool
         self.writes = writes or GroupCommit(pool)
+        # New runs are group-committed too (store/submit.py), by a batcher of their own: a burst of
+        # submissions and the steps of held runs do not wait in each other's queue, and each has its figures.
+        self.inserts = GroupCommit(pool, max_batch=self.writes.max_batch)
 
     async def dedicated_connection(self) -> psycopg.AsyncConnection[Any]:
         """A connection of its own, with the pool's settings, for a session that outlives any one query."""

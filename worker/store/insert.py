@@ -20,13 +20,14 @@ RUN_ROW = """id uuid, input text, model text, system text, tools text[], token_b
     tenant text, replay_id uuid, replay_of uuid, tool_policy text"""
 
 # The runs of the rows in %(runs)s (a JSON array), each made once: a run whose id, idempotency key or
-# (parent, tool_use id) is taken already is left as it is (ON CONFLICT DO NOTHING); returns the ids made.
+# (parent, tool_use id) is taken already is left as it is (ON CONFLICT DO NOTHING); returns `{returning}` of
+# each run made (of `r`, the new row): its id, or (store/submit.py, a batch) the whole run as a read returns it.
 # `{gate}` is what the caller's statement joins and asks of each row: nothing for a run made alone; the
 # parent's fence for a spawn (store/children.py), so a child is made only while its parent is held.
 # The deadline counts from when the run becomes claimable: a run scheduled for tomorrow has its whole timeout
 # from tomorrow; a time already past means at once. Children take the clock, not the transaction's start: they
 # list in the order they were asked for.
-INSERT_RUN = f"""INSERT INTO run (id, input, model, system, tools, token_budget, cost_budget_usd, max_steps,
+INSERT_RUN = f"""INSERT INTO run AS r (id, input, model, system, tools, token_budget, cost_budget_usd, max_steps,
         timeout_seconds, deadline_at, idempotency_key, k8s_namespace, k8s_name, require_approval, output_schema,
         parent_run_id, forked_at_seq, created_by, traceparent, priority, run_at, agent, agent_version, sub_agents,
         schedule_name, scheduled_time, webhook, context_management, labels, parent_tool_use_id, root_run_id,
@@ -44,7 +45,7 @@ INSERT_RUN = f"""INSERT INTO run (id, input, model, system, tools, token_budget,
     ) AS at
     {{gate}}
     ON CONFLICT DO NOTHING
-    RETURNING id"""
+    RETURNING {{returning}}"""
 
 
 def run_row(new: NewRun, parent: uuid.UUID | None = None) -> dict[str, Any]:

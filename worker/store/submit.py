@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -18,7 +19,9 @@ from agentrun.worker.core.records import (
 )
 from agentrun.worker.store.children import CANCEL_DESCENDANTS
 from agentrun.worker.store.gateway import Gateway
+from agentrun.worker.store.groupcommit import Shared
 from agentrun.worker.store.insert import INSERT_RUN, run_row
+from agentrun.worker.store.rows import RUN_COLUMNS, as_run
 from agentrun.worker.store.tenants import admit
 
 # A continued or forked run starts with the steps of its parent, copied and marked inherited: replay
@@ -106,7 +109,34 @@ def run_params(new: NewRun) -> dict[str, Any]:
 KNOWN_TENANT = """WITH known AS (
     INSERT INTO tenant (name) SELECT %(tenant)s WHERE NOT EXISTS (SELECT 1 FROM tenant WHERE name = %(tenant)s)
     ON CONFLICT DO NOTHING)"""
-_INSERT = f"{KNOWN_TENANT}\n{INSERT_RUN.format(gate='')}".encode()
+_INSERT = f"{KNOWN_TENANT}\n{INSERT_RUN.format(gate='', returning='r.id')}".encode()
+
+
+# Runs made alone, many at once (Submissions.create): the runs of a group-commit batch in one statement, each
+# made once (ON CONFLICT DO NOTHING: a retry's key, in the table or earlier in the batch, makes nothing). Only
+# the runs of tenants without quotas: a tenant with `max_queued` or a daily budget is admitted run by run
+# (`admit`, under its lock), so the rows this statement leaves out go that way. Its snapshot reads the
+# tenant's quotas as `admit` reads them unlocked when there are none. The rows go in one order, tenant and
+# key, so two batches retrying each other's keys wait for each other in that order, never in a circle.
+NO_QUOTAS = """WHERE NOT EXISTS (SELECT 1 FROM tenant q WHERE q.name = n.tenant AND (q.max_queued IS NOT NULL
+        OR q.tokens_per_day IS NOT NULL OR q.cost_per_day_usd IS NOT NULL))
+    ORDER BY n.tenant, n.idempotency_key"""
+UNLIMITED_RUNS = INSERT_RUN.format(gate=NO_QUOTAS, returning=RUN_COLUMNS)  # the run as read: no read after
+_INSERT_MANY = f"""WITH known AS (
+    INSERT INTO tenant (name) SELECT DISTINCT k.tenant FROM jsonb_to_recordset(%(runs)s::jsonb) AS k (tenant text)
+    WHERE NOT EXISTS (SELECT 1 FROM tenant WHERE name = k.tenant) ORDER BY k.tenant
+    ON CONFLICT DO NOTHING)
+{UNLIMITED_RUNS}""".encode()
+
+
+class _Runs(Shared):
+    """The group commit's shared form of _INSERT_MANY: each write's one value is its run's row."""
+
+    def params(self, rows: Sequence[tuple[Any, ...]]) -> dict[str, Any]:
+        return {"runs": Jsonb([row[0] for row in rows])}
+
+
+INSERT_MANY = _Runs("insert_run", _INSERT_MANY, ("row",))
 
 
 async def insert_run(cur: psycopg.AsyncCursor[dict[str, Any]], params: dict[str, Any]) -> uuid.UUID | None:
@@ -165,6 +195,10 @@ async def cancel_in(cur: psycopg.AsyncCursor[dict[str, Any]], run_id: uuid.UUID,
 _FIRST = """SELECT id FROM run WHERE id = %(id)s
     OR (%(key)s::text IS NOT NULL AND tenant = %(tenant)s AND idempotency_key = %(key)s)"""
 
+# The same, read whole: one query for a retry answered from the batch (Submissions._made_with_others).
+_FIRST_RUN = f"""SELECT {RUN_COLUMNS} FROM run r WHERE r.id = %(id)s
+    OR (%(key)s::text IS NOT NULL AND r.tenant = %(tenant)s AND r.idempotency_key = %(key)s)"""
+
 # A replay, made with its runs (Submissions.create_replay); a replay whose id or (tenant, Idempotency-Key) is
 # taken already is left as it is, and no run is made.
 _INSERT_REPLAY = """INSERT INTO replay (id, tenant, created_by, request, tool_policy, scorer, from_seq, idempotency_key)
@@ -191,6 +225,10 @@ class Submissions(Gateway):
         a retry of one made already: that one is returned.
         """
         params = run_params(new)
+        if params["parent"] is None:  # no steps to inherit in its transaction: it may go with others
+            batched = await self._made_with_others(params)
+            if batched is not None:
+                return batched
         try:
             async with self.pool.connection() as conn, conn.transaction():
                 cur = conn.cursor(row_factory=dict_row)
@@ -209,6 +247,22 @@ class Submissions(Gateway):
         if run is None:
             raise RuntimeError("run insert conflicted on a key that names no run")
         return run, False
+
+    async def _made_with_others(self, params: dict[str, Any]) -> tuple[Run, bool] | None:
+        """The run of `params` made in a batch of submissions (INSERT_MANY, group-committed), or the run its
+        retry names; None when the batch left it to be admitted on its own (its tenant has quotas), or the
+        batch failed (the run, made or not, is then looked for by its id on the way that follows)."""
+        row = params["runs"].obj[0]
+        try:
+            made = await self.inserts.write(params["id"], _INSERT_MANY, {"runs": params["runs"]}, (INSERT_MANY, (row,)))
+        except psycopg.Error:
+            return None
+        if made is not None:
+            return as_run(made), True
+        # Not made: a run with its key or id was there (committed before this statement's snapshot or
+        # while it waited), or its tenant has quotas.
+        first = await self._one(_FIRST_RUN, params)
+        return (as_run(first), False) if first is not None else None
 
     async def first_replay(self, replay: NewReplay, tenant: str) -> uuid.UUID | None:
         """The replay made already with `replay`'s id or its tenant's Idempotency-Key, if any."""

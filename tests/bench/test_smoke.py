@@ -187,3 +187,10 @@ async def test_streams_bench_opens_every_stream_and_measures_three_phases(databa
     f = await streams.bench(database_url, runs=3, streams=6, latency=0.2, seconds=0.5)
     assert f["subscribers"] == 6 and f["streams_failed"] == 0
     assert [p["streams"] for p in f["phases"]] == [6, 3, 0] and set(f["met"]) == {"p99", "db_load_flat"}
+
+
+async def test_in_flight_reports_what_a_waiting_run_holds(database_url: str) -> None:
+    from bench import in_flight
+
+    held = await in_flight.holders(database_url, runs=10, top=5)
+    assert held["waiting"] == 10 and len(held["top"]) == 5 and held["python_bytes_per_run"] > 0

@@ -250,14 +250,13 @@ def environment() -> str:
            "# Environment variables\n\nEvery `AGENTRUN_*` variable the code reads, with what the code says of it "
            "(its setting's docstring, else its `--help`). A secret (`AGENTRUN_DATABASE_URL`, `AGENTRUN_API_TOKEN`) "
            "may instead be given as a file, `NAME_FILE`, as the chart does. Command-line flags, where there are "
-           "some, win over the environment: see the [CLI reference](cli.md).\n",
-           "| variable | what it is | read in |\n| --- | --- | --- |"]
+           "some, win over the environment: see the [CLI reference](cli.md).\n"]
     for name, files in names.items():
         said = _said(name, docs)
         if name.endswith("_FILE") and not said:
             said = f"A file holding the value of {name.removesuffix('_FILE')} (the chart mounts secrets so)."
-        out.append(f"| `{name}` | {_cell(said)} | {', '.join(f'`{f}`' for f in files)} |")
-    return "\n".join(out) + "\n"
+        out.append(f"\n## `{name}`\n\n{' '.join(said.split())}\n\nRead in {', '.join(f'`{f}`' for f in files)}.\n")
+    return "\n".join(out)
 
 
 # -- the CRDs, from their schemas ---------------------------------------------------------------------------

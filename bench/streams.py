@@ -120,14 +120,28 @@ async def serve_api(url: str) -> None:
 
     hub._dispatch, hub.feed.read = timed_dispatch, timed_read
 
+    # The event loop's lag: how late a 5 ms sleep wakes, the longest in each window (work that blocks the loop).
+    lags: list[float] = []
+
+    async def probe() -> None:
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(0.005)
+            lags.append(1000 * (time.perf_counter() - t0 - 0.005))
+
+    probing = asyncio.get_running_loop().create_task(probe())
+
     @app.get("/bench/counters", include_in_schema=False)
     async def counters() -> dict[str, Any]:
         subscribers = sum(len(s) for s in hub.subscribers.values())
         taken = sorted(waits)
         waits.clear()
+        lag = sorted(lags)
+        lags.clear()
         return {**counts, "rounds": hub.rounds, "subscribers": subscribers, "notify_to_read_ms": {
                     "p50": taken[len(taken) // 2] if taken else None,
                     "p99": taken[int(0.99 * len(taken))] if taken else None},
+                "loop_lag_ms": {"p99": lag[int(0.99 * len(lag))] if lag else None, "max": lag[-1] if lag else None},
                 "statements": counts["horizons"] + 4 * counts["reads"]}
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -144,6 +158,7 @@ async def serve_api(url: str) -> None:
     try:
         await serving
     finally:
+        probing.cancel()
         await hub.close()
         await pool.close()
 
@@ -334,6 +349,7 @@ async def _phase(name: str, seconds: float, port: int, conn: Any, clock: Clock |
                                  / max(1, c1["horizons"] - c0["horizons"]), 1),
         "feed_read_ms": round(1000 * (c1["read_s"] - c0["read_s"]) / max(1, c1["reads"] - c0["reads"]), 1),
         "feed_notify_to_read_ms": {k: v and round(v, 1) for k, v in c1["notify_to_read_ms"].items()},
+        "api_loop_lag_ms": {k: v and round(v, 1) for k, v in c1["loop_lag_ms"].items()},
         "feed_reads": c1["reads"] - c0["reads"], "feed_runs_read": c1["read_runs"] - c0["read_runs"], **cpu,
     }
 
@@ -449,7 +465,8 @@ def report(f: dict[str, Any]) -> None:
         print(f"  {p['phase']} ({p['streams']}): {p['steps_per_s']} steps/s, database {p['db_transactions_per_s']} "
               f"transactions/s ({p['db_transactions_per_step']} per step), change feed {p['feed_statements_per_s']} "
               f"statements/s ({p['feed_reads']} reads of {p['feed_runs_read']} runs, {p['feed_read_ms']} ms "
-              f"each; horizon {p['feed_horizon_ms']} ms; notification to read {p['feed_notify_to_read_ms']}); "
+              f"each; horizon {p['feed_horizon_ms']} ms; notification to read {p['feed_notify_to_read_ms']}; "
+              f"API loop lag {p['api_loop_lag_ms']}); "
               f"CPU: API {p['api_cpu_percent']} %, worker {p['worker_cpu_percent']} %, "
               f"this client {p['client_cpu_percent']} %")
     print(f"  feed statements/s with {f['streams']} streams / with one per run: {f['feed_growth']} "

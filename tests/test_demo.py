@@ -1,4 +1,5 @@
-"""The README's first command, end to end: the best smoke test of the whole product."""
+"""The README's first command (and the site's home page's, docs/index.md), end to end: the best smoke test of
+the whole product."""
 
 from __future__ import annotations
 

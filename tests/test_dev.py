@@ -121,8 +121,8 @@ def finished(http: httpx.Client, run_id: str, timeout: float = 90) -> dict[str, 
 
 
 def test_the_readme_examples_and_markers_against_dev(tmp_path: Path) -> None:
-    """README's "Trying it by hand", as written, against `agentrun dev` with a worker's environment: the
-    extra tool module and the MCP servers file are honoured; an output schema gets a valid answer; each
+    """docs/getting-started/local.md's "Trying it by hand", as written, against `agentrun dev` with a worker's
+    environment: the extra tool module and the MCP servers file are honoured; an output schema gets a valid answer; each
     marker does what the table says; `runs watch` on a waiting run says what to decide and how."""
     (tmp_path / "mcp.yaml").write_text("servers:\n  - name: shop\n    url: http://127.0.0.1:9/mcp\n")
     data, port = tmp_path / "dev", free_port()

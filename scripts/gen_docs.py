@@ -107,7 +107,7 @@ def rest_api() -> str:
                     needed = "yes" if p.get("required") else "no"
                     out.append(f"| `{p['name']}` | {p['in']} | {_cell(_type(schema))} | {needed} "
                                f"| {_cell(p.get('description', schema.get('description', '')))}"
-                               f"{_cell(' (' + extra + ')') if extra else ''} |")
+                               f"{' (' + _cell(extra) + ')' if extra else ''} |")
                 out.append("")
             body = op.get("requestBody")
             if body:
@@ -131,7 +131,7 @@ def rest_api() -> str:
             for field, sub in props.items():
                 extra = _bounds(sub)
                 out.append(f"| `{field}` | {_cell(_type(sub))} | {'yes' if field in required else 'no'} | "
-                           f"{_cell(sub.get('description', ''))}{_cell(' (' + extra + ')') if extra else ''} |")
+                           f"{_cell(sub.get('description', ''))}{' (' + _cell(extra) + ')' if extra else ''} |")
             out.append("")
         elif "enum" in schema:
             out.append(f"\n{_type(schema)}\n")
@@ -304,7 +304,7 @@ def crds() -> str:
                     continue
                 extra = _bounds(sub)
                 out.append(f"| `{field}` | {_cell(_kind(sub))} | {'yes' if required else 'no'} | "
-                           f"{_cell(sub.get('description', ''))}{_cell(' (' + extra + ')') if extra else ''} |")
+                           f"{_cell(sub.get('description', ''))}{' (' + _cell(extra) + ')' if extra else ''} |")
             out.append("")
     return "\n".join(out)
 
@@ -372,7 +372,7 @@ def chart_values() -> str:
         if path:
             extra = _bounds(sub)
             out.append(f"| `{path}` | {_cell(_kind(sub))} | {_cell(default(path))} | {_cell(comments.get(path, ''))}"
-                       f"{_cell(' (' + extra + ')') if extra else ''} |")
+                       f"{' (' + _cell(extra) + ')' if extra else ''} |")
         for name, child in sub.get("properties", {}).items():
             walk(child, f"{path}.{name}" if path else name)
 

@@ -34,3 +34,12 @@ def test_the_readme_is_short_and_starts_with_the_two_commands() -> None:
     assert commands[:2] == ["make demo", "make test"]
     ci = (ROOT / ".ci" / "run").read_text()
     assert "make test" in ci  # CI runs the README's test command
+
+
+def test_the_readme_links_lead_somewhere() -> None:
+    """README.md is read on the forge, outside the site: its relative links name files of the repository."""
+    readme = (ROOT / "README.md").read_text()
+    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)]+)\)", readme) if "://" not in t and not t.startswith("#")]
+    assert targets
+    missing = [t for t in targets if not (ROOT / t).exists()]
+    assert not missing, f"README.md links to files that do not exist: {missing}"

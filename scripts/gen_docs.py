@@ -155,7 +155,7 @@ def _parsers(parser: argparse.ArgumentParser, words: tuple[str, ...]) -> Parsers
 def cli() -> str:
     from agentrun.worker.cli.parser import build_parser
 
-    os.environ["COLUMNS"] = "110"  # argparse wraps to the terminal: the same page on every machine
+    os.environ["COLUMNS"] = "80"  # argparse wraps to the terminal: the same page on every machine, within the column
     out = [_header("worker/cli/parser.py"),
            "# CLI reference\n\nEvery command of `agentrun` and every flag, as `--help` prints them.\n"]
     seen: set[int] = set()

@@ -155,7 +155,6 @@ def _parsers(parser: argparse.ArgumentParser, words: tuple[str, ...]) -> Parsers
 def cli() -> str:
     from agentrun.worker.cli.parser import build_parser
 
-    os.environ["COLUMNS"] = "80"  # argparse wraps to the terminal: the same page on every machine, within the column
     out = [_header("worker/cli/parser.py"),
            "# CLI reference\n\nEvery command of `agentrun` and every flag, as `--help` prints them.\n"]
     seen: set[int] = set()
@@ -164,8 +163,22 @@ def cli() -> str:
             continue
         seen.add(id(parser))
         parser.prog = " ".join(words)
-        out.append(f"\n## `{' '.join(words)}`\n\n```text\n{parser.format_help().rstrip()}\n```\n")
+        out.append(f"\n## `{' '.join(words)}`\n\n```text\n{_help(parser)}\n```\n")
     return "\n".join(out)
+
+
+def _help(parser: argparse.ArgumentParser) -> str:
+    """The parser's --help as an 80-column terminal shows it (argparse wraps to the terminal's width): the
+    same page on every machine, within the site's column."""
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = "80"
+    try:
+        return parser.format_help().rstrip()
+    finally:
+        if before is None:
+            del os.environ["COLUMNS"]
+        else:
+            os.environ["COLUMNS"] = before
 
 
 # -- the environment, from the code that reads it ------------------------------------------------------------

@@ -460,7 +460,8 @@ PAGES: dict[str, Callable[[], str]] = {
     "reference/metrics.md": metrics,
     "kubernetes/security.md": _copied("SECURITY.md", None, {"docs/database-role.sql": "../database-role.sql"}),
     "kubernetes/chart.md": _copied("charts/agentrun/README.md", None, {
-        "values.schema.json": "../reference/chart-values.md", "values.yaml": "../reference/chart-values.md"}),
+        "values.schema.json": "../reference/chart-values.md", "values.yaml": "../reference/chart-values.md",
+        "../../docs/kubernetes/index.md": "index.md", "../../docs/guides/replays.md": "../guides/replays.md"}),
     "kubernetes/crds.md": _copied("crds/README.md", "The CRDs", {}, not_run="needs a Kubernetes cluster; "
                                   "tests/operator applies these resources to an emulated API server"),
 }

@@ -149,7 +149,7 @@ class WorkerSettings:
 
     mcp_servers_file: str | None = None
     """YAML or JSON file of MCP servers whose tools the worker offers, `servers: [...]`
-    (AGENTRUN_MCP_SERVERS; README "Tools from MCP servers"). None: Python tools only."""
+    (AGENTRUN_MCP_SERVERS; docs/getting-started/first-mcp-server.md). None: Python tools only."""
 
     max_tokens: int = 4096
     """`max_tokens` of every model request."""

@@ -81,7 +81,7 @@ class AgentRequest(Camel):
     sub_agents: list[AgentRef] | None = Field(
         None, max_length=MAX_SUB_AGENTS, description="Agents its runs may hand work to: `name` (the latest "
         "version when a run is submitted, then pinned) or `name@N`. Each must exist; not the agent itself.")
-    webhook: WebhookRequest | None = Field(None, description="Its runs' webhook (README \"Completion webhooks\") "
+    webhook: WebhookRequest | None = Field(None, description="Its runs' webhook (docs/guides/webhooks.md) "
                                            "unless their request names one.")
     context_management: ContextManagement | None = Field(
         None, description="Its runs' `contextManagement` (`{strategy, triggerTokens?, keepRecentTurns?}`) unless "

@@ -213,7 +213,7 @@ WEBHOOK_URL = r"^[hH][tT][tT][pP][sS]?://([^\s/?#@\[\]:]+|\[[0-9a-fA-F:.]+\])(:[
 
 
 class WebhookRequest(Camel):
-    """Where to tell of the run's status changes (README "Completion webhooks")."""
+    """Where to tell of the run's status changes (docs/guides/webhooks.md)."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -315,11 +315,11 @@ class RunRequest(Camel):
         None, max_length=MAX_SUB_AGENTS, description="Agents this run may hand work to (`name` or `name@N`), "
         "pinned at submission (`name@version`); when absent the agent's, or the source's.")
     webhook: WebhookRequest | None = Field(
-        None, description="Signed HTTP POSTs of the run's JSON when it finishes (or waits): README \"Completion "
-        "webhooks\". When absent the agent's, or the source's (with `continueFrom` or `forkFrom`).")
+        None, description="Signed HTTP POSTs of the run's JSON when it finishes (or waits): docs/guides/webhooks.md. "
+        "When absent the agent's, or the source's (with `continueFrom` or `forkFrom`).")
     context_management: ContextManagement | None = Field(
-        None, description="How the conversation is kept within the model's context window (README \"Long runs "
-        "and the context window\"): `{strategy, triggerTokens?, keepRecentTurns?}`. When absent the agent's, "
+        None, description="How the conversation is kept within the model's context window (docs/guides/"
+        "context-management.md): `{strategy, triggerTokens?, keepRecentTurns?}`. When absent the agent's, "
         "or the source's (with `continueFrom` or `forkFrom`), else `{\"strategy\": \"auto\"}`.")
 
     labels: dict[str, str] | None = Field(
@@ -487,8 +487,8 @@ class RunView(Camel):
         "are at /api/runs/{id}/webhooks.")
     context_management: dict[str, Any] = Field(
         default_factory=lambda: context_shown(None), description="How the run's conversation is kept within "
-        "the model's window: `{strategy, keepRecentTurns, triggerTokens?}` (README \"Long runs and the context "
-        "window\"); `{\"strategy\": \"auto\", \"keepRecentTurns\": 2}` when it named none.")
+        "the model's window: `{strategy, keepRecentTurns, triggerTokens?}` (docs/guides/context-management.md"
+        "); `{\"strategy\": \"auto\", \"keepRecentTurns\": 2}` when it named none.")
 
     @classmethod
     def of(cls, run: Run, prices: PriceTable | None = None) -> RunView:

@@ -97,7 +97,7 @@ def _replay_scorers() -> tuple[str, ...]:
 
 
 def _webhook_settings() -> dict[str, Any]:
-    """The completion webhooks' settings (README "Completion webhooks"), checked here so a bad one exits."""
+    """The completion webhooks' settings (docs/guides/webhooks.md), checked here so a bad one exits."""
     from agentrun.worker.core.webhooks import Allow, Backoff
     from agentrun.worker.settings import WorkerSettings
 

@@ -4,6 +4,7 @@ recording transport: the requests the CLI builds are checked as the API (tests/a
 
 from __future__ import annotations
 
+import datetime
 import json
 import sys
 from collections.abc import Callable
@@ -13,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
+from agentrun.worker.api.schemas import rfc3339
 from agentrun.worker.cli import client, runs
 from agentrun.worker.cli.parser import build_parser
 
@@ -59,10 +61,24 @@ def test_every_filter_is_a_query_parameter_by_its_api_name() -> None:
     assert code == 0
     assert dict(server.requests[0].url.params) == {
         "status": "RUNNING,WAITING", "labelSelector": "team=billing,env!=prod", "model": "claude-sonnet-4-5",
-        "agent": "triage@2", "createdBy": "alice", "parent": RUN_ID, "createdAfter": "2026-12-01",
-        "createdBefore": "2026-12-02T09:00:00Z", "q": "acme", "limit": "20"}
+        "agent": "triage@2", "createdBy": "alice", "parent": RUN_ID,
+        "createdAfter": datetime.datetime(2026, 12, 1).astimezone().isoformat(),  # this machine's midnight
+        "createdBefore": "2026-12-02T09:00:00+00:00", "q": "acme", "limit": "20"}
     code, _ = run_command(server, "list", "--label-selector", "tier in (a,b)", "--query", "x")
     assert dict(server.requests[1].url.params) == {"labelSelector": "tier in (a,b)", "q": "x"}
+
+
+@pytest.mark.parametrize("written", ["2026-12-01", "2026-12-01T09:30", "2026-12-01T09:30:00Z",
+                                     "2026-12-01T09:30:00.5+05:30"])
+def test_a_time_is_sent_as_an_instant_the_api_takes(written: str) -> None:
+    """The API takes a time with its offset only; the CLI reads a date or a time without one in this
+    machine's time zone, and sends it with that offset."""
+    sent = runs.timestamp(written)
+    assert rfc3339(sent) == datetime.datetime.fromisoformat(sent)
+    if written.endswith("Z") or "+" in written:
+        assert datetime.datetime.fromisoformat(sent) == datetime.datetime.fromisoformat(written.replace("Z", "+00:00"))
+    else:
+        assert datetime.datetime.fromisoformat(sent).replace(tzinfo=None) == datetime.datetime.fromisoformat(written)
 
 
 @pytest.mark.parametrize(("argv", "said"), [

@@ -58,7 +58,8 @@ def add_replay(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     found.add_argument("--status", metavar="STATUS[,STATUS]", type=_finished,
                        help="runs that ended so: SUCCEEDED, FAILED, CANCELLED, TIMED_OUT (default: any of them)")
     found.add_argument("--since", type=timestamp, metavar="TIME",
-                       help="runs created after TIME (ISO 8601 with its offset: 2026-12-01T00:00:00Z)")
+                       help="runs created after TIME (ISO 8601: 2026-12-01T00:00:00Z; a date or a time without an "
+                       "offset is in this machine's time zone)")
     found.add_argument("--limit", type=positive_int, metavar="N", help="the newest N matching runs (default: 100, "
                        "at most 1000)")
     found.add_argument("--of-agent", metavar="NAME[@N]", help="runs made from this agent")
@@ -133,7 +134,8 @@ def request_body(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _with_offset(text: str | None) -> str | None:
-    """An ISO time as the API wants it, with its offset: a date alone, or a time without one, is UTC."""
+    """An ISO time as the API wants it, with its offset (`timestamp` gave one already; a value set otherwise
+    without one is taken as UTC)."""
     if text is None:
         return None
     import datetime

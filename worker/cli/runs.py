@@ -123,7 +123,8 @@ def add_runs(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("--parent", metavar="ID",
                    help="only runs whose parent is this run: its sub-agents' runs, continuations and forks")
     p.add_argument("--created-after", type=timestamp, metavar="TIME",
-                   help="only runs created at or after TIME (ISO 8601: 2026-12-01, 2026-12-01T09:00:00Z)")
+                   help="only runs created at or after TIME (ISO 8601: 2026-12-01T09:00:00Z; a date or a time "
+                   "without an offset is in this machine's time zone)")
     p.add_argument("--created-before", type=timestamp, metavar="TIME", help="only runs created before TIME")
     p.add_argument("-q", "--query", metavar="TEXT", help="only runs whose input contains TEXT (any case)")
     p.add_argument("--replays", action="store_true",
@@ -146,15 +147,23 @@ def statuses(text: str) -> str:
 
 
 def timestamp(text: str) -> str:
-    """--created-after/--created-before: an ISO 8601 date or datetime, passed on as written."""
+    """--created-after/--created-before: an ISO 8601 date or datetime. The API takes an instant only (a time
+    with its offset), so a date is its midnight and a time without an offset is this machine's local time,
+    sent with that offset: what a person at this terminal means by `2026-12-01`."""
     import datetime
 
+    written = text.strip()
     try:
-        datetime.datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        if len(written) == 10:  # a date alone, YYYY-MM-DD
+            when = datetime.datetime.combine(datetime.date.fromisoformat(written), datetime.time())
+        else:
+            when = datetime.datetime.fromisoformat(written.replace("Z", "+00:00"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an ISO 8601 date or time (like 2026-12-01 or "
                                          "2026-12-01T09:00:00Z)") from None
-    return text.strip()
+    if when.tzinfo is None:
+        when = when.astimezone()  # this machine's zone at that time (its DST included)
+    return when.isoformat()
 
 
 def label(text: str) -> tuple[str, str]:

@@ -241,7 +241,7 @@ class WorkerSettings:
     """Longest wait, in seconds, between two attempts to reach an unusable database at start
     (AGENTRUN_DATABASE_RETRY_MAX_SECONDS; the waits double from a quarter second up to it)."""
 
-    # -- completion webhooks (README "Completion webhooks") --
+    # -- completion webhooks (docs/guides/webhooks.md) --
     webhook_secrets_file: str | None = None
     """YAML or JSON file `{"secrets": [{"name", "secret"}]}` of the secrets webhooks are signed with
     (AGENTRUN_WEBHOOK_SECRETS), `whsec_<base64>`; re-read when it changes. None: no secrets, so a request

@@ -1,5 +1,5 @@
 """`agentrun replay ...`: replay recorded runs against a change through the REST API, wait for the report, and
-exit non-zero below a pass rate (README "Replays": the CI recipe)."""
+exit non-zero below a pass rate (docs/guides/replays.md: the CI recipe)."""
 
 from __future__ import annotations
 

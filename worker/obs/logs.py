@@ -102,7 +102,7 @@ class RedactingFormatter(logging.Formatter):
 
 SECRET_VARIABLES = (
     "ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "AGENTRUN_API_TOKEN", "PGPASSWORD",
-    # Model providers' credentials (README "Models and providers").
+    # Model providers' credentials (docs/guides/providers.md).
     "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_BEARER_TOKEN_BEDROCK",
 )
 

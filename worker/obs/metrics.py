@@ -53,10 +53,10 @@ METRIC_NAMES: tuple[str, ...] = (
     "agentrun_event_runs_woken_total",
     "agentrun_schedule_runs_total",
     "agentrun_schedule_missed_total",
-    # Completion webhooks (README "Completion webhooks").
+    # Completion webhooks (docs/guides/webhooks.md).
     "agentrun_webhook_deliveries_total",
     "agentrun_webhook_failures_total",
-    # Tenants (README "Tenants"), read from the database.
+    # Tenants (docs/guides/tenants.md), read from the database.
     "agentrun_tenant_runs",
     "agentrun_tenant_throttled_runs",
     "agentrun_tenant_tokens_day",

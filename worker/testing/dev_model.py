@@ -1,5 +1,5 @@
 """The local model of `agentrun dev`: the demo agent, plus prompt markers that make it do what a guard or a
-feature needs, so each can be tried by hand without an API key (README "Trying it by hand").
+feature needs, so each can be tried by hand without an API key (docs/getting-started/local.md).
 
 Markers are read from the newest user text of the conversation (the run's input, a continuation's input,
 a message sent to the run), so a continuation is not bound by its parent's markers:

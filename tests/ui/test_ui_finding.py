@@ -23,6 +23,25 @@ from tests.ui.test_ui import (  # skips this module without Chromium or Playwrig
 )
 
 
+async def test_runs_made_within_one_millisecond_list_newest_first_both_ways(store: RunStore, page: Page) -> None:
+    """createdAt reaches the page in milliseconds: runs made within one (the submit path batches them) tie
+    there, and the list must keep the server's order for them, newest first, or oldest first when asked."""
+    made = [(await store.create(new_run(f"tied {i}")))[0].id for i in range(3)]
+    async with store.pool.connection() as conn:  # one millisecond, microseconds apart, in the order made
+        for i, run_id in enumerate(made):
+            await conn.execute("UPDATE run SET created_at = '2026-12-05T10:00:00.123000Z'::timestamptz "
+                               "+ make_interval(secs => %s * 0.0001) WHERE id = %s", (i, run_id))
+    async with serving(app_for(store)) as url:
+        await page.goto(f"{url}/ui/")
+        rows = page.locator("tbody tr")
+        await expect(rows).to_have_count(3)
+        for i, run_id in enumerate(reversed(made)):
+            await expect(rows.nth(i)).to_have_attribute("data-run", str(run_id))
+        await page.locator("button.sort[data-col=Created]").click()  # oldest first
+        for i, run_id in enumerate(made):
+            await expect(rows.nth(i)).to_have_attribute("data-run", str(run_id))
+
+
 async def test_the_list_pages_past_the_newest_100_sorts_and_cancels_several(
     store: RunStore, page: Page
 ) -> None:

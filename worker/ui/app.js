@@ -160,10 +160,13 @@ function listView(params) {
   function sorted() {
     const all = [...rows, ...older.filter((r) => !rows.some((x) => x.id === r.id))];
     const key = (COLUMNS.find(([c]) => c === sort.col) || COLUMNS[8])[1];
+    // Equal keys keep the server's order (newest first, to the microsecond), reversed only for the oldest
+    // first: createdAt in ms ties for runs made within one millisecond, which must not put an older run first.
+    const tie = sort.col === "Created" && !sort.desc ? -1 : 1;
     return all.map((r, i) => [r, i]).sort(([a, i], [b, j]) => {
       const x = key(a); const y = key(b);
-      const c = x < y ? -1 : x > y ? 1 : i - j;
-      return sort.desc ? -c : c;
+      const c = x < y ? -1 : x > y ? 1 : 0;
+      return c === 0 ? tie * (i - j) : sort.desc ? -c : c;
     }).map(([r]) => r);
   }
 

@@ -6,7 +6,6 @@ during the replay, and --fail-under sets the exit status."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from agentrun.worker.core.records import RunStatus
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.fake_server import FakeAnthropic
 from tests.replays.model import RECORDED_MODEL, REPLAY_MODEL, PlanResponder, plan
-from tests.replays.tools import LOG_ENV, executed
+from tests.replays.tools import executed, worker_env
 from tests.support.builders import new_run
 from tests.support.cli import agentrun, restore_logging  # noqa: F401  (a fixture)
 from tests.support.ports import free_port
@@ -24,16 +23,7 @@ from tests.support.running import finished
 
 pytestmark = pytest.mark.usefixtures("restore_logging")
 
-REPO = Path(__file__).resolve().parents[2]
 TOOLS = ("charge", "lookup", "notify")
-
-
-def _env(database_url: str, model_url: str, log: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update({"AGENTRUN_DATABASE_URL": database_url, "ANTHROPIC_BASE_URL": model_url, "ANTHROPIC_API_KEY": "test",
-                "PYTHONPATH": str(REPO), "AGENTRUN_LLM_BACKOFF_BASE_SECONDS": "0.01",
-                "AGENTRUN_TOOLS": "tests.replays.tools", LOG_ENV: str(log)})
-    return env
 
 
 async def test_replay_in_ci_gates_on_the_pass_rate_and_runs_no_tool(
@@ -43,7 +33,7 @@ async def test_replay_in_ci_gates_on_the_pass_rate_and_runs_no_tool(
     async with FakeAnthropic(PlanResponder()) as api:
         port = free_port()
         worker = await start_worker(port, "--id", "ci-1", "--concurrency", "4", "--poll-interval", "0.1",
-                                    "--no-migrate", env=_env(database_url, api.base_url, log))
+                                    "--no-migrate", env=worker_env(database_url, api.base_url, log))
         url = f"http://127.0.0.1:{port}"
         try:
             await wait_ready(url, worker)

@@ -5,7 +5,6 @@ the execution log proves the tool never ran during the replay."""
 
 from __future__ import annotations
 
-import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,23 +18,14 @@ from agentrun.worker.runtime.door import Door
 from agentrun.worker.store import RunStore
 from agentrun.worker.testing.fake_server import FakeAnthropic
 from tests.replays.model import RECORDED_MODEL, REPLAY_MODEL, PlanResponder, plan
-from tests.replays.tools import LOG_ENV, executed
+from tests.replays.tools import executed, worker_env
 from tests.support.builders import new_run
 from tests.support.ports import free_port
 from tests.support.processes import start_worker, stop, wait_ready
 from tests.support.running import finished
 from tests.support.waiting import eventually
 
-REPO = Path(__file__).resolve().parents[2]
 ARGS = ("--concurrency", "2", "--lease-seconds", "3", "--poll-interval", "0.1", "--no-migrate")
-
-
-def _env(database_url: str, model_url: str, log: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.update({"AGENTRUN_DATABASE_URL": database_url, "ANTHROPIC_BASE_URL": model_url, "ANTHROPIC_API_KEY": "test",
-                "PYTHONPATH": str(REPO), "AGENTRUN_LLM_BACKOFF_BASE_SECONDS": "0.01",
-                "AGENTRUN_TOOLS": "tests.replays.tools", LOG_ENV: str(log)})
-    return env
 
 
 async def test_a_worker_killed_mid_replay_is_resumed_and_the_tool_never_runs(
@@ -44,7 +34,7 @@ async def test_a_worker_killed_mid_replay_is_resumed_and_the_tool_never_runs(
     log = tmp_path / "executed.log"
     responder = PlanResponder()
     async with FakeAnthropic(responder) as api:
-        env = _env(database_url, api.base_url, log)
+        env = worker_env(database_url, api.base_url, log)
         port = free_port()
         first = await start_worker(port, "--id", "replay-1", *ARGS, env=env)
         try:

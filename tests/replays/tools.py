@@ -6,11 +6,22 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 from typing import Any
 
 from agentrun.worker.tools import ToolContext, tool
 
 LOG_ENV = "AGENTRUN_TEST_TOOL_LOG"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def worker_env(database_url: str, model_url: str, log: Path) -> dict[str, str]:
+    """The environment of an `agentrun worker` process that loads these tools and logs their calls to `log`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.update({"AGENTRUN_DATABASE_URL": database_url, "ANTHROPIC_BASE_URL": model_url, "ANTHROPIC_API_KEY": "test",
+                "PYTHONPATH": str(REPO), "AGENTRUN_LLM_BACKOFF_BASE_SECONDS": "0.01",
+                "AGENTRUN_TOOLS": "tests.replays.tools", LOG_ENV: str(log)})
+    return env
 
 
 def _log(name: str, args: dict[str, Any]) -> None:

@@ -126,7 +126,6 @@ async def renewals(url: str, held: int, rounds: int, lease: float = 30.0) -> dic
     pool = await open_pool(url, max_size=2)
     try:
         store = RunStore(pool)
-        first, _ = await store.create(_pg.new_run("held 0"))
         async with pool.connection() as conn:
             await conn.execute("TRUNCATE run CASCADE")
             first, _ = await store.create(_pg.new_run("held 0"))

@@ -96,19 +96,21 @@ async def bench(url: str, backlog: int, small: int, turns: int, concurrency: int
     goes on the machine falls on both alike: the throughput ratio is the median of each round's."""
     pairs = []
     for _ in range(rounds):
-        pool = await open_pool(url, max_size=1)
-        async with pool.connection() as conn:
-            await conn.execute("TRUNCATE run CASCADE")
-        await pool.close()
+        await _empty(url)
         b1 = await throughput.bench(url, 600 if backlog >= 600 else backlog, turns, concurrency)
-        pool = await open_pool(url, max_size=1)
-        async with pool.connection() as conn:
-            await conn.execute("TRUNCATE run CASCADE")
-        await pool.close()
+        await _empty(url)
         pairs.append((b1, await shared(url, backlog, small, turns, concurrency, head_start, window)))
     one = await claim.measure(url, queued, claimers, claims_each, tenants=1)
     many = await claim.measure(url, queued, claimers, claims_each, tenants=tenants)
     return {"rounds": pairs, "claim_one_tenant": one, "claim_many_tenants": many}
+
+
+async def _empty(url: str) -> None:
+    """No run left from the part before: each part counts the steps of the table."""
+    pool = await open_pool(url, max_size=1)
+    async with pool.connection() as conn:
+        await conn.execute("TRUNCATE run CASCADE")
+    await pool.close()
 
 
 def main() -> None:

@@ -85,6 +85,11 @@ def checked_idempotency_key(value: str | None) -> str | None:
     return value
 
 
+def field_error(field: str, problem: str, status: int = 422) -> ApiError:
+    """An answer naming one field and what is wrong with it, the message saying both."""
+    return ApiError(status, f"{field}: {problem}", [FieldProblem(field=field, problem=problem)])
+
+
 def refusal(e: Refused) -> ApiError:
     """A refusal of the submission policy as the API answers it: its status, the fields named."""
     fields = [FieldProblem(field=p.field, problem=p.problem) for p in e.problems]

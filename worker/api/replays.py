@@ -25,6 +25,7 @@ from agentrun.worker.api.common import (
     Submissions,
     checked_idempotency_key,
     documented_errors,
+    field_error,
     refusal,
 )
 from agentrun.worker.api.errors import ApiError
@@ -36,7 +37,6 @@ from agentrun.worker.api.schemas import (
     AgentRef,
     Camel,
     ErrorBody,
-    FieldProblem,
     Name,
     QuotaErrorBody,
     RunAt,
@@ -105,7 +105,7 @@ class ReplaySelector(Camel):
         try:
             return parse_selector(text)
         except ValueError as e:
-            raise _field_error(422, "selector.labels", str(e)) from None
+            raise field_error("selector.labels", str(e)) from None
 
 
 class ReplayChange(Camel):
@@ -235,10 +235,6 @@ class ReplayPage(Camel):
 
 # -- the routes ------------------------------------------------------------------------------------------------
 
-def _field_error(status: int, field: str, problem: str) -> ApiError:
-    return ApiError(status, f"{field}: {problem}", [FieldProblem(field=field, problem=problem)])
-
-
 def _not_found(replay_id: uuid.UUID) -> ApiError:
     return ApiError(404, f"no replay with id {replay_id}")
 
@@ -295,7 +291,7 @@ class ReplayRoutes:
         the replay records who as `createdBy`."""
         key = checked_idempotency_key(idempotency_key)
         if (problem := self.scorers.problem(body.scorer)) is not None:
-            raise _field_error(422, "scorer", problem)
+            raise field_error("scorer", problem)
         tenant = tenant_for(request, None)
         recorded = await self.recorded(request, body, tenant)
         normalised = _normalised(body, recorded)
@@ -310,13 +306,13 @@ class ReplayRoutes:
         except Refused as e:
             raise refusal(e) from None
         except ValueError as e:  # a text PostgreSQL cannot hold, named by the store
-            raise _field_error(422, "change", str(e)) from None
+            raise field_error("change", str(e)) from None
         made = await self.store.replay(replay_id, viewer_of(request))
         if made is None:  # a platform operator's retry of a key of another tenant's
             raise ApiError(409, "a replay with this id already exists")
         if not created:
             if not _same_request(made, normalised, caller.created_by):
-                raise _field_error(422, "Idempotency-Key", "was already used for a different request")
+                raise field_error("Idempotency-Key", "was already used for a different request")
             response.headers["Idempotent-Replayed"] = "true"
         response.headers["Location"] = f"/api/replays/{replay_id}"
         return ReplayCreated(id=replay_id, runs=made.runs)
@@ -330,17 +326,17 @@ class ReplayRoutes:
             for i, run_id in enumerate(body.runs):
                 run = await reads.get(run_id)
                 if run is None:
-                    raise _field_error(404, f"runs[{i}]", f"no run {run_id}")
+                    raise field_error(f"runs[{i}]", f"no run {run_id}", 404)
                 if run.replay_id is not None:
-                    raise _field_error(422, f"runs[{i}]", f"run {run_id} is a replay's run; replay the run it "
-                                       f"replays, {run.replay_of}")
+                    raise field_error(f"runs[{i}]", f"run {run_id} is a replay's run; replay the run it "
+                                      f"replays, {run.replay_of}")
                 found.append(run)
             return found
         assert body.selector is not None
         where = body.selector.filter(tenant or DEFAULT_TENANT)
         runs = await reads.list_runs(None, body.selector.limit, where=where)
         if not runs:
-            raise _field_error(422, "selector", "matches no finished run of the tenant to replay")
+            raise field_error("selector", "matches no finished run of the tenant to replay")
         return runs
 
     async def get(self, replay_id: ReplayId, request: Request) -> ReplayView:
@@ -407,7 +403,7 @@ class ReplayRoutes:
         viewer = viewer_of(request)
         found = await self.store.replays(viewer, limit + 1, after)
         if after is not None and not found and await self.store.replay(after, viewer) is None:
-            raise _field_error(422, "after", "names no replay; pass the `next` of a previous page")
+            raise field_error("after", "names no replay; pass the `next` of a previous page")
         page = found[:limit]
         scored = [await self.store.score(r.id, self._judge(r.scorer), SCORING_BUDGET / len(page))
                   for r in page if r.scored < r.finished]

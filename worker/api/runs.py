@@ -17,6 +17,7 @@ from agentrun.worker.api.common import (
     Submissions,
     checked_idempotency_key,
     documented_errors,
+    field_error,
     refusal,
 )
 from agentrun.worker.api.errors import ApiError
@@ -406,10 +407,6 @@ class RunRoutes:
         return RunView.of(after, self.prices)
 
 
-def _bad_query(name: str, problem: str) -> ApiError:
-    return ApiError(422, f"{name}: {problem}", [FieldProblem(field=name, problem=problem)])
-
-
 def _statuses(text: str | None) -> tuple[RunStatus, ...] | None:
     """`running,Waiting`: the statuses named, any case; a name that is no status is a 422 listing them."""
     if text is None or not text.strip():
@@ -419,7 +416,7 @@ def _statuses(text: str | None) -> tuple[RunStatus, ...] | None:
     for part in text.split(","):
         status = known.get(part.strip().upper())
         if status is None:
-            raise _bad_query("status", f"{part.strip()!r} is no status; one or more of {', '.join(known)}, "
+            raise field_error("status", f"{part.strip()!r} is no status; one or more of {', '.join(known)}, "
                              "comma-separated, any case")
         found.append(status)
     return tuple(dict.fromkeys(found))
@@ -431,7 +428,7 @@ def _selector(text: str | None) -> Selector | None:
     try:
         return parse_selector(text)
     except ValueError as e:
-        raise _bad_query("labelSelector", str(e)) from None
+        raise field_error("labelSelector", str(e)) from None
 
 
 def _agent_filter(text: str | None) -> dict[str, Any]:
@@ -452,12 +449,12 @@ def _aware(text: str | None, name: str) -> datetime.datetime | None:
     try:
         return rfc3339(text)
     except ValueError as e:
-        raise _bad_query(name, str(e)) from None
+        raise field_error(name, str(e)) from None
 
 
 def _storable_query(text: str | None, name: str) -> str | None:
     if text is not None and (why := unstorable(text)) is not None:
-        raise _bad_query(name, why)
+        raise field_error(name, why)
     return text
 
 

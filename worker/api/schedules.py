@@ -9,7 +9,14 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import AfterValidator, ConfigDict, Field, ValidationError
 
-from agentrun.worker.api.common import MAX_PAGE, OrjsonRoute, Responses, Submissions, documented_errors
+from agentrun.worker.api.common import (
+    MAX_PAGE,
+    OrjsonRoute,
+    Responses,
+    Submissions,
+    documented_errors,
+    field_error,
+)
 from agentrun.worker.api.errors import ApiError
 from agentrun.worker.api.guards import (
     CREATE_TENANT,
@@ -150,10 +157,6 @@ class ScheduleList(Camel):
     items: list[ScheduleView]
 
 
-def _problem(field: str, problem: str, status: int = 422) -> ApiError:
-    return ApiError(status, f"{field}: {problem}", [FieldProblem(field=field, problem=problem)])
-
-
 def _no_schedule(name: str) -> ApiError:
     return ApiError(404, f"no schedule {name!r}")
 
@@ -174,14 +177,14 @@ class ScheduleRoutes:
         naming the field otherwise."""
         cron, interval = fields.get("cron"), fields.get("intervalSeconds")
         if (cron is None) == (interval is None):
-            raise _problem("cron", "exactly one of cron and intervalSeconds is required")
+            raise field_error("cron", "exactly one of cron and intervalSeconds is required")
         tz = fields.get("timezone") or "UTC"
         if cron is not None and (why := cron_problem(cron)) is not None:
-            raise _problem("cron", why)
+            raise field_error("cron", why)
         if (why := timezone_problem(tz)) is not None:
-            raise _problem("timezone", why)
+            raise field_error("timezone", why)
         if fields.get("run") is None:
-            raise _problem("run", "is required: the run each tick starts")
+            raise field_error("run", "is required: the run each tick starts")
         try:
             request = RunRequest.model_validate(fields["run"])
         except ValidationError as e:
@@ -189,7 +192,7 @@ class ScheduleRoutes:
                         for err in e.errors()]
             raise ApiError(422, f"{problems[0].field}: {problems[0].problem}", problems) from None
         if request.tenant not in (None, tenant):
-            raise _problem("run.tenant", f"a schedule's runs are its own tenant's, {tenant!r}")
+            raise field_error("run.tenant", f"a schedule's runs are its own tenant's, {tenant!r}")
         spec = request.spec()
         if unfit := template_problems(spec):
             raise ApiError(422, f"{unfit[0][0]}: {unfit[0][1]}", [FieldProblem(field=f, problem=p) for f, p in unfit])
@@ -255,7 +258,7 @@ class ScheduleRoutes:
         }
         change = body.model_dump(by_alias=True, exclude_unset=True, exclude_none=True)
         if "cron" in change and "intervalSeconds" in change:
-            raise _problem("cron", "exactly one of cron and intervalSeconds")
+            raise field_error("cron", "exactly one of cron and intervalSeconds")
         if "run" in change:
             change["run"] = _raw(body.run)
         if change.get("cron") is not None:

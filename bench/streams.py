@@ -12,8 +12,9 @@ driving `--runs` runs of many tool turns at `--model-latency` s per model call, 
   system clock on both sides. Target: p99 ≤ 200 ms (with all the streams; also reported with one per run).
 - Database load: transactions committed in the database (pg_stat_database.xact_commit, flushed by the
   server about once a second) per second and per step, with `--streams` streams, with one stream per run,
-  and with none; and the API's change-feed statements per second (counted in the API process: 1 per horizon,
-  4 per read). Target: with `--streams` streams, the feed's statements/s at most 1.25 × with one per run.
+  and with none; and the API's change-feed statements per second (counted in the API process: 4 per read,
+  the horizon and three queries in one round trip). Target: with `--streams` streams, the feed's
+  statements/s at most 1.25 × with one per run.
 - Memory per idle stream: the API process's RSS (from /proc) with no stream, then with `--streams` streams
   open on runs not yet started, divided by their number. Reported (no target).
 """
@@ -77,16 +78,8 @@ async def serve_api(url: str) -> None:
     app = create_app(store, ToolBox([_pg.noop]), WorkerSettings(database_url="unused", worker_id="bench-api",
                                                                 default_model=_pg.MODEL), Metrics())
     hub = app.state.events
-    counts: dict[str, float] = {"horizons": 0, "reads": 0, "read_runs": 0, "horizon_s": 0.0, "read_s": 0.0}
-    horizon, read = hub.feed.horizon, hub.feed.read
-
-    async def counted_horizon() -> int | None:
-        counts["horizons"] += 1
-        t0 = time.perf_counter()
-        try:
-            return await horizon()
-        finally:
-            counts["horizon_s"] += time.perf_counter() - t0
+    counts: dict[str, float] = {"reads": 0, "read_runs": 0, "read_s": 0.0}
+    read = hub.feed.read
 
     async def counted_read(since: Any) -> Any:
         counts["reads"] += 1
@@ -97,7 +90,6 @@ async def serve_api(url: str) -> None:
         finally:
             counts["read_s"] += time.perf_counter() - t0
 
-    hub.feed.horizon, hub.feed.read = counted_horizon, counted_read
     # From a run's notification (its commit, as this process hears it) to the end of the read that found it.
     heard: dict[Any, float] = {}
     waits: list[float] = []
@@ -142,7 +134,7 @@ async def serve_api(url: str) -> None:
                     "p50": taken[len(taken) // 2] if taken else None,
                     "p99": taken[int(0.99 * len(taken))] if taken else None},
                 "loop_lag_ms": {"p99": lag[int(0.99 * len(lag))] if lag else None, "max": lag[-1] if lag else None},
-                "statements": counts["horizons"] + 4 * counts["reads"]}
+                "statements": 4 * counts["reads"]}
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -345,8 +337,6 @@ async def _phase(name: str, seconds: float, port: int, conn: Any, clock: Clock |
         "db_transactions_per_s": round((x1 - x0 - 4) / elapsed, 1),  # less this process's 4 reads
         "db_transactions_per_step": round((x1 - x0 - 4) / max(steps, 1), 3),
         "feed_statements_per_s": round(statements / elapsed, 1),
-        "feed_horizon_ms": round(1000 * (c1["horizon_s"] - c0["horizon_s"])
-                                 / max(1, c1["horizons"] - c0["horizons"]), 1),
         "feed_read_ms": round(1000 * (c1["read_s"] - c0["read_s"]) / max(1, c1["reads"] - c0["reads"]), 1),
         "feed_notify_to_read_ms": {k: v and round(v, 1) for k, v in c1["notify_to_read_ms"].items()},
         "api_loop_lag_ms": {k: v and round(v, 1) for k, v in c1["loop_lag_ms"].items()},
@@ -469,7 +459,7 @@ def report(f: dict[str, Any]) -> None:
         print(f"  {p['phase']} ({p['streams']}): {p['steps_per_s']} steps/s, database {p['db_transactions_per_s']} "
               f"transactions/s ({p['db_transactions_per_step']} per step), change feed {p['feed_statements_per_s']} "
               f"statements/s ({p['feed_reads']} reads of {p['feed_runs_read']} runs, {p['feed_read_ms']} ms "
-              f"each; horizon {p['feed_horizon_ms']} ms; notification to read {p['feed_notify_to_read_ms']}; "
+              f"each, with the horizon; notification to read {p['feed_notify_to_read_ms']}; "
               f"API loop lag {p['api_loop_lag_ms']}); "
               f"CPU: API {p['api_cpu_percent']} %, worker {p['worker_cpu_percent']} %, "
               f"this client {p['client_cpu_percent']} %")

@@ -478,7 +478,8 @@ class EventStream(StreamingResponse):
     more work for every write and more memory for every stream, and a stream mostly writes.)"""
 
     def __init__(self, hub: EventHub, run_id: uuid.UUID, after: Position, first: Batch) -> None:
-        self.hub, self.run_id, self.after, self.first = hub, run_id, after, first
+        self.hub, self.run_id, self.after = hub, run_id, after
+        self.first: Batch | None = first
         self.status_code = 200
         self.media_type = "text/event-stream"  # set here, not on the class: the class's is the document's
         self.background = None
@@ -486,7 +487,9 @@ class EventStream(StreamingResponse):
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        with self.hub.subscribe(self.run_id, self.first, self.after) as sub:
+        first, self.first = self.first, None  # the stored steps: held by the stream only until it sends them
+        assert first is not None
+        with self.hub.subscribe(self.run_id, first, self.after) as sub:
             watching = asyncio.get_running_loop().create_task(_until_left(receive, sub))
             try:
                 await stream_events(self.hub.closing, sub, self.after, send)

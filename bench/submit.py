@@ -7,6 +7,10 @@ after another, every one with an Idempotency-Key of its own, and every `--retry-
 again with the same key and body at once, as a client retrying after a lost answer would. Then the runs are
 counted in the database: every key must name exactly one run, and nothing else may have been made. The
 target: ≥ 2,000 submissions/s with p99 ≤ 50 ms at 32 clients, every run made exactly once.
+
+The three parts share this machine's cores, so the CPU each took over the measured submissions is reported
+too (from /proc): the API process's, this process's (the clients') and PostgreSQL's (when it runs here), in
+ms a submission. The API's is what a change to the submit path moves; submissions/s moves with the others.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ sys.path.insert(0, str(REPO))
 import psycopg  # noqa: E402
 
 from bench import _pg  # noqa: E402
+from bench.capacity import cpu, postmaster_of  # noqa: E402
+from bench.real_path import cpu_seconds  # noqa: E402
 
 TARGET_PER_S = 2000.0
 TARGET_P99_MS = 50.0
@@ -60,7 +66,7 @@ def missed_targets(per_s: float, p99_ms: float, exact: bool, errors: int) -> lis
 
 @contextlib.asynccontextmanager
 async def api_process(database_url: str, log: Path | None = None) -> Any:
-    """`agentrun worker --concurrency 0` on a free port; yields its base URL once it is ready."""
+    """`agentrun worker --concurrency 0` on a free port; yields its base URL and pid once it is ready."""
     import aiohttp
 
     port = _free_port()
@@ -94,7 +100,7 @@ async def api_process(database_url: str, log: Path | None = None) -> Any:
                 if time.monotonic() > deadline:
                     raise RuntimeError("the worker was not ready within 60 s")
                 await asyncio.sleep(0.1)
-        yield base
+        yield base, proc.pid
     finally:
         if proc.returncode is None:
             proc.terminate()
@@ -150,10 +156,14 @@ async def drive(base: str, clients: int, submissions: int, retry_every: int) -> 
 
 async def bench(database_url: str, clients: int = 32, submissions: int = 4200, retry_every: int = 10,
                 warmup: int = 200, log: Path | None = None) -> dict[str, Any]:
-    async with api_process(database_url, log) as base:
+    postmaster = postmaster_of(database_url)
+    async with api_process(database_url, log) as (base, pid):
         if warmup:
             await drive(base, clients, warmup, 0)  # connections opened, code paths warm: not measured
+        before = cpu_seconds(pid), cpu_seconds(os.getpid()), cpu(postmaster)
         measured = await drive(base, clients, submissions, retry_every)
+        after = cpu_seconds(pid), cpu_seconds(os.getpid()), cpu(postmaster)
+    api_ms, client_ms, postgres_ms = ((a - b) * 1000 / submissions for a, b in zip(after, before, strict=True))
     with psycopg.connect(database_url) as conn:
         rows = conn.execute("SELECT idempotency_key, count(*) FROM run WHERE idempotency_key = ANY(%s) "
                             "GROUP BY idempotency_key", (measured["keys"],)).fetchall()
@@ -174,6 +184,7 @@ async def bench(database_url: str, clients: int = 32, submissions: int = 4200, r
         "errors": measured["errors"], "seconds": round(measured["seconds"], 2),
         "submissions_per_s": round(per_s, 1), "p50_ms": round(p50, 1), "p99_ms": round(p99, 1),
         "retries_p99_ms": round(percentile(measured["copies"], 0.99) * 1000, 1),
+        "api_cpu_ms": round(api_ms, 3), "client_cpu_ms": round(client_ms, 3), "postgres_cpu_ms": round(postgres_ms, 3),
         "met": not missed, "missed": missed,
     }
 
@@ -196,6 +207,8 @@ def main() -> None:
           f"(the retries' {figures['retries_p99_ms']} ms); "
           f"{figures['runs_made']} runs made for {figures['submissions']} keys "
           f"({'exactly once' if figures['exactly_once'] else 'NOT exactly once'}); errors {figures['errors']}")
+    print(f"  CPU a submission: API process {figures['api_cpu_ms']} ms, clients {figures['client_cpu_ms']} ms, "
+          f"PostgreSQL {figures['postgres_cpu_ms']} ms")
     print(f"  target ≥ {TARGET_PER_S:.0f}/s, p99 ≤ {TARGET_P99_MS:.0f} ms, exactly once: "
           f"{'met' if figures['met'] else 'MISSED (' + '; '.join(figures['missed']) + ')'}")
     print(f"  PostgreSQL {env['postgres']} over {env['db_host']}, {env['cores']} cores")

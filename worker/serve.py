@@ -243,6 +243,8 @@ class Serving:
         import psycopg
         import psycopg_pool
 
+        from agentrun.worker.api.server import settle_heap
+
         pool = await self.open_pool()
         if pool is None:
             return False
@@ -256,6 +258,7 @@ class Serving:
                 log.warning("%s could not apply the initial tenant quotas: %s", self.settings.worker_id, e)
         self.worker = await self.runner(store)
         self.slot.app = self.api(store)
+        settle_heap()  # start-up's objects kept out of the full collections' walk (api/server.py)
         log.info(
             "%s serving on :%d with %d slots, lease %gs, tools: %s",
             self.settings.worker_id, self.settings.port, self.settings.concurrency, self.settings.lease_seconds,

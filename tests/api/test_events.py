@@ -59,11 +59,11 @@ class HoldsTheAnswer(RunStore):
         super().__init__(pool)
         self.release = release
 
-    async def checkpoint_model(self, *a: Any, **kw: Any) -> Any:
-        if "Summary of lookup" in str(kw.get("response", "")):
+    async def checkpoint_turn(self, *a: Any, **kw: Any) -> Any:
+        if "Summary of lookup" in a[3].response:  # the model turn
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.release.wait(), 30)
-        return await super().checkpoint_model(*a, **kw)
+        return await super().checkpoint_turn(*a, **kw)
 
 
 def steps_by_seq(stream: Stream) -> dict[int, list[str]]:

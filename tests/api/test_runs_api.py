@@ -98,6 +98,24 @@ async def test_32_clients_resending_one_idempotency_key_at_once_make_exactly_one
     assert count == (1,)
 
 
+async def test_a_copy_sent_while_its_first_is_written_is_answered_as_a_retry(
+    client: httpx.AsyncClient, db: psycopg.AsyncConnection[Any],
+) -> None:
+    """Copies of one key at once: answered with the first's run (the same request) or refused (another
+    request), whichever of them is written first; one run either way."""
+    headers = {"Idempotency-Key": "order-copies"}
+    same = await asyncio.gather(*(client.post("/api/runs", json=RUN, headers=headers) for _ in range(3)))
+    assert [r.status_code for r in same] == [201] * 3 and len({r.json()["id"] for r in same}) == 1
+    assert sum(r.headers.get("idempotent-replayed") == "true" for r in same) == 2
+    headers = {"Idempotency-Key": "order-copies-differ"}
+    differ = await asyncio.gather(client.post("/api/runs", json=RUN, headers=headers),
+                                  client.post("/api/runs", json={**RUN, "input": "something else"}, headers=headers))
+    assert sorted(r.status_code for r in differ) == [201, 422]
+    assert "Idempotency-Key" in problems(next(r for r in differ if r.status_code == 422))
+    count = await (await db.execute("SELECT count(*) FROM run WHERE idempotency_key LIKE 'order-copies%'")).fetchone()
+    assert count == (2,)
+
+
 async def test_idempotency_key_reused_for_another_request_is_refused(client: httpx.AsyncClient) -> None:
     headers = {"Idempotency-Key": "order-42"}
     await client.post("/api/runs", json=RUN, headers=headers)

@@ -214,12 +214,17 @@ async def wire(args: dict[str, Any], ctx: ToolContext) -> str:
 class FaultyStore(RunStore):
     """The real store, with crashes at the points of a step around its writes."""
 
-    async def checkpoint_model(self, *args: Any, **kwargs: Any) -> Any:
+    async def checkpoint_turn(self, *args: Any, **kwargs: Any) -> Any:
         if WORLD.fire("before_checkpoint"):
             raise SimulatedCrash()  # the model answered (and billed); the worker died before writing it
-        done = await super().checkpoint_model(*args, **kwargs)
+        done = await super().checkpoint_turn(*args, **kwargs)
         if WORLD.fire("release") and WORLD.stopping is not None:
             WORLD.stopping.set()
+        starts = kwargs.get("tool_starts") or ()
+        if starts and done[2]:  # the turn's calls STARTED with it: the same point as after start_tool
+            WORLD.current_call = starts[0][0]
+            if WORLD.fire("after_start"):
+                raise SimulatedCrash()
         return done
 
     async def start_tool(self, *args: Any, **kwargs: Any) -> Any:

@@ -456,8 +456,8 @@ class LosesAnswers(RunStore):
             self.lost.append(what)
             raise psycopg.OperationalError("server closed the connection unexpectedly (after the commit)")
 
-    async def checkpoint_model(self, *a: Any, **kw: Any) -> Any:
-        result = await super().checkpoint_model(*a, **kw)
+    async def checkpoint_turn(self, *a: Any, **kw: Any) -> Any:
+        result = await super().checkpoint_turn(*a, **kw)
         self._drop("checkpoint")
         return result
 

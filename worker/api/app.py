@@ -9,6 +9,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
+from fastapi.telemetry import TelemetryConfig
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from agentrun.worker.api import answers
@@ -52,6 +53,11 @@ security requirement): `read`, `submit`, `decide`, `cancel`; `admin` holds them 
 as `after` to get the following page.
 """
 
+NO_TELEMETRY: TelemetryConfig = {"tracing": False, "metrics": False, "logs": False}
+"""FastAPI's own OpenTelemetry off: the worker traces runs with a tracer of its own (obs/tracing/) and sets no
+global provider, so FastAPI's found none, but looked for one on every request (an environment variable's
+read each time; bench/README.md B15)."""
+
 
 def create_app(
     store: RunStore, tools: ToolBox, settings: WorkerSettings, metrics: Metrics, prices: PriceTable | None = None,
@@ -64,7 +70,7 @@ def create_app(
     process's worker cannot claim runs now (its presence session is down), or None when it can."""
     if identities is None:
         identities = Identities(settings.api_token, settings.api_tokens_file)
-    app = FastAPI(title="agentrun", version="0.1.0", description=DESCRIPTION)
+    app = FastAPI(title="agentrun", version="0.1.0", description=DESCRIPTION, telemetry=NO_TELEMETRY)
     prices = prices if prices is not None else PriceTable.load(settings.prices_file)
     app.include_router(runs_router(store, tools, settings, prices, identities, metrics, providers))
     app.include_router(whoami_router(identities.enabled))
@@ -131,7 +137,8 @@ def create_starting_app(readiness: Readiness, metrics: Metrics) -> FastAPI:
     Served from the first moment of the process, so Kubernetes sees a live pod that is waiting for its
     database (and keeps it out of the Service) instead of one that crash-loops through an outage.
     """
-    app = FastAPI(title="agentrun", version="0.1.0", openapi_url=None, docs_url=None, redoc_url=None)
+    app = FastAPI(title="agentrun", version="0.1.0", openapi_url=None, docs_url=None, redoc_url=None,
+                  telemetry=NO_TELEMETRY)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -199,6 +199,16 @@ class Conversation:
         """Tool steps still to be written for the current turn (a STARTED one already has its row)."""
         return len(self.pending) - len(self.started)
 
+    def acted_on(self, content: str, stop_reason: str | None) -> list[Block]:
+        """The tool calls a model turn with this content (as its MODEL step holds it) and stop reason would
+        leave owed, were it applied now: none when it stops for another reason or would be refused."""
+        if stop_reason != "tool_use":
+            return []
+        blocks = load_content(content)
+        if problem(blocks, stop_reason, self._used) is not None:
+            return []
+        return [b for b in blocks if b.get("type") == "tool_use"]
+
     def apply(self, step: Step) -> None:
         self.steps = max(self.steps, step.seq)
         if step.kind is StepKind.USER:

@@ -118,6 +118,8 @@ class RunDriver:
         """Called when a run parks for a timer or an event: the worker's sweep looks at its wake time."""
         self.settings = settings  # and the parts, made with them
         self.deltas = DeltaPublisher(store.pool)  # the text of a call in flight, for live watchers only
+        self._prestarted: dict[uuid.UUID, dict[str, int]] = {}
+        """Of each run, the calls its last model turn's checkpoint STARTED (People.unasked): tool_use id → seq."""
 
     @property
     def settings(self) -> DriverSettings:
@@ -171,6 +173,7 @@ class RunDriver:
             self.sub_agents.forget(run.id)
             self.waits.forget(run.id)
             self.recorded.forget(run.id)
+            self._prestarted.pop(run.id, None)
 
     async def _resume(self, run: Run, progress: Progress, fresh: bool) -> RunStatus | None:
         if run.crashes >= self.settings.max_crash_claims:
@@ -431,7 +434,9 @@ class RunDriver:
         stop_reason = clean(response.stop_reason) if response.stop_reason is not None else None
         write_id = uuid.uuid4()
         turn = ModelTurn(dumps(summary), content, stop_reason, usage, cost, latency_ms)
-        seq, progress = await self.durable.write(lambda again: self.store.checkpoint_model(
+        calls = [] if self.stopping.is_set() else self.people.unasked(run, conv.acted_on(content, stop_reason), conv)
+        starts = [(use["id"], use["name"], dumps(use.get("input"))) for use in calls]
+        seq, progress, started = await self.durable.write(lambda again: self.store.checkpoint_turn(
             run.id,
             self.me,
             self.settings.lease_seconds,
@@ -439,7 +444,11 @@ class RunDriver:
             write_id=write_id,
             epoch=run.lease_epoch,
             again=again,
+            tool_starts=starts,
         ))
+        # All of them or none: none when the run was asked to stop or ran out of time meanwhile (the loop
+        # ends it before any call runs). A call not STARTED here is started by its own write, as ever.
+        self._prestarted[run.id] = {use["id"]: seq + i for i, use in enumerate(calls, 1)} if started else {}
         logs.set_context(step_seq=seq)
         notes.checkpointed(seq)
         self.observer.model_step(run.model, usage, cost, seconds, ok=True)
@@ -456,10 +465,14 @@ class RunDriver:
     ) -> Progress | None:
         tool_use_id, name = use["id"], use["name"]
         started_id, finished_id = uuid.uuid4(), uuid.uuid4()
-        seq, attempts, _ = await self.durable.write(lambda again: self.store.start_tool(
-            run.id, self.me, self.settings.lease_seconds, write_id=started_id, epoch=run.lease_epoch, again=again,
-            tool_use_id=tool_use_id, tool_name=name, request=dumps(use.get("input")),
-        ))
+        prestarted = self._prestarted.get(run.id, {}).pop(tool_use_id, None)
+        if prestarted is not None:  # its STARTED row came with the model turn's checkpoint
+            seq, attempts = prestarted, 1
+        else:
+            seq, attempts, _ = await self.durable.write(lambda again: self.store.start_tool(
+                run.id, self.me, self.settings.lease_seconds, write_id=started_id, epoch=run.lease_epoch,
+                again=again, tool_use_id=tool_use_id, tool_name=name, request=dumps(use.get("input")),
+            ))
         logs.set_context(step_seq=seq)
         notes.checkpointed(seq, attempts)
         again = f" (attempt {attempts})" if attempts > 1 else ""

@@ -6,6 +6,8 @@ from __future__ import annotations
 import uuid
 from typing import Any, Literal
 
+from agentrun.worker.core import children as sub
+from agentrun.worker.core.answer import FINAL_ANSWER
 from agentrun.worker.core.decisions import Key, Next, Park, key_of, next_call
 from agentrun.worker.core.guard import Stop
 from agentrun.worker.core.observer import Observer
@@ -51,6 +53,27 @@ class People:
             return True
         found = (decided or {}).get((use["id"], DecisionKind.APPROVAL, 0))
         return found is not None and found.decision is Decision.APPROVE
+
+    def unasked(self, run: Run, calls: list[dict[str, Any]], conv: Conversation) -> list[dict[str, Any]]:
+        """`calls`, the calls a model turn asks for, if the engine will run them all next, one after another,
+        with nobody to ask and nothing to decide; else none. Each must be a tool this run may call, that is
+        idempotent and needs no approval, not a sub-agent nor the structured answer, in a run that is no
+        replay, and the step cap must leave room for them all. The turn's checkpoint then writes their
+        STARTED rows (store/steps.py `checkpoint_turn`), as `_tool_step` would just before each runs, one
+        round trip sooner: a worker that dies in between leaves a row STARTED, as after a write of its own,
+        and the call runs again."""
+        if not calls or run.replay_id is not None:
+            return []
+        if conv.steps + 1 - run.inherited_steps + len(calls) > run.max_steps:  # the guard's cap (core/guard.py)
+            return []
+        agents = sub.refs_by_tool(run.sub_agents)
+        for use in calls:
+            name = use["name"]
+            tool = self.tools.get(name)
+            if (tool is None or not tool.idempotent or name == FINAL_ANSWER or name in agents
+                    or (run.tools is not None and name not in run.tools) or self.needs_approval(run, name)):
+                return []
+        return calls
 
     def needs_approval(self, run: Run, name: str) -> bool:
         tool = self.tools.get(name)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Sequence
@@ -32,6 +33,9 @@ class Gateway:
         # New runs are group-committed too (store/submit.py), by a batcher of their own: a burst of
         # submissions and the steps of held runs do not wait in each other's queue, and each has its figures.
         self.inserts = GroupCommit(pool, max_batch=self.writes.max_batch)
+        # The batched submissions of an Idempotency-Key on their way now, by tenant and key (store/submit.py):
+        # a copy of one that arrives meanwhile waits for its answer instead of being written, then read.
+        self.submitting: dict[tuple[str, str], asyncio.Future[Run | None]] = {}
 
     async def dedicated_connection(self) -> psycopg.AsyncConnection[Any]:
         """A connection of its own, with the pool's settings, for a session that outlives any one query."""

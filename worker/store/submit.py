@@ -251,18 +251,37 @@ class Submissions(Gateway):
     async def _made_with_others(self, params: dict[str, Any]) -> tuple[Run, bool] | None:
         """The run of `params` made in a batch of submissions (INSERT_MANY, group-committed), or the run its
         retry names; None when the batch left it to be admitted on its own (its tenant has quotas), or the
-        batch failed (the run, made or not, is then looked for by its id on the way that follows)."""
-        row = params["runs"].obj[0]
+        batch failed (the run, made or not, is then looked for by its id on the way that follows).
+
+        A copy of a submission this process is sending now (its tenant and Idempotency-Key) is answered
+        with the run the first copy's batch made: not written as a row the batch leaves out, then read."""
+        key = (params["tenant"], params["key"]) if params["key"] is not None else None
+        if key is not None and (first := self.submitting.get(key)) is not None:
+            made_first = await asyncio.shield(first)  # this copy may give up; the first's answer goes on
+            if made_first is not None:
+                return made_first, False
+            # The first was not made by its batch: this copy goes the way the first goes, and finds it.
+        sending = key if key is not None and key not in self.submitting else None
+        if sending is not None:
+            self.submitting[sending] = asyncio.get_running_loop().create_future()
+        made: Run | None = None
         try:
-            made = await self.inserts.write(params["id"], _INSERT_MANY, {"runs": params["runs"]}, (INSERT_MANY, (row,)))
-        except psycopg.Error:
-            return None
-        if made is not None:
-            return as_run(made), True
+            row = params["runs"].obj[0]
+            try:
+                found = await self.inserts.write(params["id"], _INSERT_MANY, {"runs": params["runs"]},
+                                                 (INSERT_MANY, (row,)))
+            except psycopg.Error:
+                return None
+            if found is not None:
+                made = as_run(found)
+                return made, True
+        finally:
+            if sending is not None:
+                self.submitting.pop(sending).set_result(made)
         # Not made: a run with its key or id was there (committed before this statement's snapshot or
         # while it waited), or its tenant has quotas.
-        first = await self._one(_FIRST_RUN, params)
-        return (as_run(first), False) if first is not None else None
+        first_row = await self._one(_FIRST_RUN, params)
+        return (as_run(first_row), False) if first_row is not None else None
 
     async def first_replay(self, replay: NewReplay, tenant: str) -> uuid.UUID | None:
         """The replay made already with `replay`'s id or its tenant's Idempotency-Key, if any."""

@@ -187,39 +187,41 @@ async def _true(value: bool) -> bool:
 
 
 async def test_shared_writes_sent_again_find_their_first_copy(store: RunStore) -> None:
-    """The shared statements keep the write ids' promise: a copy sent again (its first answer lost)
-    appends nothing, counts no tokens and no attempt twice."""
+    """The shared statements keep the write ids' promise: a copy sent again (its first answer lost, so sent
+    with `again`, as runtime/durable.py sends it) appends nothing, counts no tokens and no attempt twice."""
     batched = RunStore(store.pool, GroupCommit(store.pool, senders=1))
     ids = await _held(batched, 3)
     wids = {run_id: uuid.uuid4() for run_id in ids}
 
-    async def checkpoints() -> list[Any]:
+    async def checkpoints(again: bool = False) -> list[Any]:
         return await asyncio.gather(*(batched.checkpoint_model(
             run_id, "w", 30, ModelTurn("{}", '[{"type":"text","text":"x"}]', "tool_use", Usage(10, 5, 0, 0), None, 3),
-            write_id=wids[run_id]) for run_id in ids))
+            write_id=wids[run_id], again=again) for run_id in ids))
 
-    first, again = await checkpoints(), await checkpoints()
+    first, again = await checkpoints(), await checkpoints(again=True)
     assert [seq for seq, _ in first] == [seq for seq, _ in again] == [1, 1, 1]
     assert [p.tokens_used for _, p in again] == [15, 15, 15]
 
     started = {run_id: uuid.uuid4() for run_id in ids}
 
-    async def starts() -> list[Any]:
+    async def starts(again: bool = False) -> list[Any]:
         return await asyncio.gather(*(batched.start_tool(
             run_id, "w", 30, write_id=started[run_id], tool_use_id="toolu_1", tool_name="noop", request="{}",
+            again=again,
         ) for run_id in ids))
 
     assert [(seq, attempts) for seq, attempts, _ in await starts()] == [(2, 1)] * 3
-    assert [(seq, attempts) for seq, attempts, _ in await starts()] == [(2, 1)] * 3
+    assert [(seq, attempts) for seq, attempts, _ in await starts(again=True)] == [(2, 1)] * 3
     finished = {run_id: uuid.uuid4() for run_id in ids}
 
-    async def finishes() -> list[Any]:
+    async def finishes(again: bool = False) -> list[Any]:
         return await asyncio.gather(*(batched.finish_tool(
             run_id, "w", 30, write_id=finished[run_id], tool_use_id="toolu_1", ok=True, output="ok", latency_ms=1,
+            again=again,
         ) for run_id in ids))
 
     await finishes()
-    await finishes()
+    await finishes(again=True)
     for run_id in ids:
         steps = await batched.steps(run_id)
         assert [(s.kind.value, s.status.value, s.attempts) for s in steps] == [("MODEL", "DONE", 1), ("TOOL", "DONE", 1)]

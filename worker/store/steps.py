@@ -56,6 +56,16 @@ STARTED_ROW = """'TOOL', c.call->>1, c.call->>0, 'STARTED', c.call->>2"""
 FENCE_STARTS = FENCE.replace("SELECT id FROM run", "SELECT id, cancel_requested, deadline_at FROM run")
 STARTABLE = "NOT fence.cancel_requested AND (fence.deadline_at IS NULL OR now() < fence.deadline_at)"
 
+# Each statement is prepared once per connection and runs on PostgreSQL's generic plan, made when it was
+# prepared: on a new database, while the tables were small and a sequential scan looked cheapest. So no part of
+# a shared form may leave the planner free to read a whole table for each batch: `done` joined run_step to the
+# batch and got a hash join over all of run_step, cached for the connection's life, so that B1's database time
+# per step grew with the table (0.48 ms at 800 runs, 0.82 ms at 2,000: issue 48 §2). A copy of a write that was
+# sent again now looks for its first copy by its run's key, in a lateral subquery with a LIMIT (which the planner
+# cannot turn into a join), and only a copy looks (`w.again`); a step is found by its key (step_tool_uk). A run
+# is joined on `run.id = w.id` alone: with `= ANY(...)` beside it the planner scanned run_created_idx or the
+# table instead of run_pkey.
+
 # The shared forms take every value as an array parameter in binary (`%(x)b`): psycopg writes a text array
 # in Python, quoting and escaping each element with a regular expression, about 50 µs a run for a checkpoint's
 # 16 arrays against 8 µs in binary (the JSON of requests and responses is full of quotes to escape).
@@ -89,11 +99,13 @@ CHECKPOINTS = Shared("checkpoint_model", f"""
 WITH w AS (
     SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(epoch)s::bigint[], %(lease)s::float8[],
         %(wid)s::uuid[], %(request)s::text[], %(response)s::text[], %(stop)s::text[], %(in)s::int[], %(out)s::int[],
-        %(cw)s::int[], %(cr)s::int[], %(cost)s::numeric[], %(ms)s::int[], %(kind)s::text[], %(starts)s::text[])
-    AS w (id, worker, epoch, lease, wid, request, response, stop, i, o, cw, cr, cost, ms, kind, starts)),
+        %(cw)s::int[], %(cr)s::int[], %(cost)s::numeric[], %(ms)s::int[], %(kind)s::text[], %(starts)s::text[],
+        %(again)s::boolean[])
+    AS w (id, worker, epoch, lease, wid, request, response, stop, i, o, cw, cr, cost, ms, kind, starts, again)),
 {SHARED_FENCE},
-done AS (SELECT s.run_id AS id, s.seq FROM run_step s JOIN w ON s.run_id = w.id AND s.write_id = w.wid
-         AND s.kind = w.kind),
+done AS (SELECT w.id, d.seq FROM w CROSS JOIN LATERAL (
+    SELECT s.seq FROM run_step s WHERE w.again AND s.run_id = w.id AND s.write_id = w.wid AND s.kind = w.kind
+    LIMIT 1) d),
 step AS (
     INSERT INTO run_step (run_id, seq, kind, status, request, response, stop_reason,
         input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens,
@@ -125,16 +137,17 @@ SELECT coalesce(step.seq, done.seq) AS seq, {SHARED_PROGRESS},
                WHERE s.run_id = owned.id AND s.kind = 'TOOL') END AS started
 FROM owned LEFT JOIN step USING (id) LEFT JOIN done USING (id)""".encode().replace(BY_TEXT, IN_BINARY),
     ("id", "worker", "epoch", "lease", "wid", "request", "response", "stop", "in", "out", "cw", "cr", "cost", "ms",
-     "kind", "starts"))
+     "kind", "starts", "again"))
 
 TOOL_STARTS = Shared("start_tool", f"""
 WITH w AS (
     SELECT * FROM unnest(%(id)s::uuid[], %(worker)s::text[], %(epoch)s::bigint[], %(lease)s::float8[],
-        %(wid)s::uuid[], %(tuid)s::text[], %(name)s::text[], %(request)s::text[])
-    AS w (id, worker, epoch, lease, wid, tuid, name, request)),
+        %(wid)s::uuid[], %(tuid)s::text[], %(name)s::text[], %(request)s::text[], %(again)s::boolean[])
+    AS w (id, worker, epoch, lease, wid, tuid, name, request, again)),
 {SHARED_FENCE},
-done AS (SELECT s.run_id AS id, s.seq, s.attempts FROM run_step s JOIN w ON s.run_id = w.id
-         WHERE s.kind = 'TOOL' AND s.tool_use_id = w.tuid AND s.write_id = w.wid AND s.status = 'STARTED'),
+done AS (SELECT w.id, d.seq, d.attempts FROM w CROSS JOIN LATERAL (
+    SELECT s.seq, s.attempts FROM run_step s WHERE w.again AND s.run_id = w.id AND s.kind = 'TOOL'
+        AND s.tool_use_id = w.tuid AND s.write_id = w.wid AND s.status = 'STARTED' LIMIT 1) d),
 step AS (
     INSERT INTO run_step (run_id, seq, kind, tool_name, tool_use_id, status, request, worker, write_id)
     SELECT w.id, (SELECT coalesce(max(s.seq), 0) + 1 FROM run_step s WHERE s.run_id = w.id),
@@ -151,7 +164,7 @@ owned AS (
         run.messages_sent - run.messages_delivered AS messages_waiting)
 SELECT coalesce(step.seq, done.seq) AS seq, coalesce(step.attempts, done.attempts) AS attempts, {SHARED_PROGRESS}
 FROM owned LEFT JOIN step USING (id) LEFT JOIN done USING (id)""".encode().replace(BY_TEXT, IN_BINARY),
-    ("id", "worker", "epoch", "lease", "wid", "tuid", "name", "request"))
+    ("id", "worker", "epoch", "lease", "wid", "tuid", "name", "request", "again"))
 
 TOOL_FINISHES = Shared("finish_tool", f"""
 WITH w AS (
@@ -164,6 +177,7 @@ step AS (
                         finished_at = now(), write_id = w.wid
     FROM w JOIN fence USING (id)
     WHERE run_step.run_id = w.id AND run_step.kind = 'TOOL' AND run_step.tool_use_id = w.tuid
+      AND run_step.run_id = ANY(%(id)s::uuid[]) AND run_step.tool_use_id = ANY(%(tuid)s::text[])
       AND (run_step.status = 'STARTED' OR run_step.write_id = w.wid)
     RETURNING run_step.run_id AS id, run_step.seq),
 owned AS (
@@ -228,7 +242,8 @@ class StepWrites(Gateway):
         row = await self._fenced(
             run_id,
             f"""WITH {FENCE_STARTS},
-                done AS (SELECT seq FROM run_step WHERE run_id = %(id)s AND write_id = %(wid)s AND kind = %(kind)s),
+                done AS (SELECT seq FROM run_step
+                         WHERE %(again)s AND run_id = %(id)s AND write_id = %(wid)s AND kind = %(kind)s),
                 step AS (
                     INSERT INTO run_step (run_id, seq, kind, status, request, response, stop_reason,
                         input_tokens, output_tokens, cache_creation_input_tokens, cache_read_input_tokens,
@@ -260,7 +275,7 @@ class StepWrites(Gateway):
                 "request": turn.request, "response": turn.response, "stop": turn.stop_reason,
                 "in": usage.input_tokens, "out": usage.output_tokens, "cw": usage.cache_creation_input_tokens,
                 "cr": usage.cache_read_input_tokens, "ms": turn.latency_ms, "wid": write_id or uuid.uuid4(),
-                "epoch": epoch, "kind": kind.value, "starts": orjson.dumps(tool_starts).decode(),
+                "epoch": epoch, "kind": kind.value, "starts": orjson.dumps(tool_starts).decode(), "again": again,
             },
             shared=CHECKPOINTS, again=again,
         )
@@ -283,7 +298,7 @@ class StepWrites(Gateway):
             run_id,
             f"""WITH {FENCE},
                 done AS (SELECT seq, attempts FROM run_step
-                         WHERE run_id = %(id)s AND kind = 'TOOL' AND tool_use_id = %(tuid)s
+                         WHERE %(again)s AND run_id = %(id)s AND kind = 'TOOL' AND tool_use_id = %(tuid)s
                            AND write_id = %(wid)s AND status = 'STARTED'),
                 step AS (
                     INSERT INTO run_step (run_id, seq, kind, tool_name, tool_use_id, status, request, worker,
@@ -301,7 +316,7 @@ class StepWrites(Gateway):
                        {PROGRESS}
                 FROM owned LEFT JOIN step ON true LEFT JOIN done ON true""",
             {"id": run_id, "worker": worker, "lease": lease_seconds, "tuid": tool_use_id, "name": tool_name,
-             "request": request, "wid": write_id or uuid.uuid4(), "epoch": epoch},
+             "request": request, "wid": write_id or uuid.uuid4(), "epoch": epoch, "again": again},
             shared=TOOL_STARTS, again=again,
         )
         if row is None:

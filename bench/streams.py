@@ -12,8 +12,9 @@ driving `--runs` runs of many tool turns at `--model-latency` s per model call, 
   system clock on both sides. Target: p99 ≤ 200 ms (with all the streams; also reported with one per run).
 - Database load: transactions committed in the database (pg_stat_database.xact_commit, flushed by the
   server about once a second) per second and per step, with `--streams` streams, with one stream per run,
-  and with none; and the API's change-feed statements per second (counted in the API process: 1 per horizon,
-  4 per read). Target: with `--streams` streams, the feed's statements/s at most 1.25 × with one per run.
+  and with none; and the API's change-feed statements per second (counted in the API process: 4 per read,
+  the horizon and three queries in one round trip). Target: with `--streams` streams, the feed's
+  statements/s at most 1.25 × with one per run.
 - Memory per idle stream: the API process's RSS (from /proc) with no stream, then with `--streams` streams
   open on runs not yet started, divided by their number. Reported (no target).
 """
@@ -77,16 +78,8 @@ async def serve_api(url: str) -> None:
     app = create_app(store, ToolBox([_pg.noop]), WorkerSettings(database_url="unused", worker_id="bench-api",
                                                                 default_model=_pg.MODEL), Metrics())
     hub = app.state.events
-    counts: dict[str, float] = {"horizons": 0, "reads": 0, "read_runs": 0, "horizon_s": 0.0, "read_s": 0.0}
-    horizon, read = hub.feed.horizon, hub.feed.read
-
-    async def counted_horizon() -> int | None:
-        counts["horizons"] += 1
-        t0 = time.perf_counter()
-        try:
-            return await horizon()
-        finally:
-            counts["horizon_s"] += time.perf_counter() - t0
+    counts: dict[str, float] = {"reads": 0, "read_runs": 0, "read_s": 0.0}
+    read = hub.feed.read
 
     async def counted_read(since: Any) -> Any:
         counts["reads"] += 1
@@ -97,7 +90,6 @@ async def serve_api(url: str) -> None:
         finally:
             counts["read_s"] += time.perf_counter() - t0
 
-    hub.feed.horizon, hub.feed.read = counted_horizon, counted_read
     # From a run's notification (its commit, as this process hears it) to the end of the read that found it.
     heard: dict[Any, float] = {}
     waits: list[float] = []
@@ -142,7 +134,7 @@ async def serve_api(url: str) -> None:
                     "p50": taken[len(taken) // 2] if taken else None,
                     "p99": taken[int(0.99 * len(taken))] if taken else None},
                 "loop_lag_ms": {"p99": lag[int(0.99 * len(lag))] if lag else None, "max": lag[-1] if lag else None},
-                "statements": counts["horizons"] + 4 * counts["reads"]}
+                "statements": 4 * counts["reads"]}
 
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -184,70 +176,82 @@ async def serve_worker(url: str, runs: int, turns: int, latency: float) -> None:
 # ---- the client (this process) -----------------------------------------------------------------------
 
 
-class Stream:
-    """One SSE stream over a raw socket: its delays (ms) while `measuring`."""
+class Stream(asyncio.Protocol):
+    """One SSE stream over a raw socket. While it is measured it only notes what arrived and when (the
+    client's own work per event would count in the delays: 1,000 streams in one process parse in bursts);
+    `parse` reads the events afterwards, each timed by the arrival of the bytes that completed it."""
 
-    def __init__(self, port: int, run_id: str, clock: Clock) -> None:
-        self.port, self.run_id, self.clock = port, run_id, clock
+    def __init__(self, run_id: str, clock: Clock) -> None:
+        self.run_id, self.clock = run_id, clock
         self.first = asyncio.Event()
-        self.events = 0
-        self.task: asyncio.Task[None] | None = None
+        self.head = b""
+        self.arrived: list[tuple[float, bytes]] = []
+        self.rest = b""
+        self.failed: str | None = None
+        self.transport: asyncio.Transport | None = None
+        self.committed: dict[str, float] = {}  # event position -> commit time of its transaction's step
+        self.kind, self.ident, self.data = "", "", b""
 
-    async def run(self) -> None:
-        reader, writer = await asyncio.open_connection("127.0.0.1", self.port, limit=1 << 20)
-        try:
-            writer.write(f"GET /api/runs/{self.run_id}/events HTTP/1.1\r\nHost: bench\r\n"
-                         f"Accept: text/event-stream\r\n\r\n".encode())
-            status = await reader.readline()
-            if b" 200 " not in status:
-                raise RuntimeError(f"stream of {self.run_id}: {status!r}")
-            while (await reader.readline()) not in (b"\r\n", b""):
-                pass
-            committed: dict[str, float] = {}  # event position -> commit time of its transaction's step
-            kind, ident, data = "", "", b""
-            while True:
-                line = await reader.readline()
-                if not line:
-                    return
-                # Chunked transfer: a size line, then the chunk; SSE lines never look like bare hex sizes
-                # followed by nothing else, and chunks here hold whole events.
-                line = line.rstrip(b"\r\n")
-                if line.startswith(b"id: "):
-                    ident = line[4:].decode()
-                elif line.startswith(b"event: "):
-                    kind = line[7:].decode()
-                elif line.startswith(b"data: "):
-                    data = line[6:]
-                elif line == b"" and kind:
-                    self._arrived(kind, ident, data, committed)
-                    kind, ident, data = "", "", b""
-                    if len(committed) > 64:
-                        committed.clear()
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+        transport.write(f"GET /api/runs/{self.run_id}/events HTTP/1.1\r\nHost: bench\r\n"
+                        f"Accept: text/event-stream\r\n\r\n".encode())
 
-    def _arrived(self, kind: str, ident: str, data: bytes, committed: dict[str, float]) -> None:
-        now = time.time()
-        self.events += 1
-        position = ident.split(".")[0]
-        if kind == "run":
-            self.first.set()
-        if not self.clock.measuring:
+    def data_received(self, data: bytes) -> None:
+        if self.first.is_set():
+            self.arrived.append((time.time(), data))
             return
-        if kind == "step":
-            body = json.loads(data)
+        self.head += data
+        if not self.head.startswith(b"HTTP/1.1 200 "):
+            if len(self.head) >= 13:
+                self.failed = f"stream of {self.run_id}: {self.head[:80]!r}"
+                self.first.set()
+        elif b"\nevent: run\n" in self.head:  # the first batch: kept to be parsed with the rest
+            self.arrived.append((time.time(), self.head.split(b"\r\n\r\n", 1)[1]))
+            self.first.set()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def parse(self) -> None:
+        """Reads what arrived: chunked transfer, a size line before each chunk; SSE lines never look like
+        bare hex sizes followed by nothing else, and chunks here hold whole events."""
+        arrived, self.arrived = self.arrived, []
+        for at, data in arrived:
+            lines = (self.rest + data).split(b"\n")
+            self.rest = lines.pop()
+            for line in lines:
+                line = line.rstrip(b"\r")
+                if line.startswith(b"id: "):
+                    self.ident = line[4:].decode()
+                elif line.startswith(b"event: "):
+                    self.kind = line[7:].decode()
+                elif line.startswith(b"data: "):
+                    self.data = line[6:]
+                elif line == b"" and self.kind:
+                    self._arrived(at)
+                    self.kind, self.ident, self.data = "", "", b""
+                    if len(self.committed) > 64:
+                        self.committed.clear()
+
+    def _arrived(self, now: float) -> None:
+        position = self.ident.split(".")[0]
+        if not self.clock.since <= now <= self.clock.until:
+            return
+        if self.kind == "step":
+            body = json.loads(self.data)
             at = body.get("finishedAt") or body.get("startedAt")
             if at is None:
                 return
             t = datetime.datetime.fromisoformat(at).timestamp()
-            committed[position] = max(t, committed.get(position, 0.0))
+            self.committed[position] = max(t, self.committed.get(position, 0.0))
             if t >= self.clock.since:
                 self.clock.samples.append((self.run_id, t, now))
                 self.clock.steps += 1
-        elif kind == "run" and position in committed and committed[position] >= self.clock.since:
-            self.clock.samples.append((self.run_id, committed[position], now))
+        elif self.kind == "run" and position in self.committed and self.committed[position] >= self.clock.since:
+            self.clock.samples.append((self.run_id, self.committed[position], now))
             self.clock.runs += 1
 
 
@@ -255,8 +259,9 @@ class Clock:
     """The events timed: (run, its transaction's start, arrival); and when each run's commits were heard."""
 
     def __init__(self) -> None:
-        self.measuring = False
-        self.since = 0.0
+        self.since, self.until = 0.0, 0.0
+        """The window measured: events that arrived in it, of transactions that began in it."""
+        self.lags: list[float] = []
         self.samples: list[tuple[str, float, float]] = []
         self.heard: dict[str, list[float]] = {}
         self.steps = 0
@@ -268,6 +273,13 @@ class Clock:
             await conn.execute("LISTEN agentrun_events")
             async for note in conn.notifies():
                 self.heard.setdefault(note.payload, []).append(time.time())
+
+    async def probe(self) -> None:
+        """This process's event loop lag: how late a 5 ms sleep wakes (the delays include it)."""
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(0.005)
+            self.lags.append(1000 * (time.perf_counter() - t0 - 0.005))
 
     def delays(self) -> tuple[list[float], list[float]]:
         """(from the transaction's start, from its commit as heard) in ms. A run's first commit heard at or
@@ -328,10 +340,10 @@ async def _phase(name: str, seconds: float, port: int, conn: Any, clock: Clock |
     cpu0 = {k: cpu_s(pid) for k, pid in pids.items()}
     t0 = time.time()
     if clock is not None:
-        clock.since, clock.measuring = t0, True
+        clock.since, clock.until = t0, t0 + seconds
+        clock.lags.clear()
     await asyncio.sleep(seconds)
-    if clock is not None:
-        clock.measuring = False
+    lags = sorted(clock.lags) if clock is not None else []
     await asyncio.sleep(1.1)
     elapsed = time.time() - t0
     x1, s1 = await _db(conn)
@@ -345,11 +357,10 @@ async def _phase(name: str, seconds: float, port: int, conn: Any, clock: Clock |
         "db_transactions_per_s": round((x1 - x0 - 4) / elapsed, 1),  # less this process's 4 reads
         "db_transactions_per_step": round((x1 - x0 - 4) / max(steps, 1), 3),
         "feed_statements_per_s": round(statements / elapsed, 1),
-        "feed_horizon_ms": round(1000 * (c1["horizon_s"] - c0["horizon_s"])
-                                 / max(1, c1["horizons"] - c0["horizons"]), 1),
         "feed_read_ms": round(1000 * (c1["read_s"] - c0["read_s"]) / max(1, c1["reads"] - c0["reads"]), 1),
         "feed_notify_to_read_ms": {k: v and round(v, 1) for k, v in c1["notify_to_read_ms"].items()},
         "api_loop_lag_ms": {k: v and round(v, 1) for k, v in c1["loop_lag_ms"].items()},
+        "client_loop_lag_ms": {"p99": _pct(lags, 0.99), "max": round(lags[-1], 1) if lags else None},
         "feed_reads": c1["reads"] - c0["reads"], "feed_runs_read": c1["read_runs"] - c0["read_runs"], **cpu,
     }
 
@@ -374,21 +385,26 @@ async def bench(url: str, runs: int, streams: int, latency: float, seconds: floa
     worker: asyncio.subprocess.Process | None = None
     clock = Clock()
     listening = asyncio.create_task(clock.listen(url))
+    probing = asyncio.create_task(clock.probe())
+    loop = asyncio.get_running_loop()
     opened: list[Stream] = []
+
+    async def open_stream(run_id: str) -> Stream:
+        stream = Stream(run_id, clock)
+        await loop.create_connection(lambda: stream, "127.0.0.1", port)
+        return stream
+
     try:
         # Warm: one stream opened and closed, so the feed's tasks and connections exist before the baseline.
-        warm = Stream(port, ids[0], clock)
-        warm.task = asyncio.create_task(warm.run())
+        warm = await open_stream(ids[0])
         await asyncio.wait_for(warm.first.wait(), 60)
-        warm.task.cancel()
+        warm.close()
         await asyncio.sleep(0.5)
         rss0 = rss_kb(api.pid)
-        for i in range(streams):
-            s = Stream(port, ids[i % runs], clock)
-            s.task = asyncio.create_task(s.run())
-            opened.append(s)
-            if i % 50 == 49:
-                await asyncio.sleep(0.01)
+        for start in range(0, streams, 50):
+            batch = range(start, min(streams, start + 50))
+            opened += await asyncio.gather(*(open_stream(ids[i % runs]) for i in batch))
+            await asyncio.sleep(0.01)
         t_open = time.perf_counter()
         await asyncio.wait_for(asyncio.gather(*(s.first.wait() for s in opened)), 120)
         open_s = time.perf_counter() - t_open
@@ -404,23 +420,24 @@ async def bench(url: str, runs: int, streams: int, latency: float, seconds: floa
             while (await _db(conn))[1] < 2 * runs and time.monotonic() < deadline:  # every run under way
                 await asyncio.sleep(0.2)
             phases = [await _phase("all streams", seconds, port, conn, clock, streams, pids)]
+            for s in opened:
+                s.parse()
             measured = clock.delays(), clock.steps, clock.runs
             clock.samples, clock.steps, clock.runs = [], 0, 0
             for s in opened[runs:]:
-                assert s.task is not None
-                s.task.cancel()
+                s.close()
             phases.append(await _phase("one stream per run", seconds, port, conn, clock, min(runs, streams), pids))
+            for s in opened[:runs]:
+                s.parse()
             one_per_run = clock.delays()[1]
             for s in opened[:runs]:
-                assert s.task is not None
-                s.task.cancel()
+                s.close()
             phases.append(await _phase("no stream", seconds, port, conn, None, 0, pids))
-        failed = [s for s in opened if s.task is not None and s.task.done() and not s.task.cancelled()
-                  and s.task.exception() is not None]
+        failed = [s for s in opened if s.failed is not None]
     finally:
         for s in opened:
-            if s.task is not None:
-                s.task.cancel()
+            s.close()
+        probing.cancel()
         if worker is not None:
             await _stop(worker)
         await _stop(api)
@@ -469,8 +486,8 @@ def report(f: dict[str, Any]) -> None:
         print(f"  {p['phase']} ({p['streams']}): {p['steps_per_s']} steps/s, database {p['db_transactions_per_s']} "
               f"transactions/s ({p['db_transactions_per_step']} per step), change feed {p['feed_statements_per_s']} "
               f"statements/s ({p['feed_reads']} reads of {p['feed_runs_read']} runs, {p['feed_read_ms']} ms "
-              f"each; horizon {p['feed_horizon_ms']} ms; notification to read {p['feed_notify_to_read_ms']}; "
-              f"API loop lag {p['api_loop_lag_ms']}); "
+              f"each, with the horizon; notification to read {p['feed_notify_to_read_ms']}; "
+              f"API loop lag {p['api_loop_lag_ms']}, this client's {p['client_loop_lag_ms']}); "
               f"CPU: API {p['api_cpu_percent']} %, worker {p['worker_cpu_percent']} %, "
               f"this client {p['client_cpu_percent']} %")
     print(f"  feed statements/s with {f['streams']} streams / with one per run: {f['feed_growth']} "

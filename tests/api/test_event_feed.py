@@ -191,6 +191,8 @@ class SlowClient:
         self.gone = asyncio.Event()
         self.task = asyncio.create_task(app(scope, self._receive, self._send))
         self._asked = False
+        self.writes = 0
+        """Writes of the body taken so far."""
 
     async def _receive(self) -> dict[str, Any]:
         if not self._asked:
@@ -206,6 +208,7 @@ class SlowClient:
         """The next event; a comment (keep-alive) counts as none."""
         while not self.pending:
             message = await asyncio.wait_for(self.messages.get(), DEADLINE)
+            self.writes += bool(message.get("body"))
             for line in message.get("body", b"").decode().split("\n"):
                 event = self.parser.feed(line)
                 if event is not None:
@@ -262,6 +265,39 @@ async def test_a_slow_reader_of_model_text_still_gets_its_step_and_run_events(
         stop.set()
         await publisher
         await client.close()
+
+
+async def test_a_stream_behind_its_client_gathers_the_changes_into_one_write_every_event_once_in_order(
+    app: FastAPI, store: RunStore, db: psycopg.AsyncConnection[Any]
+) -> None:
+    """Six commits while the client reads nothing: at most two writes wait on it (the one it has not taken
+    and the one being handed over); everything after goes together in the next write, each row's latest
+    change once, in order of position, nothing lost."""
+    run, _ = await store.create(new_run())
+    client = SlowClient(app, f"/api/runs/{run.id}/events")
+    try:
+        assert (await client.next_event()).event == "run"
+        taken = client.writes
+        for seq in range(1, 6):
+            await add_step(db, run.id, seq, status="STARTED")
+        await db.execute("UPDATE run_step SET status = 'DONE' WHERE run_id = %s", (run.id,))
+        cur = await db.execute("SELECT max(event_xid::text::bigint) FROM run_step WHERE run_id = %s", (run.id,))
+        last = (await cur.fetchone() or [0])[0]
+
+        async def given_everything() -> bool:
+            return all(sub.seen[0] >= last for sub in app.state.events.subscribers.get(run.id, ()))
+
+        await eventually(given_everything, timeout=DEADLINE, what="the feed to give the stream every change")
+        events = []
+        while not events or events[-1].id != f"{last}.0.5":  # step 5's last change
+            events.append(await client.next_event())
+    finally:
+        await client.close()
+    ids = [tuple(int(p) for p in e.id.split(".")) for e in events]
+    assert ids == sorted(set(ids)), f"out of order or twice: {ids}"
+    latest = {orjson.loads(e.data)["seq"]: orjson.loads(e.data)["status"] for e in events if e.event == "step"}
+    assert latest == dict.fromkeys(range(1, 6), "DONE"), latest
+    assert client.writes - taken <= 3, f"{client.writes - taken} writes for six commits"
 
 
 async def test_a_writer_that_starts_first_and_commits_last_leaves_no_gap_for_a_resumed_stream(

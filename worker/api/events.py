@@ -20,7 +20,7 @@ import logging
 import re
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Annotated, Any
 
 import orjson
@@ -28,6 +28,8 @@ import psycopg
 from fastapi import APIRouter, Header, Path, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
+from starlette.types import Receive, Send
+from starlette.types import Scope as AsgiScope
 
 from agentrun.worker.api.common import documented_errors
 from agentrun.worker.api.errors import ApiError
@@ -78,7 +80,7 @@ class Batch:
     """The run's highest step seq when it was read."""
 
 
-@dataclasses.dataclass(eq=False)  # by identity: a member of its run's set
+@dataclasses.dataclass(eq=False, slots=True)  # by identity: a member of its run's set
 class Subscriber:
     """One stream's queue. `seen` is the position of the newest event given to it: the feed gives it only
     newer ones. Its events wait here, the latest of each row, until the stream sends them, and so does
@@ -99,6 +101,11 @@ class Subscriber:
     ended: str | None = None
     """The run's terminal status, once an event batch showed it with nothing left to settle."""
     gone: bool = False
+    """The run is gone (pruned), or the client left: the stream ends."""
+    sent: bool = True
+    """Something went to the client since the last beat of the keep-alive (EventHub._beat)."""
+    silent: bool = False
+    """A whole beat went by with nothing sent: a keep-alive comment is due."""
     floor: int | None = None
     """The run's step count in the batch the stream began with: the client has them once it is sent."""
     delivered: int = 0
@@ -172,9 +179,10 @@ class EventHub:
     """One LISTEN connection and one change feed per process, started at the first subscriber.
 
     `keepalive` is the most seconds a stream stays silent (then it sends a comment line: proxies and load
-    balancers drop connections idle for long), and how often the feed re-reads every watched run, a
-    safety net for a lost notification. `tick` is how often the feed looks at the horizon while a change
-    waits behind a transaction still writing event rows (it may roll back, which notifies no one).
+    balancers drop connections idle for long; one beat for all the streams keeps that, not a timer each),
+    and how often the feed re-reads every watched run, a safety net for a lost notification. `tick` is how
+    often the feed looks at the horizon while a change waits behind a transaction still writing event rows
+    (it may roll back, which notifies no one).
     """
 
     def __init__(self, store: RunStore, keepalive: float = 15.0, tick: float = 1.0,
@@ -187,12 +195,13 @@ class EventHub:
         self.subscribers: dict[uuid.UUID, set[Subscriber]] = {}
         self.notified: set[uuid.UUID] = set()
         """Watched runs with a change notified since the feed last read them."""
-        self.settling: dict[uuid.UUID, int] = {}
-        """Watched runs with changes at or above the horizon they were read with (the value)."""
+        self.settling: set[uuid.UUID] = set()
+        """Watched runs with changes at or above the horizon they were read with: read again every round
+        (with the horizon of the same round trip) until none is left."""
         self.horizon = -1
         """The highest horizon seen; it only grows."""
         self.rounds = 0
-        """Feed rounds done (a horizon, and a read when something is to be read)."""
+        """Feed rounds done (a read of the horizon and of the runs due)."""
         self.listening = asyncio.Event()
         self.closing = asyncio.Event()
         self._due = asyncio.Event()
@@ -207,7 +216,8 @@ class EventHub:
                 task.cancel()
             loop = asyncio.get_running_loop()
             self._tasks = [loop.create_task(self._listen(), name="agentrun-events-listen"),
-                           loop.create_task(self._feed(), name="agentrun-events-feed")]
+                           loop.create_task(self._feed(), name="agentrun-events-feed"),
+                           loop.create_task(self._beat(), name="agentrun-events-keepalive")]
         sub = Subscriber(run_id, seen=after)
         sub.offer(first)
         self.subscribers.setdefault(run_id, set()).add(sub)
@@ -237,14 +247,26 @@ class EventHub:
 
     async def catch_up(self, run_id: uuid.UUID, after: Position) -> Batch | None:
         """The run's changes after `after` below the horizon now; None if there is no such run."""
-        horizon = await self.feed.horizon()
-        if horizon is not None:
-            self.horizon = max(self.horizon, horizon)
         # Known before the read begins, so its snapshot sees every change below it (one that the feed
         # finds while this reads would be too new for this snapshot).
-        horizon = self.horizon
-        rows = (await self.feed.read({run_id: max(after[0], 0)})).get(run_id)
+        known = self.horizon
+        found, read = await self.feed.read({run_id: max(after[0], 0)})
+        horizon = max(known, -1 if found is None else found)
+        self.horizon = max(self.horizon, horizon)
+        rows = read.get(run_id)
         return None if rows is None else changes(rows, after, horizon, self.prices)
+
+    async def _beat(self) -> None:
+        """Every half `keepalive`, wakes the streams that sent nothing since the last beat to send a comment:
+        none stays silent a whole `keepalive`, and a stream waits for its events with no timer of its own."""
+        while not self.closing.is_set():
+            await asyncio.sleep(self.keepalive / 2)
+            for subs in self.subscribers.values():
+                for sub in subs:
+                    if not sub.sent:
+                        sub.silent = True
+                        sub.wake.set()
+                    sub.sent = False
 
     async def _listen(self) -> None:
         while not self.closing.is_set():
@@ -315,36 +337,37 @@ class EventHub:
                 self._due.set()
 
     async def _round(self) -> None:
-        horizon = await self.feed.horizon()
-        if horizon is None:  # a writer between taking its position and saying so: a moment more
-            self._due.set()
-            return
-        horizon = self.horizon = max(self.horizon, horizon)  # as in catch_up: fixed before the read
-        for run_id in [r for r in self.settling if r not in self.subscribers]:
-            del self.settling[run_id]
-        due = {r for r in self.notified if r in self.subscribers}
-        due |= {r for r, read_at in self.settling.items() if horizon > read_at}
+        known = self.horizon  # as in catch_up: fixed before the read
+        self.settling &= self.subscribers.keys()
+        due = {r for r in self.notified if r in self.subscribers} | self.settling
         self.notified.clear()
-        for run_id in due:
-            self.settling.pop(run_id, None)
+        self.settling = set()
+        if not due:
+            return
         # The streams of each run now, and the oldest position among them: what the read starts from.
         targets = {r: list(self.subscribers[r]) for r in due}
         after = {r: min(s.seen for s in subs) for r, subs in targets.items()}
         try:
-            rows = await self.feed.read({r: max(a[0], 0) for r, a in after.items()})
+            found, rows = await self.feed.read({r: max(a[0], 0) for r, a in after.items()})
         except BaseException:
             self.notified |= due
             raise
+        if found is None:  # a writer between taking its position and saying so: a moment more
+            self.notified |= due
+            self._due.set()
+            return
+        horizon = max(known, found)
+        self.horizon = max(self.horizon, horizon)
         for run_id, subs in targets.items():
-            found = rows.get(run_id)
-            if found is None:  # the run is gone (pruned)
+            run_rows = rows.get(run_id)
+            if run_rows is None:  # the run is gone (pruned)
                 for sub in subs:
                     sub.gone = True
                     sub.wake.set()
                 continue
-            batch = changes(found, after[run_id], horizon, self.prices)
+            batch = changes(run_rows, after[run_id], horizon, self.prices)
             if batch.settling:
-                self.settling[run_id] = horizon
+                self.settling.add(run_id)
             for sub in subs:
                 sub.offer(batch)
         self.rounds += 1
@@ -403,43 +426,76 @@ def encode(kind: str, position: Position, data: Any) -> bytes:
     return b"id: %s\nevent: %s\ndata: %s\n\n" % (event_id(position).encode(), kind.encode(), orjson.dumps(data))
 
 
-async def stream_events(hub: EventHub, run_id: uuid.UUID, after: Position, first: Batch) -> AsyncIterator[bytes]:
+async def stream_events(closing: asyncio.Event, sub: Subscriber, after: Position, send: Send) -> None:
+    """Writes the stream's events to `send` as they come, whatever is ready in one write: a stream that
+    falls behind (a busy process, a slow client) sends what gathered meanwhile together, the latest of each
+    row once, instead of a write per feed round."""
     position = after
-    last_sent = time.monotonic()
-    with hub.subscribe(run_id, first, after) as sub:
-        while not hub.closing.is_set():
-            # Whatever is ready goes in one write: one send through the server per wake, not one per event.
-            out: list[bytes] = []
-            # The text that came first goes first (it was published before the step that holds it was
-            # written); gathered into one event per model call, it never keeps the events waiting long.
-            for seq, text in sub.take_deltas():
-                out.append(encode("delta", position, {"seq": seq, "text": text}))
-            # Progress of the calls whose step the stream has given, before the steps that end them.
-            for data in sub.take_progress():
-                out.append(encode("progress", position, data))
-            for event in sub.take_events():
-                position = event.position
-                out.append(event.frame)
-            if sub.ended is not None and not sub.events:
-                out.append(encode("end", position, {"status": sub.ended}))
-                yield b"".join(out)
-                return
-            if out:
-                yield b"".join(out)
-                last_sent = time.monotonic()
-            if sub.gone:
-                return  # the run is gone
-            if out:
-                continue
-            sub.wake.clear()
-            quiet = not (sub.events or sub.deltas_ready or sub.progress_ready)
-            if quiet and sub.ended is None and not sub.gone:
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(max(0.0, hub.keepalive - (time.monotonic() - last_sent))):
-                        await sub.wake.wait()
-            if time.monotonic() - last_sent >= hub.keepalive:
-                yield b": keep-alive\n\n"
-                last_sent = time.monotonic()
+    while not closing.is_set():
+        sub.wake.clear()  # whatever comes from here on wakes it again
+        out: list[bytes] = []
+        # The text that came first goes first (it was published before the step that holds it was
+        # written); gathered into one event per model call, it never keeps the events waiting long.
+        for seq, text in sub.take_deltas():
+            out.append(encode("delta", position, {"seq": seq, "text": text}))
+        # Progress of the calls whose step the stream has given, before the steps that end them.
+        for data in sub.take_progress():
+            out.append(encode("progress", position, data))
+        for event in sub.take_events():
+            position = event.position
+            out.append(event.frame)
+        if sub.ended is not None:
+            out.append(encode("end", position, {"status": sub.ended}))
+            await _write(send, out)
+            return
+        if out:
+            await _write(send, out)
+            sub.sent = True
+        if sub.gone:
+            return  # the run is gone, or the client
+        if not out and sub.silent:
+            await _write(send, [b": keep-alive\n\n"])
+            sub.sent, sub.silent = True, False
+        if not sub.wake.is_set():
+            await sub.wake.wait()
+
+
+async def _write(send: Send, frames: list[bytes]) -> None:
+    await send({"type": "http.response.body", "body": b"".join(frames), "more_body": True})
+
+
+async def _until_left(receive: Receive, sub: Subscriber) -> None:
+    """Waits for the client to go away, then ends its stream."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    sub.gone = True
+    sub.wake.set()
+
+
+class EventStream(StreamingResponse):
+    """A run's events as the response: written straight to the server, with one task watching for the
+    client to leave. (StreamingResponse itself pulls from an async generator in a task group of two tasks:
+    more work for every write and more memory for every stream, and a stream mostly writes.)"""
+
+    def __init__(self, hub: EventHub, run_id: uuid.UUID, after: Position, first: Batch) -> None:
+        self.hub, self.run_id, self.after = hub, run_id, after
+        self.first: Batch | None = first
+        self.status_code = 200
+        self.media_type = "text/event-stream"  # set here, not on the class: the class's is the document's
+        self.background = None
+        self.init_headers({"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        first, self.first = self.first, None  # the stored steps: held by the stream only until it sends them
+        assert first is not None
+        with self.hub.subscribe(self.run_id, first, self.after) as sub:
+            watching = asyncio.get_running_loop().create_task(_until_left(receive, sub))
+            try:
+                await stream_events(self.hub.closing, sub, self.after, send)
+            finally:
+                watching.cancel()
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 def events_router(store: RunStore, hub: EventHub, secured: bool) -> APIRouter:
@@ -451,7 +507,8 @@ def events_router(store: RunStore, hub: EventHub, secured: bool) -> APIRouter:
 
     @router.get(
         "/{id}/events",
-        response_class=StreamingResponse,
+        response_class=EventStream,
+        status_code=200,  # else FastAPI looks for it in the signature of the response class, which has none
         responses={
             200: {"content": {"text/event-stream": {}}, "description": "The run's events, until it ends"},
         },
@@ -466,7 +523,7 @@ def events_router(store: RunStore, hub: EventHub, secured: bool) -> APIRouter:
             "(an id this stream never sent is ignored: the stream starts from the stored steps).",
             json_schema_extra={"pattern": f"^{EVENT_ID.pattern}$"},
         )] = "",
-    ) -> StreamingResponse:
+    ) -> EventStream:
         """Server-sent events of a run: `step` (a timeline row appeared or changed), `run` (the run JSON
         changed: status, tokens, cost, ...), `delta` (`{"seq", "text"}`: model text in flight, not stored,
         best effort), `progress` (`{"toolUseId", "toolName", "progress", "total", "message"}`: the latest
@@ -480,10 +537,6 @@ def events_router(store: RunStore, hub: EventHub, secured: bool) -> APIRouter:
         first = await hub.catch_up(run_id, after)
         if first is None:
             raise ApiError(404, f"no run with id {run_id}")
-        return StreamingResponse(
-            stream_events(hub, run_id, after, first),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return EventStream(hub, run_id, after, first)
 
     return router

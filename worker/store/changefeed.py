@@ -25,6 +25,8 @@ from agentrun.worker.store.rows import DECISION_COLUMNS, RUN_COLUMNS, TIMELINE_C
 
 HORIZON = "SELECT agentrun_event_horizon() AS horizon"
 
+SNAPSHOT = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"
+
 RUNS = f"""SELECT {RUN_COLUMNS}, coalesce(r.event_xid, '0')::text::bigint AS event_xid
     FROM run r WHERE r.id = ANY(%(ids)s)"""
 
@@ -32,10 +34,14 @@ DECISIONS = f"""SELECT {DECISION_COLUMNS}, position, coalesce(event_xid, '0')::t
     FROM run_decision WHERE run_id = ANY(%(ids)s) ORDER BY run_id, since, position, attempt"""
 
 # A run's steps changed at or after its own `since`, and the steps of calls decided since (a decision
-# changes its call's timeline row); `a` pairs each run with its `since`.
+# changes its call's timeline row); `a` and `b` pair each run with its `since`.
 STEPS = f"""SELECT {TIMELINE_COLUMNS}, coalesce(event_xid, '0')::text::bigint AS event_xid
     FROM run_step JOIN unnest(%(ids)s::uuid[], %(since)s::bigint[]) AS a(id, since) ON run_step.run_id = a.id
-    WHERE coalesce(event_xid, '0') >= a.since::text::xid8 OR tool_use_id = ANY(%(touched)s)
+    WHERE coalesce(event_xid, '0') >= a.since::text::xid8
+       OR (run_step.run_id, run_step.tool_use_id) IN (
+           SELECT d.run_id, d.tool_use_id
+           FROM run_decision d JOIN unnest(%(ids)s::uuid[], %(since)s::bigint[]) AS b(id, since) ON d.run_id = b.id
+           WHERE coalesce(d.event_xid, '0') >= b.since::text::xid8)
     ORDER BY run_id, seq"""
 
 
@@ -66,46 +72,47 @@ class ChangeFeed:
     def __init__(self, pool: AsyncConnectionPool[Any]) -> None:
         self.pool = pool
 
-    async def horizon(self) -> int | None:
-        """Every change below this position is final; None when it cannot tell now (ask again shortly)."""
-        async with self.pool.connection() as conn:
-            cur = await conn.execute(HORIZON)
-            row = await cur.fetchone()
-        return None if row is None or row[0] is None else int(row[0])
-
-    async def read(self, since: Mapping[uuid.UUID, int]) -> dict[uuid.UUID, RunRows]:
-        """The rows of each run in `since` changed at or after its position (runs that do not exist are
+    async def read(self, since: Mapping[uuid.UUID, int]) -> tuple[int | None, dict[uuid.UUID, RunRows]]:
+        """The horizon (every change below it is final; None when it cannot tell now: ask again shortly),
+        and the rows of each run in `since` changed at or after its position (runs that do not exist are
         left out), in one repeatable-read snapshot so that they agree with each other.
 
-        Call it after the horizon it is used with: a snapshot taken later sees every change below it."""
+        Two round trips on one connection, each of which waits its turn on a busy event loop and a busy
+        database: the horizon, then the reads in a pipeline. The horizon comes first so that the snapshot,
+        taken after it, sees every change below it (in one pipeline both would be one transaction)."""
         ids = list(since)
-        if not ids:
-            return {}
-        async with self.pool.connection() as conn, conn.transaction():
-            await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
-            cur = conn.cursor(row_factory=dict_row)
-            await cur.execute(RUNS, {"ids": ids})
-            runs = {row["id"]: row for row in await cur.fetchall()}
-            decisions = await _decisions(cur, ids)
-            touched = [use for by_call in decisions.values() for use, found in by_call.items()
-                       if since.get(found[0].call.run_id, 0) <= max(d.position for d in found)]
-            await cur.execute(STEPS, {"ids": ids, "since": [since[i] for i in ids], "touched": touched})
-            steps: dict[uuid.UUID, list[tuple[int, Step]]] = {}
-            for row in await cur.fetchall():
-                position = row.pop("event_xid")
-                steps.setdefault(row["run_id"], []).append((position, as_step(row)))
+        positions = [since[i] for i in ids]
+        async with self.pool.connection() as conn:
+            horizon = _horizon(await (await conn.execute(HORIZON)).fetchone())
+            if horizon is None or not ids:
+                return horizon, {}
+            async with conn.pipeline():
+                await conn.execute(SNAPSHOT)
+                runs = await conn.cursor(row_factory=dict_row).execute(RUNS, {"ids": ids})
+                decided = await conn.cursor(row_factory=dict_row).execute(DECISIONS, {"ids": ids})
+                steps = await conn.cursor(row_factory=dict_row).execute(STEPS, {"ids": ids, "since": positions})
+                await conn.execute("COMMIT")
+            run_rows = {r["id"]: r for r in await runs.fetchall()}
+            decisions = _decisions(await decided.fetchall())
+            found_steps: dict[uuid.UUID, list[tuple[int, Step]]] = {}
+            for r in await steps.fetchall():
+                position = r.pop("event_xid")
+                found_steps.setdefault(r["run_id"], []).append((position, as_step(r)))
         found: dict[uuid.UUID, RunRows] = {}
-        for run_id, row in runs.items():
-            position = row.pop("event_xid")
-            found[run_id] = RunRows(as_run(row), position, decisions.get(run_id, {}), steps.get(run_id, []))
-        return found
+        for run_id, r in run_rows.items():
+            position = r.pop("event_xid")
+            found[run_id] = RunRows(as_run(r), position, decisions.get(run_id, {}), found_steps.get(run_id, []))
+        return horizon, found
 
 
-async def _decisions(cur: Any, ids: list[uuid.UUID]) -> dict[uuid.UUID, dict[str, list[Decided]]]:
-    """Every decision row of the runs `ids`: by run, then by tool_use id, oldest first."""
-    await cur.execute(DECISIONS, {"ids": ids})
+def _horizon(row: Any) -> int | None:
+    return None if row is None or row[0] is None else int(row[0])
+
+
+def _decisions(rows: list[dict[str, Any]]) -> dict[uuid.UUID, dict[str, list[Decided]]]:
+    """Decision rows by run, then by tool_use id, oldest first."""
     found: dict[uuid.UUID, dict[str, list[Decided]]] = {}
-    for row in await cur.fetchall():
+    for row in rows:
         position, place = row.pop("event_xid"), row.pop("position")
         call = as_pending(row)
         found.setdefault(call.run_id, {}).setdefault(call.tool_use_id, []).append(Decided(call, position, place))

@@ -126,7 +126,8 @@ class WorkerSettings:
 
     concurrency: int = 4
     """Runs in flight at once. Most of a step is waiting on the model, so this can exceed the cores.
-    0 makes an API-only process that never claims."""
+    0 makes an API-only process that never claims. A run whose last write (its end) is on its way no longer
+    counts: its successor is claimed while that write commits, so for that moment the worker holds one more."""
 
     lease_seconds: float = 30.0
     """How long a claim lasts without renewal. The heartbeat renews every third of it while a step runs,

@@ -18,6 +18,7 @@ from agentrun.worker.tools import ToolContext, tool
 from tests.support.builders import new_run, worker
 from tests.support.ports import free_port
 from tests.support.processes import wait_ready, worker_argv
+from tests.support.running import finished, running
 from tests.support.waiting import eventually
 
 
@@ -131,3 +132,31 @@ async def test_reclaiming_its_own_lapsed_run_supersedes_the_old_driver(
     assert recording.released == []  # the superseded driver did not hand back the new claim's lease
     steps = await store.timeline(run.id)
     assert steps[1].attempts == 2 and len(llm.seen) == 2
+
+
+async def test_a_runs_successor_is_claimed_while_its_last_write_commits(store: RunStore) -> None:
+    """At concurrency 1 the second run starts while the first one's end is still on its way (Worker._free):
+    the slot does not stand empty for a claim after every run."""
+    release = asyncio.Event()
+    held: list[uuid.UUID] = []
+
+    class SlowEnds(RunStore):
+        async def finish(self, run_id: uuid.UUID, *a: Any, **kw: Any) -> Any:
+            if not held:
+                held.append(run_id)
+                await release.wait()
+            return await super().finish(run_id, *a, **kw)
+
+    first, _ = await store.create(new_run("first"))
+    second, _ = await store.create(new_run("second"))
+    llm = ScriptedLlm().then_text("one").then_text("two")
+    w = worker(SlowEnds(store.pool), llm, concurrency=1)
+    async with running(w):
+        ended = await finished(store, second.id)  # while the first one's end is held
+        before = await store.get(first.id)
+        assert held == [first.id] and before is not None and before.status is RunStatus.RUNNING
+        assert ended.status is RunStatus.SUCCEEDED and w.leaving == {first.id}
+        release.set()
+        after = await finished(store, first.id)
+    assert after.status is RunStatus.SUCCEEDED
+    assert not w.leaving and not w.driving

@@ -116,6 +116,9 @@ class RunDriver:
         self._rng = random.Random()
         self.parked_wait: Callable[[], None] = lambda: None
         """Called when a run parks for a timer or an event: the worker's sweep looks at its wake time."""
+        self.leaving: Callable[[uuid.UUID, bool], None] = lambda run_id, leaving: None
+        """Called with True when a run's last write is sent (it ends once that commits), and with False if that
+        write did not end it after all: the worker claims the run's successor meanwhile."""
         self.settings = settings  # and the parts, made with them
         self.deltas = DeltaPublisher(store.pool)  # the text of a call in flight, for live watchers only
         self._prestarted: dict[uuid.UUID, dict[str, int]] = {}
@@ -369,13 +372,19 @@ class RunDriver:
         """End the run; or, if it may not succeed yet for messages posted to it that it has not seen, its
         progress now (nothing was written, the run is still held)."""
         self.keeper.drop(run.id)
-        tokens = await self.durable.write(
-            lambda again: self.store.finish(
-                run.id, self.me, stop.status, stop.reason or None, again=again, output=stop.output,
-                epoch=run.lease_epoch, lease_seconds=self.settings.lease_seconds,
+        self.leaving(run.id, True)
+        try:
+            tokens = await self.durable.write(
+                lambda again: self.store.finish(
+                    run.id, self.me, stop.status, stop.reason or None, again=again, output=stop.output,
+                    epoch=run.lease_epoch, lease_seconds=self.settings.lease_seconds,
+                )
             )
-        )
+        except BaseException:
+            self.leaving(run.id, False)
+            raise
         if isinstance(tokens, Progress):
+            self.leaving(run.id, False)
             log.info("%s run=%s has messages to deliver before it ends", self.me, run.id.hex[:8])
             return tokens
         self.observer.run_ended(run, stop.status, stop.reason or None)

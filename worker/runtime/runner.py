@@ -87,6 +87,9 @@ class Worker:
         self.driving: dict[uuid.UUID, asyncio.Task[RunStatus | None]] = {}  # run id → its driver task
         self.sweep_poke = asyncio.Event()  # a run parked for a timer or an event: the sweep looks again
         self.driver.parked_wait = self.sweep_poke.set
+        self.leaving: set[uuid.UUID] = set()  # held runs whose last write is on its way: their slots are free
+        self.slot_freed = asyncio.Event()  # set when a run starts leaving
+        self.driver.leaving = self._leaving
         self.sweeps = 0  # sweep statements sent (tests count them)
         self.ticker = Ticker(store, settings.worker_id, settings.default_model, self.observer)  # schedules
 
@@ -172,7 +175,7 @@ class Worker:
         backoff = self.settings.poll_interval
         try:
             while not self.stopping.is_set():
-                if len(self.driving) >= self.settings.concurrency:
+                if self._free() <= 0:
                     await self._wait_for_slot()
                     continue
                 if self.settings.liveness_lock and not self.presence.ready.is_set():
@@ -185,7 +188,7 @@ class Worker:
                 try:
                     # As many as there are free slots, in one statement (up to CLAIM_BATCH): a worker
                     # with thousands of slots fills them in moments, not one round trip per run.
-                    claims = await self._claim(min(self.settings.concurrency - len(self.driving), CLAIM_BATCH))
+                    claims = await self._claim(min(self._free(), CLAIM_BATCH))
                     idle = await self._idle_for() if not claims else 0.0
                     backoff = self.settings.poll_interval
                 except Exception as e:
@@ -278,7 +281,21 @@ class Worker:
                 async with asyncio.timeout(sleep):
                     await self.sweep_poke.wait()
 
+    def _free(self) -> int:
+        """Slots free for claims: the concurrency less the runs held, not counting those whose last write is on
+        its way. A run's successor is claimed while that write commits, not after: at concurrency 8 a slot stood
+        empty for the length of a claim after every run (B1 lost a tenth of its steps to it, issue 48 §2)."""
+        return self.settings.concurrency - len(self.driving) + len(self.leaving)
+
+    def _leaving(self, run_id: uuid.UUID, leaving: bool) -> None:
+        if not leaving:
+            self.leaving.discard(run_id)
+        elif run_id in self.driving:
+            self.leaving.add(run_id)
+            self.slot_freed.set()
+
     def _done(self, run_id: uuid.UUID, task: asyncio.Task[RunStatus | None]) -> None:
+        self.leaving.discard(run_id)
         if self.driving.get(run_id) is task:
             del self.driving[run_id]
         self.observer.in_flight(len(self.driving))
@@ -299,11 +316,16 @@ class Worker:
         await asyncio.gather(old, return_exceptions=True)
 
     async def _wait_for_slot(self) -> None:
-        stopping = asyncio.ensure_future(self.stopping.wait())
+        """Until a run ends, or one sends its last write (`_leaving`), or the worker stops."""
+        self.slot_freed.clear()
+        if self._free() > 0:
+            return
+        waits = [asyncio.ensure_future(self.stopping.wait()), asyncio.ensure_future(self.slot_freed.wait())]
         try:
-            await asyncio.wait({*self.in_flight, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({*self.in_flight, *waits}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            stopping.cancel()
+            for w in waits:
+                w.cancel()
 
     async def _idle(self, seconds: float) -> None:
         """Sleep until the poll interval passes or something wakes us (at once if it already has)."""

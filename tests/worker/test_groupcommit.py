@@ -262,3 +262,35 @@ async def test_a_compact_step_in_a_batch_of_model_steps_keeps_its_kind(
     cur = await db.execute("SELECT run_id, kind FROM run_step")
     kinds = dict(await cur.fetchall())
     assert [kinds[run_id] for run_id in ids] == ["MODEL", "COMPACT", "MODEL", "COMPACT"]
+
+
+async def test_a_batch_waits_a_moment_for_the_writers_it_just_answered(
+    store: RunStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight runs whose next write follows at once, but each after a few turns of the event loop: without the
+    wait (groupcommit.RETURN_WAIT) the second writes went in whatever batches the senders formed as they came
+    back; with it, they go as one. (The wait is made long here, so that a loaded machine's slow turns do not
+    end it: what is tested is what it waits for.)"""
+    monkeypatch.setattr(groupcommit, "RETURN_WAIT", 10.0)
+    batched = RunStore(store.pool, GroupCommit(store.pool))
+    ids = await _held(batched, 8)
+
+    async def two_writes(run_id: uuid.UUID, turns: int) -> None:
+        await _checkpoint(batched, run_id, "w")
+        for _ in range(turns):  # the step between two writes: no I/O, a few turns of the loop, more for some
+            await asyncio.sleep(0)
+        await _checkpoint(batched, run_id, "w")
+
+    await asyncio.gather(*(two_writes(run_id, 2 * i) for i, run_id in enumerate(ids)))
+    assert (batched.writes.stats.writes, batched.writes.stats.batches, batched.writes.stats.largest) == (16, 2, 8)
+
+
+async def test_a_lone_write_waits_no_longer_than_the_return_wait(store: RunStore) -> None:
+    """A run answered and gone to a slow model call is waited for RETURN_WAIT at most by the next batch."""
+    batched = RunStore(store.pool, GroupCommit(store.pool))
+    away, here = await _held(batched, 2)
+    await _checkpoint(batched, away, "w")  # answered: expected back, but it does not write again
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    await _checkpoint(batched, here, "w")
+    assert loop.time() - t0 < 5.0  # the wait is a millisecond (not until `away` writes again); then a round trip

@@ -32,7 +32,7 @@ class Gateway:
         self.writes = writes or GroupCommit(pool)
         # New runs are group-committed too (store/submit.py), by a batcher of their own: a burst of
         # submissions and the steps of held runs do not wait in each other's queue, and each has its figures.
-        self.inserts = GroupCommit(pool, max_batch=self.writes.max_batch)
+        self.inserts = GroupCommit(pool, max_batch=self.writes.max_batch, writers_return=False)
         # The batched submissions of an Idempotency-Key on their way now, by tenant and key (store/submit.py):
         # a copy of one that arrives meanwhile waits for its answer instead of being written, then read.
         self.submitting: dict[tuple[str, str], asyncio.Future[Run | None]] = {}

@@ -4,9 +4,11 @@ Each write keeps its own statement, and with it its own fence: a run whose lease
 back and only its writer hears `LeaseLost`; the others in the batch are written. A write is only
 answered once its batch has committed, so a step is durable before the engine acts on it.
 
-Batching never waits for company. A write that finds a sender free is sent at once, alone; the writes
+Batching waits for no stranger. A write that finds a sender free is sent at once, alone; the writes
 that arrive while every sender is busy gather in the queue and go together as soon as one is free. So a
-lone step pays no latency, and many runs in flight share round trips, commits and WAL flushes.
+lone step pays no latency, and many runs in flight share round trips, commits and WAL flushes. The one wait:
+a batch of fewer than RETURN_BATCH writes waits up to RETURN_WAIT for the runs whose step writes its sender
+has just answered, as they are about to write again.
 """
 
 from __future__ import annotations

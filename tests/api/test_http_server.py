@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 from starlette.types import Receive, Scope, Send
 
 from agentrun.worker.api.server import MAX_HEAD_BYTES, HttpServer
-from tests.support.waiting import eventually
+from tests.support.serving import serving_on
 
 
 async def answer_ok(scope: Scope, receive: Receive, send: Send) -> None:
@@ -31,22 +30,10 @@ async def status_line(port: int, pieces: list[bytes]) -> bytes:
 
 
 async def test_a_request_head_over_the_bound_is_a_400_as_it_was_with_h11() -> None:
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = HttpServer(answer_ok, "127.0.0.1", port)
-    task = asyncio.create_task(server.serve(sockets=[sock]))
-
-    async def started() -> bool:
-        if task.done():
-            task.result()
-        return server.started
-
-    await eventually(started, what="the server to start")
     start, header = b"GET /healthz HTTP/1.1\r\nHost: x\r\n", b"X-Pad: " + b"a" * 1000 + b"\r\n"
     ok, bad = b"HTTP/1.1 200 OK\r\n", b"HTTP/1.1 400 Bad Request\r\n"
     within = MAX_HEAD_BYTES // len(header) - 1
-    try:
+    async with serving_on(lambda port: HttpServer(answer_ok, "127.0.0.1", port)) as port:
         assert await status_line(port, [start, *[header] * within, b"\r\n"]) == ok
         # Sent in pieces, as a slow client would, a head past the bound is refused before it ends...
         assert await status_line(port, [start, *[header] * (within + 2)]) == bad
@@ -54,7 +41,3 @@ async def test_a_request_head_over_the_bound_is_a_400_as_it_was_with_h11() -> No
         assert await status_line(port, [start, b"X-Pad: ", *[b"a" * 1000] * (within + 2)]) in (bad, b"")
         # A head that comes whole in one read is parsed at once, under h11 as now: the bound is on what waits.
         assert await status_line(port, [start + header * (within + 2) + b"\r\n"]) == ok
-    finally:
-        server.should_exit = True
-        await task
-        sock.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import uvicorn
@@ -24,15 +24,13 @@ async def asgi_client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 
 @contextlib.asynccontextmanager
-async def serving(app: FastAPI) -> AsyncIterator[str]:
-    """A real uvicorn server on an ephemeral port in this event loop; yields its base URL."""
+async def serving_on(make: Callable[[int], uvicorn.Server]) -> AsyncIterator[int]:
+    """The server `make` builds for a port, on an ephemeral port in this event loop; yields the port once it is
+    listening, and stops it on exit."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    # Keep-alive longer than any test: a test's pooled connection, idle while a browser works through a page
-    # on a loaded machine, is otherwise closed by the server as the client sends on it (uvicorn's 5 s).
-    server = uvicorn.Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="off",
-                                           timeout_keep_alive=600))
+    server = make(port)
     task = asyncio.create_task(server.serve(sockets=[sock]))
 
     async def started() -> bool:
@@ -40,14 +38,26 @@ async def serving(app: FastAPI) -> AsyncIterator[str]:
             task.result()
         return server.started
 
-    await eventually(started, what="uvicorn to start")
+    await eventually(started, what="the server to start")
     try:
-        yield f"http://127.0.0.1:{port}"
+        yield port
     finally:
-        # As the worker's own server does (worker/api/server.py): the events hub closes first, which ends
-        # the open streams (else uvicorn waits for them) and its LISTEN on a database about to be dropped.
-        if (events := getattr(app.state, "events", None)) is not None:
-            await events.close()
         server.should_exit = True
         await task
         sock.close()
+
+
+@contextlib.asynccontextmanager
+async def serving(app: FastAPI) -> AsyncIterator[str]:
+    """A real uvicorn server on an ephemeral port in this event loop; yields its base URL."""
+    # Keep-alive longer than any test: a test's pooled connection, idle while a browser works through a page
+    # on a loaded machine, is otherwise closed by the server as the client sends on it (uvicorn's 5 s).
+    config = uvicorn.Config(app, log_config=None, access_log=False, lifespan="off", timeout_keep_alive=600)
+    async with serving_on(lambda port: uvicorn.Server(config)) as port:
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            # As the worker's own server does (worker/api/server.py): the events hub closes first, which ends
+            # the open streams (else uvicorn waits for them) and its LISTEN on a database about to be dropped.
+            if (events := getattr(app.state, "events", None)) is not None:
+                await events.close()
